@@ -1,0 +1,172 @@
+// The public C++ API (include/torch_functionalize/functionalize.h): the whole-call transform,
+// the guard, and the wrapper helpers, composed from core/ and the kernels' registration.
+#include <torch_functionalize/functionalize.h>
+
+#include "core/Conversions.h"
+#include "core/Layer.h"
+#include "kernels/Kernels.h"
+
+#include <c10/util/Exception.h>
+
+namespace tfz {
+
+using detail::get_impl;
+using detail::maybe_get_impl;
+
+Remove parse_remove(const std::string& remove) {
+  if (remove == "mutations") return Remove::Mutations;
+  if (remove == "mutations_and_views") return Remove::MutationsAndViews;
+  TORCH_CHECK_VALUE(false, "functionalize: remove must be \"mutations\" or "
+                           "\"mutations_and_views\"; got \"", remove, "\".");
+}
+
+bool is_functional(const at::Tensor& t) {
+  return maybe_get_impl(t) != nullptr;
+}
+
+at::Tensor to_functional(const at::Tensor& t) {
+  auto* layer = detail::current_layer();
+  TORCH_CHECK(layer != nullptr,
+              "functionalize: to_functional: no functionalize call is active on this thread. "
+              "Call it inside a function passed to functionalize, or while a FunctionalizeGuard "
+              "(Python: torch_functionalize.enable()) is alive.");
+  TORCH_CHECK(t.defined(), "functionalize: to_functional: got an undefined tensor.");
+  TORCH_CHECK(!is_functional(t),
+              "functionalize: to_functional: the tensor is already functional; wrap plain "
+              "tensors only.");
+  return detail::make_fresh_wrapper(t, layer->id);
+}
+
+std::vector<at::Tensor> to_functional(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(t.defined() ? to_functional(t) : t);
+  return out;
+}
+
+at::Tensor from_functional(const at::Tensor& t) {
+  return detail::sync_and_unwrap(t);
+}
+
+void sync(const at::Tensor& t) {
+  if (auto* impl = maybe_get_impl(t)) impl->sync_();
+}
+
+bool has_data_mutation(const at::Tensor& t) {
+  return get_impl(t)->alias_storage().generation() > 0;
+}
+
+bool has_metadata_mutation(const at::Tensor& t) {
+  return get_impl(t)->has_metadata_mutation();
+}
+
+// Note [API: input epilogue]
+// After the call, each input gets exactly what eager would have done to it, in the caller's
+// dispatch state (so make_fx records it at the end of the graph):
+//   1. its in-place view ops (t_, transpose_, squeeze_, ...) replayed as called, which gives
+//      eager's sizes *and strides* in both remove modes (replaying value.sizes()/strides() with
+//      as_strided_, as torch.func does, gets the strides of a *_copy wrong);
+//   2. if its size changed otherwise (resize_), a resize_ to the new size;
+//   3. if any data was written to its storage (through it or any alias), one copy_ of the new
+//      value. Inputs that were only viewed or whose metadata alone changed get no copy_.
+void propagate_input_mutation(const at::Tensor& original, const at::Tensor& wrapper) {
+  auto* impl = get_impl(wrapper);
+  TORCH_CHECK(impl->is_up_to_date(),
+              "functionalize: propagate_input_mutation: sync the wrapper first.");
+  for (const auto& m : impl->metadata_mutations()) {
+    torch::jit::Stack stack;
+    stack.emplace_back(original);
+    stack.insert(stack.end(), m.args.begin(), m.args.end());
+    m.op.callBoxed(stack);
+  }
+  if (!has_data_mutation(wrapper)) return;
+  const at::Tensor& value = impl->value();
+  if (!impl->has_metadata_mutation() && original.sym_sizes() != value.sym_sizes()) {
+    original.resize__symint(value.sym_sizes());
+  }
+  original.copy_(value);
+}
+
+struct FunctionalizeGuard::State {
+  explicit State(bool reapply_views) : layer(reapply_views) {}
+  detail::LayerGuard layer;
+};
+
+namespace {
+bool ensure_registered_then_true() {
+  detail::ensure_registered();
+  return true;
+}
+}  // namespace
+
+FunctionalizeGuard::FunctionalizeGuard(Remove remove)
+    : state_((ensure_registered_then_true(),
+              std::make_unique<State>(remove == Remove::Mutations))) {}
+
+FunctionalizeGuard::~FunctionalizeGuard() = default;
+
+at::Tensor wrap_fresh(const at::Tensor& t) {
+  return is_functional(t) ? t : to_functional(t);
+}
+
+namespace {
+
+// Runs `call` on wrapped inputs inside a guard; unwraps its result; syncs the inputs; after the
+// guard is gone, replays input mutations. Shared by both functionalize overloads.
+template <typename Result, typename Call>
+Result run_functionalized(const std::vector<at::Tensor>& inputs, Remove remove, Call&& call,
+                          std::vector<at::Tensor>& wrapped) {
+  Result result;
+  {
+    FunctionalizeGuard guard(remove);
+    wrapped = to_functional(inputs);
+    result = call(wrapped);
+    for (const auto& w : wrapped) sync(w);
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].defined()) propagate_input_mutation(inputs[i], wrapped[i]);
+  }
+  return result;
+}
+
+}  // namespace
+
+TensorFn functionalize(TensorFn fn, Remove remove) {
+  return [fn = std::move(fn), remove](const std::vector<at::Tensor>& inputs) {
+    std::vector<at::Tensor> wrapped;
+    return run_functionalized<std::vector<at::Tensor>>(
+        inputs, remove,
+        [&](const std::vector<at::Tensor>& args) {
+          auto outs = fn(args);
+          for (auto& o : outs) o = from_functional(o);
+          return outs;
+        },
+        wrapped);
+  };
+}
+
+IValueFn functionalize(IValueFn fn, Remove remove) {
+  return [fn = std::move(fn), remove](const std::vector<c10::IValue>& inputs) {
+    // Flatten the tensors of the inputs, in walk order, so they can be wrapped as one batch.
+    std::vector<at::Tensor> tensors;
+    for (const auto& v : inputs) {
+      detail::for_each_tensor(v, [&](const at::Tensor& t) { tensors.push_back(t); });
+    }
+    std::vector<at::Tensor> wrapped;
+    return run_functionalized<c10::IValue>(
+        tensors, remove,
+        [&](const std::vector<at::Tensor>& wrapped_tensors) {
+          std::vector<c10::IValue> args = inputs;
+          size_t next = 0;
+          for (auto& v : args) {
+            detail::transform_tensors(v, [&](const at::Tensor&) { return wrapped_tensors[next++]; });
+          }
+          c10::IValue out = fn(args);
+          detail::transform_tensors(out, [](const at::Tensor& t) { return from_functional(t); });
+          return out;
+        },
+        wrapped);
+  };
+}
+
+}  // namespace tfz

@@ -1,0 +1,61 @@
+// PYBIND11_MODULE(_C): exposes the public C++ API to Python. No logic lives here; the Python
+// package (python/torch_functionalize) composes these calls.
+#include <torch_functionalize/functionalize.h>
+
+#include "core/Layer.h"
+#include "kernels/Kernels.h"
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+#include <optional>
+
+namespace py = pybind11;
+
+namespace {
+
+// A guard whose lifetime Python controls explicitly (a context manager calls close()).
+class PyGuard {
+ public:
+  explicit PyGuard(const std::string& remove)
+      : guard_(std::make_unique<tfz::FunctionalizeGuard>(tfz::parse_remove(remove))) {}
+  void close() { guard_.reset(); }
+
+ private:
+  std::unique_ptr<tfz::FunctionalizeGuard> guard_;
+};
+
+// Suspends the active layer for a `with` block (Python factories run under it).
+class PySuspend {
+ public:
+  void enter() { guard_.emplace(); }
+  void exit(const py::args&) { guard_.reset(); }
+
+ private:
+  std::optional<tfz::detail::InnerCallGuard> guard_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch-functionalize C++ core (see torch_functionalize for the public API)";
+  py::class_<PyGuard>(m, "_Guard")
+      .def(py::init<const std::string&>(), py::arg("remove"))
+      .def("close", &PyGuard::close);
+  py::class_<PySuspend>(m, "_Suspend")
+      .def(py::init<>())
+      .def("__enter__", &PySuspend::enter)
+      .def("__exit__", &PySuspend::exit);
+  m.def("_parse_remove", [](const std::string& r) { tfz::parse_remove(r); });
+  m.def("_is_functional", &tfz::is_functional);
+  m.def("_to_functional", py::overload_cast<const at::Tensor&>(&tfz::to_functional));
+  m.def("_to_functional_list",
+        py::overload_cast<const std::vector<at::Tensor>&>(&tfz::to_functional));
+  m.def("_from_functional", &tfz::from_functional);
+  m.def("_sync", &tfz::sync);
+  m.def("_has_data_mutation", &tfz::has_data_mutation);
+  m.def("_has_metadata_mutation", &tfz::has_metadata_mutation);
+  m.def("_propagate_input_mutation", &tfz::propagate_input_mutation);
+  m.def("_wrap_fresh", &tfz::wrap_fresh);
+  m.def("_registered_op_count", &tfz::detail::registered_op_count);
+}

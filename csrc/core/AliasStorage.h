@@ -1,0 +1,44 @@
+// AliasStorage: the StorageImpl shared by every wrapper that aliases one base. Holds the current
+// base value (a plain tensor), the queue of pending updates and a generation counter.
+// See Note [Alias: storage and generations].
+#pragma once
+
+#include "core/ViewMeta.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/StorageImpl.h>
+
+#include <memory>
+#include <vector>
+
+namespace tfz::detail {
+
+/// The view chain of a wrapper: base -> ... -> this wrapper. Shared, immutable steps.
+using ViewChain = std::vector<std::shared_ptr<const ViewMeta>>;
+
+class AliasStorage : public c10::StorageImpl {
+ public:
+  /// `base` must be a plain (inner) tensor.
+  explicit AliasStorage(const at::Tensor& base);
+
+  const at::Tensor& base() const { return base_; }
+  /// Bumped by every queued update; wrappers whose generation differs are stale.
+  uint64_t generation() const { return generation_; }
+
+  /// Queues "the view reached through `chain` now holds `value`".
+  void add_update(const at::Tensor& value, const ViewChain& chain);
+  /// Folds queued updates into the base (inverse chains, last step first). Returns whether
+  /// anything was applied. Runs its ops under an InnerCallGuard.
+  bool apply_updates();
+
+ private:
+  struct Update {
+    at::Tensor value;
+    ViewChain chain;
+  };
+  at::Tensor base_;
+  std::vector<Update> updates_;
+  uint64_t generation_ = 0;
+};
+
+}  // namespace tfz::detail

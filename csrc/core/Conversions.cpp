@@ -1,0 +1,29 @@
+// Wrapper construction and the sync-and-unwrap conversion.
+#include "core/Conversions.h"
+
+namespace tfz::detail {
+
+bool has_functional(const c10::IValue& v) {
+  bool found = false;
+  for_each_tensor(v, [&](const at::Tensor& t) { found |= maybe_get_impl(t) != nullptr; });
+  return found;
+}
+
+at::Tensor make_fresh_wrapper(const at::Tensor& value, int64_t layer_id) {
+  return at::detail::make_tensor<FunctionalTensorImpl>(value, layer_id);
+}
+
+at::Tensor make_view_wrapper(const at::Tensor& view_value, const at::Tensor& base,
+                             std::shared_ptr<const ViewMeta> step) {
+  return at::detail::make_tensor<FunctionalTensorImpl>(view_value, *unsafe_get_impl(base),
+                                                       std::move(step));
+}
+
+at::Tensor sync_and_unwrap(const at::Tensor& t) {
+  auto* impl = maybe_get_impl(t);
+  if (impl == nullptr) return t;
+  impl->sync_();
+  return impl->value();
+}
+
+}  // namespace tfz::detail

@@ -1,0 +1,60 @@
+// The one place that names the dispatch keys torch-functionalize borrows, and key-set helpers.
+// Everything else refers to kAutogradKey / kBackendKey, so moving to another key is a change here.
+#pragma once
+
+#include <c10/core/DispatchKeySet.h>
+
+namespace tfz::detail {
+
+// Note [Which dispatch key]
+// Out-of-tree code cannot add a DispatchKey enum entry, so we borrow one. We use the pair
+// AutogradPrivateUse3 (where the transform runs) + PrivateUse3 (its backend twin):
+//  - AutogradPrivateUse3 sits above ADInplaceOrView, Python (TorchDispatchMode, hence make_fx)
+//    and BackendSelect. Our kernel takes the wrapper's autograd slot, so autograd never runs on
+//    wrappers; it runs on the inner tensors during our redispatch, exactly as with
+//    torch.func.functionalize. A tracing mode below us only ever sees inner tensors.
+//  - CompositeImplicitAutograd ops decompose before reaching an autograd key, so only the
+//    "real" ops reach us. We register one boxed kernel per non-CIA operator (a plain fallback
+//    would lose to every op's Autograd kernel and to CompositeExplicitAutograd kernels).
+//  - PrivateUse3 (Dense) gets the same kernel: when autograd keys are excluded (inference_mode,
+//    variable factories), dispatch on a wrapper falls through to its backend key.
+// Rejected: PrivateUse1, the slot real accelerator plugins (torch_npu, openreg, ...) occupy;
+// sharing it makes registrations collide. The built-in Functionalize key belongs to PyTorch and
+// overriding it would break torch.func and torch.compile process-wide. A Python
+// TorchDispatchMode cannot serve the C++ API.
+constexpr c10::DispatchKey kAutogradKey = c10::DispatchKey::AutogradPrivateUse3;
+constexpr c10::DispatchKey kBackendKey = c10::DispatchKey::PrivateUse3;
+
+/// Keys every wrapper carries (and nothing else: not Python, not ADInplaceOrView).
+inline c10::DispatchKeySet wrapper_key_set() {
+  return c10::DispatchKeySet({kAutogradKey, kBackendKey});
+}
+
+/// Keys a functionalize layer adds to the thread's included set (see Note [Layer: TLS scheme]).
+inline c10::DispatchKeySet layer_included_keys() {
+  return c10::DispatchKeySet(kAutogradKey);
+}
+
+/// Keys a functionalize layer hides while user code runs, and unhides for inner calls.
+inline c10::DispatchKeySet layer_hidden_keys() {
+  return c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
+}
+
+/// Every runtime key our boxed kernel is registered at (per op or as fallback).
+inline constexpr c10::DispatchKey kFallbackKeys[] = {
+    c10::DispatchKey::AutogradPrivateUse3, c10::DispatchKey::PrivateUse3,
+    c10::DispatchKey::SparsePrivateUse3,   c10::DispatchKey::QuantizedPrivateUse3,
+    c10::DispatchKey::SparseCsrPrivateUse3, c10::DispatchKey::NestedTensorPrivateUse3,
+};
+
+/// Raw-bit difference: unlike DispatchKeySet::operator-, also clears backend bits.
+/// Needed because our included key carries the PrivateUse3 backend bit, which must not leak.
+inline c10::DispatchKeySet raw_minus(c10::DispatchKeySet a, c10::DispatchKeySet b) {
+  return c10::DispatchKeySet(c10::DispatchKeySet::RAW, a.raw_repr() & ~b.raw_repr());
+}
+
+inline c10::DispatchKeySet raw_union(c10::DispatchKeySet a, c10::DispatchKeySet b) {
+  return c10::DispatchKeySet(c10::DispatchKeySet::RAW, a.raw_repr() | b.raw_repr());
+}
+
+}  // namespace tfz::detail

@@ -1,0 +1,142 @@
+// The wrapper TensorImpl: construction, metadata mirroring, sync / replace / commit.
+#include "core/FunctionalTensorImpl.h"
+
+#include "core/DispatchKey.h"
+#include "core/Layer.h"
+
+#include <c10/util/Exception.h>
+
+namespace tfz::detail {
+
+namespace {
+c10::Storage make_storage(const at::Tensor& value) {
+  return c10::Storage(c10::make_intrusive<AliasStorage>(value));
+}
+}  // namespace
+
+FunctionalTensorImpl::FunctionalTensorImpl(const at::Tensor& value, int64_t layer_id)
+    : c10::TensorImpl(make_storage(value), wrapper_key_set(), value.dtype()),
+      layer_id_(layer_id) {
+  TORCH_INTERNAL_ASSERT(maybe_get_impl(value) == nullptr, "wrapping a wrapper");
+  // The TensorImpl constructor adds ADInplaceOrView (and drops autograd keys under
+  // inference_mode); a wrapper must carry exactly our keys. See Note [Which dispatch key].
+  key_set_ = wrapper_key_set();
+  set_value_(value);
+}
+
+FunctionalTensorImpl::FunctionalTensorImpl(const at::Tensor& view_value,
+                                           const FunctionalTensorImpl& base,
+                                           std::shared_ptr<const ViewMeta> step)
+    : c10::TensorImpl(c10::Storage(base.storage_), wrapper_key_set(), view_value.dtype()),
+      layer_id_(base.layer_id_),
+      generation_(base.generation_),
+      chain_(base.chain_) {
+  key_set_ = wrapper_key_set();
+  chain_.push_back(std::move(step));
+  set_value_(view_value);
+}
+
+FunctionalTensorImpl::FunctionalTensorImpl(ShallowCopy, const FunctionalTensorImpl& src)
+    : c10::TensorImpl(c10::Storage(src.storage_), wrapper_key_set(), src.value_.dtype()) {
+  src.copy_fields_to_(*this);
+  set_value_(src.value_);
+}
+
+void FunctionalTensorImpl::set_value_(const at::Tensor& value) {
+  value_ = value;
+  const bool allowed = allow_tensor_metadata_change();
+  set_allow_tensor_metadata_change(true);
+  const auto* inner = value.unsafeGetTensorImpl();
+  if (inner->has_symbolic_sizes_strides()) {
+    set_sizes_and_strides(value.sym_sizes(), value.sym_strides(), value.sym_storage_offset());
+  } else {
+    set_sizes_and_strides(value.sizes(), value.strides(), value.storage_offset());
+  }
+  data_type_ = value.dtype();
+  set_allow_tensor_metadata_change(allowed);
+}
+
+void FunctionalTensorImpl::sync_() {
+  if (is_up_to_date()) return;
+  InnerCallGuard guard;
+  auto& storage = alias_storage();
+  storage.apply_updates();
+  at::Tensor value = storage.base();
+  for (const auto& step : chain_) value = step->forward(value);
+  set_value_(value);
+  generation_ = storage.generation();
+}
+
+void FunctionalTensorImpl::replace_(const at::Tensor& new_value) {
+  if (new_value.scalar_type() != value_.scalar_type()) {
+    // out= ops keep the out tensor's dtype (eager casts on write).
+    InnerCallGuard guard;
+    set_value_(new_value.to(value_.scalar_type()));
+    return;
+  }
+  set_value_(new_value);
+}
+
+void FunctionalTensorImpl::commit_update_() {
+  alias_storage().add_update(value_, chain_);
+}
+
+void FunctionalTensorImpl::mutate_view_meta_(std::shared_ptr<const ViewMeta> step,
+                                             MetadataMutation mutation) {
+  InnerCallGuard guard;
+  set_value_(step->forward(value_));
+  chain_.push_back(std::move(step));
+  metadata_mutations_.push_back(std::move(mutation));
+}
+
+void FunctionalTensorImpl::copy_fields_to_(FunctionalTensorImpl& dest) const {
+  dest.value_ = value_;
+  dest.layer_id_ = layer_id_;
+  dest.generation_ = generation_;
+  dest.chain_ = chain_;
+  dest.metadata_mutations_ = metadata_mutations_;
+  dest.key_set_ = wrapper_key_set();
+}
+
+c10::intrusive_ptr<c10::TensorImpl> FunctionalTensorImpl::shallow_copy_and_detach(
+    const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
+  auto impl = c10::make_intrusive<FunctionalTensorImpl>(ShallowCopy{}, *this);
+  impl->set_version_counter(version_counter);
+  impl->set_allow_tensor_metadata_change(allow_tensor_metadata_change);
+  return impl;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> FunctionalTensorImpl::shallow_copy_and_detach(
+    c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
+  return shallow_copy_and_detach(static_cast<const c10::VariableVersion&>(version_counter),
+                                 allow_tensor_metadata_change);
+}
+
+void FunctionalTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
+  auto* other = dynamic_cast<FunctionalTensorImpl*>(impl.get());
+  TORCH_CHECK(other != nullptr,
+              "functionalize: cannot shallow-copy a plain tensor into a functional tensor "
+              "(tensor.data = ... mixing plain and functional tensors)");
+  storage_ = other->storage_;
+  other->copy_fields_to_(*this);
+  set_value_(other->value_);
+}
+
+const char* FunctionalTensorImpl::tensorimpl_type_name() const {
+  return "tfz::FunctionalTensorImpl";
+}
+
+FunctionalTensorImpl* maybe_get_impl(const at::Tensor& t) {
+  if (!t.defined()) return nullptr;
+  auto* impl = t.unsafeGetTensorImpl();
+  if (!impl->key_set().has(kAutogradKey)) return nullptr;  // cheap filter before the cast
+  return dynamic_cast<FunctionalTensorImpl*>(impl);
+}
+
+FunctionalTensorImpl* get_impl(const at::Tensor& t) {
+  auto* impl = maybe_get_impl(t);
+  TORCH_CHECK(impl != nullptr, "functionalize: expected a functional tensor, got a plain tensor");
+  return impl;
+}
+
+}  // namespace tfz::detail

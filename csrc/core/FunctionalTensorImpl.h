@@ -1,0 +1,84 @@
+// FunctionalTensorImpl: the wrapper TensorImpl. Holds the current inner value, its view chain
+// from the alias storage's base, and the generation it last synced to. Sizes, strides and dtype
+// mirror the inner value. See Note [Alias: storage and generations] for the update protocol.
+#pragma once
+
+#include "core/AliasStorage.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/TensorImpl.h>
+
+#include <vector>
+
+namespace tfz::detail {
+
+/// An in-place view op applied to a wrapper, kept to replay it on the user's input at the end.
+struct MetadataMutation {
+  c10::OperatorHandle op;          // the in-place op as called (e.g. aten::t_)
+  std::vector<c10::IValue> args;   // arguments after self
+};
+
+class FunctionalTensorImpl : public c10::TensorImpl {
+ public:
+  /// A base wrapper with its own fresh AliasStorage. `value` must be plain.
+  FunctionalTensorImpl(const at::Tensor& value, int64_t layer_id);
+  /// A view wrapper: shares `base`'s storage, chain = base's chain + `step`.
+  FunctionalTensorImpl(const at::Tensor& view_value, const FunctionalTensorImpl& base,
+                       std::shared_ptr<const ViewMeta> step);
+  struct ShallowCopy {};
+  /// A second wrapper sharing every field of `src` (for shallow_copy_and_detach).
+  FunctionalTensorImpl(ShallowCopy, const FunctionalTensorImpl& src);
+
+  const at::Tensor& value() const { return value_; }
+  int64_t layer_id() const { return layer_id_; }
+  const ViewChain& chain() const { return chain_; }
+  AliasStorage& alias_storage() const {
+    return *static_cast<AliasStorage*>(storage_.unsafeGetStorageImpl());
+  }
+  bool is_up_to_date() const { return generation_ == alias_storage().generation(); }
+  bool has_metadata_mutation() const { return !metadata_mutations_.empty(); }
+  const std::vector<MetadataMutation>& metadata_mutations() const { return metadata_mutations_; }
+
+  /// Applies pending updates of the storage and, if this wrapper is stale, replays its chain
+  /// from the new base. Runs its ops under an InnerCallGuard.
+  void sync_();
+  /// A mutation produced `new_value` for this wrapper: adopt it (cast back to this wrapper's
+  /// dtype if the functional op promoted it). Follow with commit_update_().
+  void replace_(const at::Tensor& new_value);
+  /// Queues this wrapper's value on the storage so the base and the other aliases see it.
+  void commit_update_();
+  /// An in-place view op (t_, squeeze_, ...): extend the chain with `step`, replay it on the
+  /// value, and remember `mutation` for the input epilogue.
+  void mutate_view_meta_(std::shared_ptr<const ViewMeta> step, MetadataMutation mutation);
+
+  // TensorImpl overrides.
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      const c10::VariableVersion& version_counter,
+      bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const override;
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
+
+ private:
+  const char* tensorimpl_type_name() const override;
+  void set_value_(const at::Tensor& value);  // value_ + mirrored metadata
+  void copy_fields_to_(FunctionalTensorImpl& dest) const;
+
+  at::Tensor value_;
+  int64_t layer_id_;
+  uint64_t generation_ = 0;
+  ViewChain chain_;
+  std::vector<MetadataMutation> metadata_mutations_;
+};
+
+/// nullptr unless `t` is one of our wrappers.
+FunctionalTensorImpl* maybe_get_impl(const at::Tensor& t);
+/// The wrapper impl of `t`; throws if `t` is not a wrapper.
+FunctionalTensorImpl* get_impl(const at::Tensor& t);
+/// Fast cast, no check: only for tensors already known to be wrappers.
+inline FunctionalTensorImpl* unsafe_get_impl(const at::Tensor& t) {
+  return static_cast<FunctionalTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+}  // namespace tfz::detail

@@ -1,0 +1,87 @@
+// Thread-local layer state and the TLS arithmetic of LayerGuard / InnerCallGuard.
+// See Note [Layer: TLS scheme].
+#include "core/Layer.h"
+
+#include "core/DispatchKey.h"
+
+#include <c10/util/Exception.h>
+
+#include <atomic>
+
+namespace tfz::detail {
+
+// Note [Layer: TLS scheme]
+// While user code runs inside functionalize, the thread's dispatch TLS is:
+//   included = entry.included - {PreDispatch} | {AutogradPrivateUse3}
+//   excluded = entry.excluded | {Python, PythonTLSSnapshot}
+// Including our key makes tensor-free ops (at::zeros in C++, the lift_fresh behind torch.tensor)
+// reach our kernel, so their results can be wrapped. Hiding Python keeps TorchDispatchModes
+// (make_fx's proxy mode) from ever seeing a wrapper, and keeps PythonTLSSnapshot from
+// snapshotting a TLS that still includes our key. Every redispatch on inner tensors runs under
+// InnerCallGuard, which undoes exactly these changes on top of whatever the TLS is *now*, so the
+// tracer below sees the caller's keys.
+// Only full snapshot/restore is used (_force_tls_local_dispatch_key_set): our included key
+// carries the PrivateUse3 *backend* bit, which DispatchKeySet::operator- does not clear, so the
+// delta-based Include/ExcludeDispatchKeyGuard would leak it into the thread forever.
+// Rejected: a functorch-style DynamicLayer front/back key pair. Those keys belong to functorch
+// and its interpreter stack; borrowing them would entangle us with torch.func transforms.
+
+namespace {
+thread_local Layer* tls_layer = nullptr;
+std::atomic<int64_t> next_layer_id{1};
+}  // namespace
+
+Layer* current_layer() {
+  return tls_layer;
+}
+
+LayerGuard::LayerGuard(bool reapply_views) {
+  TORCH_CHECK(
+      tls_layer == nullptr,
+      "functionalize: nested functionalize calls on one thread are not supported (a layer is "
+      "already active). Functionalize the outer function only; the inner one is then "
+      "functionalized as part of it.");
+  auto entry = c10::impl::tls_local_dispatch_key_set();
+  const auto ours = layer_included_keys();
+  const auto predispatch = c10::DispatchKeySet(c10::DispatchKey::PreDispatch);
+  layer_.id = next_layer_id.fetch_add(1);
+  layer_.reapply_views = reapply_views;
+  layer_.entry_tls = entry;
+  layer_.added_included = raw_minus(ours, entry.included_);
+  layer_.removed_included = entry.included_ & predispatch;
+  layer_.added_excluded = layer_hidden_keys() - entry.excluded_;
+
+  c10::impl::LocalDispatchKeySet inside = entry;
+  inside.included_ = raw_union(entry.included_ - predispatch, ours);
+  inside.excluded_ = entry.excluded_ | layer_hidden_keys();
+  c10::impl::_force_tls_local_dispatch_key_set(inside);
+  tls_layer = &layer_;
+}
+
+LayerGuard::~LayerGuard() {
+  c10::impl::_force_tls_local_dispatch_key_set(layer_.entry_tls);
+  tls_layer = nullptr;
+}
+
+InnerCallGuard::InnerCallGuard()
+    : saved_layer_(tls_layer), saved_tls_(c10::impl::tls_local_dispatch_key_set()) {
+  c10::impl::LocalDispatchKeySet inner = saved_tls_;
+  if (saved_layer_ != nullptr) {
+    inner.included_ =
+        raw_union(raw_minus(saved_tls_.included_, saved_layer_->added_included),
+                  saved_layer_->removed_included);
+    inner.excluded_ = saved_tls_.excluded_ - saved_layer_->added_excluded;
+  } else {
+    // No layer (or already inside an inner call): just make sure our key is gone.
+    inner.included_ = raw_minus(saved_tls_.included_, layer_included_keys());
+  }
+  c10::impl::_force_tls_local_dispatch_key_set(inner);
+  tls_layer = nullptr;
+}
+
+InnerCallGuard::~InnerCallGuard() {
+  c10::impl::_force_tls_local_dispatch_key_set(saved_tls_);
+  tls_layer = saved_layer_;
+}
+
+}  // namespace tfz::detail

@@ -1,0 +1,58 @@
+// The thread-local functionalize layer and the two RAII guards that change dispatch TLS:
+// LayerGuard (enter/exit a layer) and InnerCallGuard (run an op on inner tensors).
+// Knows nothing about registration or about wrappers.
+#pragma once
+
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <cstdint>
+
+namespace tfz::detail {
+
+/// One active functionalize call on this thread.
+struct Layer {
+  int64_t id = 0;      // unique per process; wrappers remember the id of the layer that made them
+  bool reapply_views = true;  // remove="mutations" (true) or "mutations_and_views" (false)
+  c10::impl::LocalDispatchKeySet entry_tls =  // the TLS to restore exactly on exit
+      c10::impl::tls_local_dispatch_key_set();
+  c10::DispatchKeySet added_included;        // raw bits this layer added to the included set
+  c10::DispatchKeySet removed_included;      // keys this layer took out of the included set
+  c10::DispatchKeySet added_excluded;        // keys this layer added to the excluded set
+};
+
+/// The layer user code is running under on this thread, or nullptr (no layer, or we are inside
+/// an inner call).
+Layer* current_layer();
+
+/// Enters a layer: includes our key, hides Python-level keys. Refuses nesting. The destructor
+/// restores the thread's dispatch TLS exactly as it was on entry.
+class LayerGuard {
+ public:
+  explicit LayerGuard(bool reapply_views);
+  ~LayerGuard();
+  LayerGuard(const LayerGuard&) = delete;
+  LayerGuard& operator=(const LayerGuard&) = delete;
+  const Layer& layer() const { return layer_; }
+
+ private:
+  Layer layer_;
+};
+
+/// Scope in which ops are called on inner (plain) tensors: undoes the current layer's TLS changes
+/// (computed from the *current* TLS, so guards user code entered meanwhile, such as
+/// inference_mode, stay in force) and suspends the layer. Idempotent when nested.
+class InnerCallGuard {
+ public:
+  InnerCallGuard();
+  ~InnerCallGuard();
+  InnerCallGuard(const InnerCallGuard&) = delete;
+  InnerCallGuard& operator=(const InnerCallGuard&) = delete;
+  /// The layer that was active when the guard was entered (nullptr if none).
+  Layer* suspended_layer() const { return saved_layer_; }
+
+ private:
+  Layer* saved_layer_;
+  c10::impl::LocalDispatchKeySet saved_tls_;
+};
+
+}  // namespace tfz::detail

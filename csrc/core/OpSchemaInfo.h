@@ -1,0 +1,62 @@
+// Classifies an operator from its FunctionSchema (functional / view / inplace-view / mutable /
+// unsupported) and, for mutable ops, finds the functional variant and how arguments and returns
+// map onto it. Pure schema analysis over the dispatcher's op table; no registration.
+#pragma once
+
+#include "core/ViewMeta.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tfz::detail {
+
+enum class OpKind {
+  Functional,   // no alias annotations: sync + unwrap, call, wrap
+  View,         // a return aliases self, nothing is written: record a ViewMeta
+  InplaceView,  // tag inplace_view (t_, transpose_, squeeze_, ...): change self's view chain
+  Mutable,      // some argument is written: call the functional variant, then commit
+  Unsupported,  // mutable with no functional variant, or an op we refuse (reason says why)
+};
+
+/// Where a functional-variant argument comes from.
+struct ArgSource {
+  enum Kind { FromMutableArg, Default, OutDtype, OutLayout, OutDevice, None } kind;
+  int index = -1;  // FromMutableArg: index into the mutable op's arguments
+};
+
+struct OpInfo {
+  OpKind kind = OpKind::Functional;
+  std::string name;            // "aten::add_.Tensor", for messages
+  std::string unsupported_reason;
+  bool has_tensor_args = false;  // false: a factory; its outputs are wrapped inside a layer
+  bool wraps_plain_input = false;  // lift / lift_fresh / lift_fresh_copy: wrap even plain inputs
+
+  // View and InplaceView: the out-of-place view op, its *_copy twin, the inverse.
+  std::optional<c10::OperatorHandle> view_op;
+  std::optional<c10::OperatorHandle> copy_op;
+  InverseFn inverse = nullptr;
+
+  // Mutable: the functional variant and the argument/return plan.
+  std::optional<c10::OperatorHandle> functional_op;
+  std::vector<ArgSource> functional_args;  // one per functional-op argument
+  std::vector<int> mutated_args;           // mutable-op argument indices, functional-return order
+                                           // after the mutable op's own returns
+  std::vector<int> return_aliases;         // per mutable-op return: written argument it aliases,
+                                           // or -1 for a fresh return
+  bool is_out = false;                     // an out= op (written kwarg-only arguments)
+};
+
+/// Computes the OpInfo for `op` (slow: schema analysis and a table lookup; cache the result).
+OpInfo classify(const c10::OperatorHandle& op);
+
+/// Adds a non-mutable op to the table of functional-variant candidates. Call for every op
+/// before classifying mutable ones; later ops (custom ops) may be added at any time.
+void index_functional_candidate(const c10::OperatorHandle& op);
+
+/// The torchgen-style normalized signature of a schema (exposed for tests).
+std::string normalized_signature(const c10::FunctionSchema& schema);
+
+}  // namespace tfz::detail

@@ -1,0 +1,187 @@
+// The view-inverse table (DESIGN.md section 5.4). Each <op>_inverse rebuilds the base that, viewed
+// through <op> with the recorded arguments, gives the mutated view. With views kept (reapply) an
+// inverse may return a view; with views removed it must return a fresh tensor (the *_copy ops).
+#include "core/ViewInverses.h"
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/Functions.h>
+#include <ATen/WrapDimUtils.h>
+
+#include <string>
+#include <unordered_map>
+
+namespace tfz::detail {
+namespace {
+
+using at::Tensor;
+
+std::optional<c10::SymInt> opt_symint(const c10::IValue& v) {
+  if (v.isNone()) return std::nullopt;
+  return v.toSymInt();
+}
+
+Tensor as_strided_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  return at::as_strided_scatter_symint(base, mv, m.arg(0).toSymIntVector(),
+                                       m.arg(1).toSymIntVector(), opt_symint(m.arg(2)));
+}
+
+Tensor diagonal_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  return at::diagonal_scatter(base, mv, m.arg(0).toInt(), m.arg(1).toInt(), m.arg(2).toInt());
+}
+
+// Writing through an expanded view is only defined (and only allowed by eager) when no element
+// is repeated; summing the broadcast dims back is then the identity on each element.
+Tensor expand_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  return at::sum_to(mv, base.sym_sizes(), /*always_return_non_view=*/!m.reapply);
+}
+
+Tensor permute_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  auto dims = m.arg(0).toIntVector();
+  std::vector<int64_t> inverse(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    inverse[c10::maybe_wrap_dim(dims[i], static_cast<int64_t>(dims.size()))] =
+        static_cast<int64_t>(i);
+  }
+  return m.reapply ? mv.permute(inverse) : at::permute_copy(mv, inverse);
+}
+
+// view, _reshape_alias and every squeeze overload only regroup elements in row-major order, so the
+// base is the mutated view read back in the base's shape.
+Tensor view_like_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  return m.reapply ? mv.view_symint(base.sym_sizes()) : at::view_copy_symint(mv, base.sym_sizes());
+}
+
+Tensor view_dtype_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  return m.reapply ? mv.view(base.scalar_type()) : at::view_copy(mv, base.scalar_type());
+}
+
+Tensor select_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  return at::select_scatter_symint(base, mv, m.arg(0).toInt(), m.arg(1).toSymInt());
+}
+
+Tensor slice_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  return at::slice_scatter_symint(base, mv, m.arg(0).toInt(), opt_symint(m.arg(1)),
+                                  opt_symint(m.arg(2)), m.arg(3).toSymInt());
+}
+
+// Output k of split(size, dim) is the slice [k*size, k*size + its length) along dim.
+Tensor split_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  const int64_t dim = c10::maybe_wrap_dim(m.arg(1).toInt(), base.dim());
+  const c10::SymInt start = m.arg(0).toSymInt() * m.out_index;
+  const c10::SymInt end = start + mv.sym_size(dim);
+  return at::slice_scatter_symint(base, mv, dim, start, end, 1);
+}
+
+Tensor split_with_sizes_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  const int64_t dim = c10::maybe_wrap_dim(m.arg(1).toInt(), base.dim());
+  const auto sizes = m.arg(0).toSymIntVector();
+  c10::SymInt start = 0;
+  for (int64_t i = 0; i < m.out_index; ++i) start = start + sizes[i];
+  return at::slice_scatter_symint(base, mv, dim, start, start + sizes[m.out_index], 1);
+}
+
+Tensor unbind_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  return at::select_scatter(base, mv, m.arg(0).toInt(), m.out_index);
+}
+
+Tensor unsqueeze_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  const int64_t dim = m.arg(0).toInt();
+  return m.reapply ? mv.squeeze(dim) : at::squeeze_copy(mv, dim);
+}
+
+Tensor t_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  return m.reapply ? mv.t() : at::t_copy(mv);
+}
+
+Tensor transpose_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  const int64_t d0 = m.arg(0).toInt(), d1 = m.arg(1).toInt();
+  return m.reapply ? mv.transpose(d0, d1) : at::transpose_copy(mv, d0, d1);
+}
+
+// unfold(dim, size, step): windows tile the dimension exactly when size == step, and the base is
+// then the windows laid back side by side. size > step overlaps (eager refuses to write through
+// it); size < step leaves gaps that unfold_backward would zero instead of keeping.
+Tensor unfold_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  const int64_t dim = m.arg(0).toInt(), size = m.arg(1).toInt(), step = m.arg(2).toInt();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      size == step, "functionalize: aten::unfold: writing through unfold(dimension=", dim,
+      ", size=", size, ", step=", step,
+      ") is only supported when size == step (windows that neither overlap nor leave gaps). "
+      "Clone the unfolded tensor before mutating it.");
+  return at::unfold_backward_symint(mv, base.sym_sizes(), dim, size, step);
+}
+
+Tensor identity_inverse(const Tensor& /*base*/, const Tensor& mv, const ViewMeta& /*m*/) {
+  return mv;
+}
+
+Tensor view_as_real_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  return m.reapply ? at::view_as_complex(mv) : at::view_as_complex_copy(mv);
+}
+
+Tensor view_as_complex_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  auto resolved = mv.resolve_conj();
+  return m.reapply ? at::view_as_real(resolved) : at::view_as_real_copy(resolved);
+}
+
+Tensor conj_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  return m.reapply ? at::_conj(mv) : at::_conj_copy(mv);
+}
+
+Tensor neg_view_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  return m.reapply ? at::_neg_view(mv) : at::_neg_view_copy(mv);
+}
+
+// slice_inverse(self, src, dim, start, end, step) views `self` (a slice) as the whole `src`;
+// mutating that whole moves back to the slice.
+Tensor slice_inverse_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  const int64_t dim = m.arg(1).toInt();
+  auto start = opt_symint(m.arg(2)), end = opt_symint(m.arg(3));
+  auto step = m.arg(4).toSymInt();
+  return m.reapply ? mv.slice_symint(dim, start, end, step)
+                   : at::slice_copy_symint(mv, dim, start, end, step);
+}
+
+const std::unordered_map<std::string, InverseFn>& table() {
+  static const std::unordered_map<std::string, InverseFn> t = {
+      {"aten::as_strided", &as_strided_inverse},
+      {"aten::diagonal", &diagonal_inverse},
+      {"aten::expand", &expand_inverse},
+      {"aten::permute", &permute_inverse},
+      {"aten::_reshape_alias", &view_like_inverse},
+      {"aten::view", &view_like_inverse},
+      {"aten::view.dtype", &view_dtype_inverse},
+      {"aten::squeeze", &view_like_inverse},
+      {"aten::squeeze.dim", &view_like_inverse},
+      {"aten::squeeze.dims", &view_like_inverse},
+      {"aten::unsqueeze", &unsqueeze_inverse},
+      {"aten::select.int", &select_inverse},
+      {"aten::slice.Tensor", &slice_inverse},
+      {"aten::split.Tensor", &split_inverse},
+      {"aten::split_with_sizes", &split_with_sizes_inverse},
+      {"aten::unbind.int", &unbind_inverse},
+      {"aten::t", &t_inverse},
+      {"aten::transpose.int", &transpose_inverse},
+      {"aten::unfold", &unfold_inverse},
+      {"aten::alias", &identity_inverse},
+      {"aten::detach", &identity_inverse},
+      {"aten::lift_fresh", &identity_inverse},
+      {"aten::view_as_real", &view_as_real_inverse},
+      {"aten::view_as_complex", &view_as_complex_inverse},
+      {"aten::_conj", &conj_inverse},
+      {"aten::_neg_view", &neg_view_inverse},
+      {"aten::slice_inverse", &slice_inverse_inverse},
+  };
+  return t;
+}
+
+}  // namespace
+
+InverseFn find_inverse(const c10::OperatorName& view_op) {
+  std::string key = view_op.name;
+  if (!view_op.overload_name.empty()) key += "." + view_op.overload_name;
+  auto it = table().find(key);
+  return it == table().end() ? nullptr : it->second;
+}
+
+}  // namespace tfz::detail

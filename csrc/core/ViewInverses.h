@@ -1,0 +1,14 @@
+// Inverses of the non-composite ATen view ops: given the base before a mutation and the mutated
+// view, return the new base. One function per view op, looked up by operator name.
+#pragma once
+
+#include "core/ViewMeta.h"
+
+#include <ATen/core/operator_name.h>
+
+namespace tfz::detail {
+
+/// The inverse for a view op ("aten::slice" overload "Tensor"), or nullptr if it has none.
+InverseFn find_inverse(const c10::OperatorName& view_op);
+
+}  // namespace tfz::detail

@@ -1,0 +1,50 @@
+// One recorded view step: which view op, its arguments, which output. Replays forward from a
+// base (the view op, or its *_copy twin when views are removed) and inverts a mutated view back
+// into a new base (ViewInverses.h). Pure data plus two calls; knows nothing about wrappers.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tfz::detail {
+
+struct ViewMeta;
+
+/// Rebuilds a base from the base before the mutation and the mutated view.
+using InverseFn = at::Tensor (*)(const at::Tensor& base, const at::Tensor& mutated_view,
+                                 const ViewMeta& meta);
+
+struct ViewMeta {
+  ViewMeta(c10::OperatorHandle op, std::optional<c10::OperatorHandle> copy_op,
+           std::vector<c10::IValue> args, int64_t out_index, bool reapply, InverseFn inverse_fn)
+      : op(std::move(op)),
+        copy_op(std::move(copy_op)),
+        args(std::move(args)),
+        out_index(out_index),
+        reapply(reapply),
+        inverse_fn(inverse_fn) {}
+
+  c10::OperatorHandle op;                      // the (out-of-place) view op, e.g. aten::slice.Tensor
+  std::optional<c10::OperatorHandle> copy_op;  // its *_copy twin, if any
+  std::vector<c10::IValue> args;               // every argument after self, as passed
+  int64_t out_index;                           // output index of a multi-output view, -1 otherwise
+  bool reapply;                                // true: replay with `op`; false: with `copy_op`
+  InverseFn inverse_fn;                        // nullptr: mutation through this view unsupported
+
+  /// Replays this step on `base`. Call inside an InnerCallGuard.
+  at::Tensor forward(const at::Tensor& base) const;
+  /// Returns the new base after `mutated_view` was written through this step. Throws
+  /// NotImplementedError naming the op if it has no inverse.
+  at::Tensor inverse(const at::Tensor& base, const at::Tensor& mutated_view) const;
+  /// "aten::slice.Tensor"
+  std::string name() const;
+  /// Argument i (after self) as the given type.
+  const c10::IValue& arg(size_t i) const { return args.at(i); }
+};
+
+}  // namespace tfz::detail

@@ -1,0 +1,87 @@
+// Public C++ API of torch-functionalize (namespace tfz).
+// What a LibTorch user includes: the whole-call transform `tfz::functionalize`, the RAII guard for
+// manual use, and the wrapper helpers. Everything else lives in tfz::detail and may change.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace tfz {
+
+/// What the transform removes, mirroring torch.func.functionalize's `remove=` argument.
+enum class Remove {
+  /// In-place, out= and mutable ops become functional ops; views stay views.
+  Mutations,
+  /// As above, and every view op becomes its `*_copy` variant.
+  MutationsAndViews,
+};
+
+/// Parses "mutations" / "mutations_and_views"; throws c10::ValueError naming the allowed values.
+Remove parse_remove(const std::string& remove);
+
+/// True if `t` is a functional wrapper created by this library (never a torch.func one).
+bool is_functional(const at::Tensor& t);
+
+/// Wraps `t` for the functionalize call active on this thread. Throws if none is active.
+/// A wrapper of a wrapper is refused: wrap plain tensors only.
+at::Tensor to_functional(const at::Tensor& t);
+
+/// Wraps several inputs at once. Inputs that share storage will share one alias storage
+/// (see Note [Alias: storage and generations]); today each input gets its own.
+std::vector<at::Tensor> to_functional(const std::vector<at::Tensor>& ts);
+
+/// Applies pending updates to `t` and returns its current inner value (a plain tensor).
+/// Plain tensors are returned unchanged.
+at::Tensor from_functional(const at::Tensor& t);
+
+/// Brings a wrapper up to date with its alias storage (no-op for plain tensors).
+void sync(const at::Tensor& t);
+
+/// True if data was written to `t`'s storage since it was wrapped (through any alias).
+bool has_data_mutation(const at::Tensor& t);
+
+/// True if `t`'s own sizes/strides were changed in place (transpose_, squeeze_, ...).
+bool has_metadata_mutation(const at::Tensor& t);
+
+/// The input epilogue: replays on the user's `original` tensor whatever `wrapper` went through
+/// (metadata mutations first, then one copy_ of the new data). Call it after the guard is gone,
+/// so that tracers record it as part of the caller's program.
+void propagate_input_mutation(const at::Tensor& original, const at::Tensor& wrapper);
+
+/// RAII guard for manual use: while alive, every op on wrappers of this guard is functionalized.
+/// On destruction the thread's dispatch state is restored exactly, also during unwinding.
+/// Nesting guards (or functionalize calls) on one thread is refused with a clear error.
+class FunctionalizeGuard {
+ public:
+  explicit FunctionalizeGuard(Remove remove = Remove::Mutations);
+  ~FunctionalizeGuard();
+  FunctionalizeGuard(const FunctionalizeGuard&) = delete;
+  FunctionalizeGuard& operator=(const FunctionalizeGuard&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+using TensorFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+using IValueFn = std::function<c10::IValue(const std::vector<c10::IValue>&)>;
+
+/// Returns a callable with the contract of torch.func.functionalize: it runs `fn` on wrappers of
+/// its inputs, returns plain tensors, and writes input mutations back with a copy_ epilogue.
+TensorFn functionalize(TensorFn fn, Remove remove = Remove::Mutations);
+
+/// Same over IValues: tensors anywhere in the arguments (also inside lists, tuples and dicts) are
+/// wrapped; tensors anywhere in the result are unwrapped.
+IValueFn functionalize(IValueFn fn, Remove remove = Remove::Mutations);
+
+/// Wraps a tensor made inside the function by a `torch::` factory (torch::zeros, ...). Those go
+/// through autograd's variable factories, which hide every autograd-level key, so the transform
+/// cannot see them; `at::` factories are wrapped automatically. See Note [Kernel: factories].
+at::Tensor wrap_fresh(const at::Tensor& t);
+
+}  // namespace tfz

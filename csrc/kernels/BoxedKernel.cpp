@@ -1,0 +1,93 @@
+// The boxed kernel every operator reaches on wrappers: the pass-through and factory cases, the
+// escaped-wrapper check, and the functional-op handler. Views and mutations have their own files.
+#include "kernels/Kernels.h"
+
+#include "core/Conversions.h"
+
+#include <c10/util/Exception.h>
+
+namespace tfz::detail {
+
+// Note [Kernel: factories]
+// Ops with no tensor arguments (at::zeros, at::arange, ...) reach us inside a layer because the
+// layer includes our key in the thread's TLS; their outputs are wrapped so that later mutations
+// of them are removed too. lift / lift_fresh (behind torch.tensor(...) constants) are wrapped
+// even though their argument is a plain tensor. Python's torch.zeros & co. go through autograd's
+// variable factories, which exclude every autograd key and then BackendSelect redirects to the
+// real backend, so they never reach us: the Python API wraps their results with a
+// TorchFunctionMode, and C++ users of torch:: factories call tfz::wrap_fresh.
+// Any other op whose tensors are all plain (tensors from outside the function) passes through
+// untouched, with the layer's TLS undone, like torch.func.functionalize does.
+
+void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id) {
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(count); it != stack->end(); ++it) {
+    transform_tensors(*it, [&](const at::Tensor& t) { return make_fresh_wrapper(t, layer_id); });
+  }
+}
+
+namespace {
+
+void check_same_layer(const OpInfo& info, const torch::jit::Stack& stack, size_t num_args,
+                      const Layer* layer) {
+  for (auto it = stack.end() - static_cast<std::ptrdiff_t>(num_args); it != stack.end(); ++it) {
+    for_each_tensor(*it, [&](const at::Tensor& t) {
+      auto* impl = maybe_get_impl(t);
+      TORCH_CHECK(impl == nullptr || (layer != nullptr && impl->layer_id() == layer->id),
+                  "functionalize: ", info.name,
+                  ": got a functional tensor that escaped the functionalize call that made it "
+                  "(that call has finished, or this is another call). Return tensors from the "
+                  "function instead of storing them elsewhere; outputs are unwrapped for you.");
+    });
+  }
+}
+
+}  // namespace
+
+void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t num_args = op.schema().arguments().size();
+  bool any_functional = false;
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end(); ++it) {
+    if (has_functional(*it)) {
+      any_functional = true;
+      break;
+    }
+  }
+  Layer* layer = current_layer();
+  if (!any_functional) {
+    const bool wrap = layer != nullptr && (!info.has_tensor_args || info.wraps_plain_input);
+    const int64_t layer_id = layer != nullptr ? layer->id : 0;
+    {
+      InnerCallGuard guard;
+      op.callBoxed(stack);
+    }
+    if (wrap) wrap_outputs(stack, op.schema().returns().size(), layer_id);
+    return;
+  }
+  check_same_layer(info, *stack, num_args, layer);
+  switch (info.kind) {
+    case OpKind::Functional:
+      return functional_kernel(op, stack, *layer);
+    case OpKind::View:
+      return view_kernel(info, op, stack, *layer);
+    case OpKind::InplaceView:
+      return inplace_view_kernel(info, op, stack, *layer);
+    case OpKind::Mutable:
+      return mutable_kernel(info, op, stack, *layer);
+    case OpKind::Unsupported:
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "functionalize: ", info.name, ": ",
+                                  info.unsupported_reason, ".");
+  }
+}
+
+void functional_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                       const Layer& layer) {
+  const size_t num_args = op.schema().arguments().size();
+  InnerCallGuard guard;
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end(); ++it) {
+    transform_tensors(*it, sync_and_unwrap);
+  }
+  op.callBoxed(stack);
+  wrap_outputs(stack, op.schema().returns().size(), layer.id);
+}
+
+}  // namespace tfz::detail

@@ -1,0 +1,36 @@
+// Declarations shared by the kernel files: the boxed entry point registered for every op, the
+// per-kind handlers it dispatches to, and registration. Kernels are thin: the state changes they
+// make are methods of core/ types.
+#pragma once
+
+#include "core/Layer.h"
+#include "core/OpSchemaInfo.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+namespace tfz::detail {
+
+/// Entry point at every key we own: pass-through for plain arguments, else by OpInfo::kind.
+void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Handlers. Preconditions: some argument is a wrapper of `layer`.
+void functional_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Layer& layer);
+void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                 const Layer& layer);
+void inplace_view_kernel(const OpInfo& info, const c10::OperatorHandle& op,
+                         torch::jit::Stack* stack, const Layer& layer);
+void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                    const Layer& layer);
+
+/// Wraps every tensor among the last `count` stack entries as a fresh base wrapper.
+void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id);
+
+/// Registers our kernel for every operator known now (idempotent and thread-safe); operators
+/// registered later are picked up by the next call. Called on every layer entry.
+void ensure_registered();
+
+/// Number of operators with our per-op kernel (for tests and diagnostics).
+size_t registered_op_count();
+
+}  // namespace tfz::detail

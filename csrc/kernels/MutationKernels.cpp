@@ -1,0 +1,144 @@
+// In-place, out= and mutable ops on wrappers: call the functional variant on inner values, then
+// replace each written wrapper's value, commit it to its alias storage and sync it.
+#include "kernels/Kernels.h"
+
+#include "core/Conversions.h"
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+
+namespace tfz::detail {
+
+// Note [Kernel: eager errors of in-place ops]
+// A functional variant accepts programs its in-place op rejects: add(x, y) broadcasts x up to
+// y's shape where x.add_(y) raises, and add(int, 1.5) promotes where int.add_(1.5) raises. So
+// before anything is replaced, each new value is checked against the tensor it overwrites with
+// eager's two rules: an in-place result must keep the shape of self (out= tensors are resized
+// instead), and its dtype must be castable to the written tensor's dtype (c10::canCast, the rule
+// TensorIterator applies). A failing check raises eager's message and leaves every wrapper as it
+// was, so no input is half-mutated.
+// Rejected: running the in-place op on meta copies first, as torch's codegen does. It costs a
+// second dispatch per mutation, and ops without meta kernels (or data-dependent ones such as
+// index_put_ with a mask) would need an allow-list of errors to ignore.
+
+namespace {
+
+using Stack = torch::jit::Stack;
+
+// Calls fn(wrapper, new_value) for each tensor written through argument `target`.
+template <typename Fn>
+void zip_written(const c10::IValue& target, const c10::IValue& new_value, Fn&& fn) {
+  if (target.isTensor()) {
+    if (target.toTensor().defined()) fn(target.toTensor(), new_value.toTensor());
+    return;
+  }
+  if (target.isNone()) return;
+  std::vector<at::Tensor> olds, news;
+  for_each_tensor(target, [&](const at::Tensor& t) { olds.push_back(t); });
+  for_each_tensor(new_value, [&](const at::Tensor& t) { news.push_back(t); });
+  TORCH_INTERNAL_ASSERT(olds.size() == news.size(), "functional variant returned ", news.size(),
+                        " tensors for ", olds.size(), " written tensors");
+  for (size_t i = 0; i < olds.size(); ++i) fn(olds[i], news[i]);
+}
+
+void check_eager_rules(const OpInfo& info, const at::Tensor& written, const at::Tensor& value,
+                       bool resizes) {
+  TORCH_CHECK(resizes || written.sym_sizes() == value.sym_sizes(), "functionalize: ", info.name,
+              ": output with shape ", written.sym_sizes(),
+              " doesn't match the broadcast shape ", value.sym_sizes(),
+              " (an in-place op cannot change the shape of the tensor it writes to).");
+  TORCH_CHECK(c10::canCast(value.scalar_type(), written.scalar_type()), "functionalize: ",
+              info.name, ": result type ", value.scalar_type(),
+              " can't be cast to the desired output type ", written.scalar_type(), ".");
+}
+
+c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg,
+                           const std::vector<c10::IValue>& args, const at::Tensor& first_out) {
+  switch (src.kind) {
+    case ArgSource::FromMutableArg:
+      return args[src.index];
+    case ArgSource::OutDtype:
+      return first_out.defined() ? c10::IValue(first_out.scalar_type()) : c10::IValue();
+    case ArgSource::OutLayout:
+      return first_out.defined() ? c10::IValue(first_out.layout()) : c10::IValue();
+    case ArgSource::OutDevice:
+      return first_out.defined() ? c10::IValue(first_out.device()) : c10::IValue();
+    case ArgSource::None:
+      return c10::IValue();
+    case ArgSource::Default:
+      return schema_arg.default_value() ? *schema_arg.default_value() : c10::IValue();
+  }
+  return c10::IValue();
+}
+
+}  // namespace
+
+void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
+                    const Layer& layer) {
+  const auto& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  const size_t num_returns = schema.returns().size();
+  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
+  torch::jit::drop(*stack, num_args);
+
+  // Every written tensor must be ours: a plain tensor cannot receive a functional value.
+  at::Tensor first_out;
+  for (size_t j = 0; j < num_args; ++j) {
+    const auto& a = schema.arguments()[j];
+    if (a.alias_info() == nullptr || !a.alias_info()->isWrite()) continue;
+    for_each_tensor(args[j], [&](const at::Tensor& t) {
+      TORCH_CHECK(maybe_get_impl(t) != nullptr, "functionalize: ", info.name,
+                  ": cannot write functional values into the plain tensor passed as '", a.name(),
+                  "' (a tensor created outside the function, e.g. a global). Pass it to the "
+                  "function as an input, or clone it inside the function first.");
+      if (a.kwarg_only() && !first_out.defined()) first_out = t;
+    });
+  }
+
+  InnerCallGuard guard;
+  std::vector<c10::IValue> inner = args;
+  for (auto& v : inner) transform_tensors(v, sync_and_unwrap);
+  const auto& fschema = info.functional_op->schema();
+  Stack fstack;
+  fstack.reserve(info.functional_args.size());
+  for (size_t i = 0; i < info.functional_args.size(); ++i) {
+    fstack.push_back(
+        functional_arg(info.functional_args[i], fschema.arguments()[i], inner, first_out));
+  }
+  info.functional_op->callBoxed(fstack);
+
+  // Pair every written argument with its new value; check all before changing anything.
+  std::vector<std::pair<int, size_t>> writes;  // (argument index, functional return index)
+  for (size_t i = 0; i < num_returns; ++i) {
+    if (info.return_aliases[i] >= 0) writes.emplace_back(info.return_aliases[i], i);
+  }
+  for (size_t k = 0; k < info.mutated_args.size(); ++k) {
+    writes.emplace_back(info.mutated_args[k], num_returns + k);
+  }
+  for (const auto& [arg, ret] : writes) {
+    const bool resizes = schema.arguments()[arg].kwarg_only();
+    zip_written(args[arg], fstack[ret], [&](const at::Tensor& w, const at::Tensor& v) {
+      check_eager_rules(info, w, v, resizes);
+    });
+  }
+  for (const auto& [arg, ret] : writes) {
+    zip_written(args[arg], fstack[ret], [&](const at::Tensor& w, const at::Tensor& v) {
+      auto* impl = unsafe_get_impl(w);
+      impl->replace_(v);
+      impl->commit_update_();
+      impl->sync_();
+    });
+  }
+
+  for (size_t i = 0; i < num_returns; ++i) {
+    if (info.return_aliases[i] >= 0) {
+      torch::jit::push(*stack, args[info.return_aliases[i]]);
+    } else {
+      c10::IValue fresh = std::move(fstack[i]);
+      transform_tensors(fresh, [&](const at::Tensor& t) { return make_fresh_wrapper(t, layer.id); });
+      torch::jit::push(*stack, std::move(fresh));
+    }
+  }
+}
+
+}  // namespace tfz::detail

@@ -1,0 +1,164 @@
+// Registers the boxed kernel at our keys: per operator (so it beats Autograd and
+// CompositeExplicitAutograd kernels) and as the fallback of every PrivateUse3 runtime key.
+// Operators registered later (torch.library custom ops) are queued by a listener and registered
+// on the next layer entry. See Note [Kernel: registration].
+#include "kernels/Kernels.h"
+
+#include "core/DispatchKey.h"
+
+#include <c10/util/Exception.h>
+
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace tfz::detail {
+
+// Note [Kernel: registration]
+// A backend fallback at AutogradPrivateUse3 would only see ops that have no Autograd kernel, and
+// one at PrivateUse3 would lose to every CompositeExplicitAutograd kernel (transpose.int, t,
+// alias, ...). So the kernel is registered directly for every operator, which always wins
+// (OperatorEntry::computeDispatchTableEntry, step 1), except CompositeImplicitAutograd ops: we
+// leave those alone so they decompose into ops we do see.
+// Operators registered after us arrive through an OpRegistrationListener. The dispatcher calls
+// listeners with its mutex held, so registering from the callback would deadlock; the listener
+// only queues names, and ensure_registered() (run on every layer entry) drains the queue.
+// Each registration is kept for the life of the process (handles deliberately leaked: releasing
+// them during static destruction would race with the dispatcher's own teardown).
+
+namespace {
+
+class OpKernel final : public c10::OperatorKernel {
+ public:
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/,
+                  torch::jit::Stack* stack) {
+    std::call_once(once_, [&] { info_ = classify(op); });
+    run_boxed_kernel(info_, op, stack);
+  }
+
+ private:
+  std::once_flag once_;
+  OpInfo info_;
+};
+
+struct Registry {
+  std::mutex mutex;
+  std::vector<c10::OperatorName> pending;  // filled by the listener, drained by drain()
+  std::unordered_set<c10::OperatorName> registered;
+  std::vector<c10::RegistrationHandleRAII> handles;
+  std::unordered_map<c10::OperatorName, OpInfo> fallback_infos;
+};
+
+Registry& registry() {
+  static auto* r = new Registry();  // leaked on purpose, see the Note
+  return *r;
+}
+
+class Listener final : public c10::OpRegistrationListener {
+ public:
+  void onOperatorRegistered(const c10::OperatorHandle& op) override {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.pending.push_back(op.operator_name());
+  }
+  void onOperatorDeregistered(const c10::OperatorHandle& /*op*/) override {}
+};
+
+// The fallback serves operators not (yet) registered per op, e.g. a custom op called before the
+// next layer entry drained it.
+void fallback_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/,
+                     torch::jit::Stack* stack) {
+  auto& r = registry();
+  const OpInfo* info = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.fallback_infos.find(op.operator_name());
+    if (it != r.fallback_infos.end()) info = &it->second;  // map nodes are stable
+  }
+  if (info == nullptr) {
+    OpInfo computed = classify(op);  // outside our lock, like every dispatcher call
+    std::lock_guard<std::mutex> lock(r.mutex);
+    info = &r.fallback_infos.emplace(op.operator_name(), std::move(computed)).first->second;
+  }
+  run_boxed_kernel(*info, op, stack);
+}
+
+void check_keys_are_free() {
+  auto& d = c10::Dispatcher::singleton();
+  for (auto key : {kAutogradKey, kBackendKey}) {
+    auto taken = d.getRegistrationsForDispatchKey(key);
+    TORCH_CHECK(taken.empty(), "functionalize: dispatch key ", key,
+                " is already used by another library (e.g. kernel for ", taken.front(),
+                "). torch-functionalize borrows AutogradPrivateUse3 + PrivateUse3 (see Note "
+                "[Which dispatch key] in csrc/core/DispatchKey.h); load only one library that "
+                "uses them.");
+  }
+}
+
+void register_fallbacks_and_listener() {
+  check_keys_are_free();
+  auto& d = c10::Dispatcher::singleton();
+  auto& r = registry();
+  for (auto key : kFallbackKeys) {
+    r.handles.push_back(d.registerFallback(
+        key, c10::KernelFunction::makeFromBoxedFunction<&fallback_kernel>(),
+        "torch_functionalize fallback"));
+  }
+  // Immediately reports every operator registered so far, then each new one.
+  r.handles.push_back(d.addRegistrationListener(std::make_unique<Listener>()));
+}
+
+void drain() {
+  auto& r = registry();
+  std::vector<c10::OperatorName> names;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (r.pending.empty()) return;
+    names.swap(r.pending);
+  }
+  auto& d = c10::Dispatcher::singleton();
+  std::vector<c10::OperatorHandle> ops;
+  for (const auto& name : names) {
+    auto op = d.findOp(name);
+    if (op && op->hasSchema()) ops.push_back(*op);
+  }
+  // All candidates first, so classification (lazy, on first call) sees the full table.
+  for (const auto& op : ops) index_functional_candidate(op);
+  // Our mutex is never held while calling into the dispatcher: the listener takes the two locks
+  // in the other order (dispatcher first).
+  std::vector<c10::OperatorHandle> fresh;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (const auto& op : ops) {
+      if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+      if (r.registered.insert(op.operator_name()).second) fresh.push_back(op);
+    }
+  }
+  std::vector<c10::RegistrationHandleRAII> handles;
+  for (const auto& op : fresh) {
+    for (auto key : {kAutogradKey, kBackendKey}) {
+      handles.push_back(d.registerImpl(
+          op.operator_name(), key,
+          c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>()), std::nullopt,
+          nullptr, "torch_functionalize per-op kernel"));
+    }
+  }
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (auto& h : handles) r.handles.push_back(std::move(h));
+}
+
+}  // namespace
+
+void ensure_registered() {
+  static std::once_flag once;
+  std::call_once(once, register_fallbacks_and_listener);
+  drain();
+}
+
+size_t registered_op_count() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.registered.size();
+}
+
+}  // namespace tfz::detail

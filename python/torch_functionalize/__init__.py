@@ -1,0 +1,22 @@
+"""torch-functionalize: remove mutations (and optionally views) from PyTorch programs.
+
+Public surface: ``functionalize`` (the contract of ``torch.func.functionalize``),
+``functionalize_graph`` (FX GraphModule in, functional GraphModule out), and the helpers
+``to_functional``, ``from_functional``, ``is_functional``, ``sync`` and ``enable``.
+"""
+import torch  # noqa: F401  (loads libtorch before our extension)
+
+from . import _C  # noqa: F401
+from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
+from .graph import functionalize_graph
+
+__version__ = "0.1.0"
+__all__ = [
+    "functionalize",
+    "functionalize_graph",
+    "to_functional",
+    "from_functional",
+    "is_functional",
+    "sync",
+    "enable",
+]

@@ -1,0 +1,112 @@
+"""functionalize(f, remove=...): enter a layer, wrap inputs, run f, unwrap outputs, exit the layer,
+then write input mutations back. Also the manual-use helpers (enable, to/from_functional, sync).
+All state changes happen in C++ (torch_functionalize._C); this file only composes them.
+"""
+import contextlib
+import functools
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+
+from . import _C
+
+_REMOVE_VALUES = ("mutations", "mutations_and_views")
+
+
+def _check_remove(remove):
+    if remove not in _REMOVE_VALUES:
+        raise ValueError(
+            f'functionalize: remove must be "mutations" or "mutations_and_views"; got {remove!r}.'
+        )
+
+
+@contextlib.contextmanager
+def enable(remove="mutations"):
+    """Functionalize ops on wrappers made by ``to_functional`` inside this block (manual use)."""
+    _check_remove(remove)
+    guard = _C._Guard(remove)
+    try:
+        with _FactoryMode():
+            yield
+    finally:
+        guard.close()
+
+
+def is_functional(t):
+    """True if ``t`` is a functional wrapper made by torch_functionalize."""
+    return isinstance(t, torch.Tensor) and _C._is_functional(t)
+
+
+def to_functional(t):
+    """Wraps a plain tensor for the functionalize call (or ``enable`` block) active on this thread."""
+    return _C._to_functional(t)
+
+
+def from_functional(t):
+    """Applies pending updates and returns the plain tensor inside a wrapper (plain: unchanged)."""
+    return _C._from_functional(t)
+
+
+def sync(t):
+    """Brings a wrapper up to date with mutations made through its aliases."""
+    _C._sync(t)
+
+
+def _has_tensor(args, kwargs):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return True
+    return any(isinstance(a, torch.Tensor) for a in pytree.tree_leaves((args, kwargs)))
+
+
+class _FactoryMode(TorchFunctionMode):
+    # Note [API: factory mode]
+    # Python factories (torch.zeros, torch.ones, torch.rand, torch.tensor, ...) go through
+    # autograd's variable factories, which hide every autograd-level key, so our kernel never sees
+    # them (see Note [Kernel: factories]); worse, with the layer's Python keys hidden, a composite
+    # factory such as torch.ones would decompose before a tracer sees it. So a torch call that
+    # receives no tensor at all runs with the layer suspended (exactly as our kernel runs inner
+    # calls: the tracer records aten.ones) and its tensor results are wrapped. Calls with a tensor
+    # argument go straight through; on wrappers they reach the kernel.
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _has_tensor(args, kwargs):
+            return func(*args, **kwargs)
+        with _C._Suspend():
+            out = func(*args, **kwargs)
+        return pytree.tree_map_only(torch.Tensor, _C._wrap_fresh, out)
+
+
+def functionalize(func, *, remove="mutations"):
+    """Returns ``func`` transformed to run without mutations (``remove="mutations"``) or without
+    mutations and views (``remove="mutations_and_views"``), with the contract of
+    ``torch.func.functionalize``: same outputs as plain tensors, input mutations written back."""
+    if not callable(func):
+        raise TypeError(f"functionalize: expected a callable, got {type(func).__name__}.")
+    _check_remove(remove)
+
+    @functools.wraps(func)
+    def wrapped(*args, **kwargs):
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+        originals = [flat[i] for i in positions]
+        guard = _C._Guard(remove)
+        try:
+            wrappers = _C._to_functional_list(originals)
+            for i, w in zip(positions, wrappers):
+                flat[i] = w
+            f_args, f_kwargs = pytree.tree_unflatten(flat, spec)
+            with _FactoryMode():
+                out = func(*f_args, **f_kwargs)
+            out = pytree.tree_map_only(torch.Tensor, _C._from_functional, out)
+            for w in wrappers:
+                _C._sync(w)
+        finally:
+            guard.close()
+        # The epilogue runs in the caller's dispatch state, so tracers record it last.
+        for original, w in zip(originals, wrappers):
+            _C._propagate_input_mutation(original, w)
+        return out
+
+    return wrapped
