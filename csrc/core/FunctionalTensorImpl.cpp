@@ -39,11 +39,16 @@ FunctionalTensorImpl::FunctionalTensorImpl(const at::Tensor& view_value,
 FunctionalTensorImpl::FunctionalTensorImpl(ShallowCopy, const FunctionalTensorImpl& src)
     : c10::TensorImpl(c10::Storage(src.storage_), wrapper_key_set(), src.value_.dtype()) {
   src.copy_fields_to_(*this);
-  set_value_(src.value_);
+  set_sizes_and_strides(src.sizes(), src.strides(), src.storage_offset());
 }
 
 void FunctionalTensorImpl::set_value_(const at::Tensor& value) {
   value_ = value;
+  if (has_reference_metadata_ && value.sym_sizes() == sym_sizes()) {
+    data_type_ = value.dtype();
+    return;
+  }
+  has_reference_metadata_ = false;
   const bool allowed = allow_tensor_metadata_change();
   set_allow_tensor_metadata_change(true);
   const auto* inner = value.unsafeGetTensorImpl();
@@ -54,6 +59,14 @@ void FunctionalTensorImpl::set_value_(const at::Tensor& value) {
   }
   data_type_ = value.dtype();
   set_allow_tensor_metadata_change(allowed);
+}
+
+void FunctionalTensorImpl::set_reference_metadata_(const at::Tensor& reference) {
+  const bool allowed = allow_tensor_metadata_change();
+  set_allow_tensor_metadata_change(true);
+  set_sizes_and_strides(reference.sizes(), reference.strides(), reference.storage_offset());
+  set_allow_tensor_metadata_change(allowed);
+  has_reference_metadata_ = true;
 }
 
 void FunctionalTensorImpl::sync_() {
@@ -95,6 +108,7 @@ void FunctionalTensorImpl::copy_fields_to_(FunctionalTensorImpl& dest) const {
   dest.generation_ = generation_;
   dest.chain_ = chain_;
   dest.metadata_mutations_ = metadata_mutations_;
+  dest.has_reference_metadata_ = has_reference_metadata_;
   dest.key_set_ = wrapper_key_set();
 }
 

@@ -52,6 +52,11 @@ class FunctionalTensorImpl : public c10::TensorImpl {
   /// value, and remember `mutation` for the input epilogue.
   void mutate_view_meta_(std::shared_ptr<const ViewMeta> step, MetadataMutation mutation);
 
+  /// Views removed: report `reference`'s sizes/strides/offset (eager's, computed on meta) instead
+  /// of the *_copy value's, for as long as the value keeps these sizes.
+  /// See Note [Kernel: eager strides without views].
+  void set_reference_metadata_(const at::Tensor& reference);
+
   // TensorImpl overrides.
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion& version_counter,
@@ -70,6 +75,7 @@ class FunctionalTensorImpl : public c10::TensorImpl {
   uint64_t generation_ = 0;
   ViewChain chain_;
   std::vector<MetadataMutation> metadata_mutations_;
+  bool has_reference_metadata_ = false;
 };
 
 /// nullptr unless `t` is one of our wrappers.

@@ -84,4 +84,18 @@ InnerCallGuard::~InnerCallGuard() {
   tls_layer = saved_layer_;
 }
 
+MetaComputeGuard::MetaComputeGuard()
+    : saved_layer_(tls_layer), saved_tls_(c10::impl::tls_local_dispatch_key_set()) {
+  c10::impl::LocalDispatchKeySet inner = saved_tls_;
+  inner.included_ = raw_minus(saved_tls_.included_, layer_included_keys());
+  inner.excluded_ = saved_tls_.excluded_ | layer_hidden_keys();
+  c10::impl::_force_tls_local_dispatch_key_set(inner);
+  tls_layer = nullptr;
+}
+
+MetaComputeGuard::~MetaComputeGuard() {
+  c10::impl::_force_tls_local_dispatch_key_set(saved_tls_);
+  tls_layer = saved_layer_;
+}
+
 }  // namespace tfz::detail

@@ -55,4 +55,18 @@ class InnerCallGuard {
   c10::impl::LocalDispatchKeySet saved_tls_;
 };
 
+/// Scope for bookkeeping ops on meta tensors (eager-stride references): removes our key like an
+/// inner call but keeps the layer's Python keys hidden, so tracers never record these ops.
+class MetaComputeGuard {
+ public:
+  MetaComputeGuard();
+  ~MetaComputeGuard();
+  MetaComputeGuard(const MetaComputeGuard&) = delete;
+  MetaComputeGuard& operator=(const MetaComputeGuard&) = delete;
+
+ private:
+  Layer* saved_layer_;
+  c10::impl::LocalDispatchKeySet saved_tls_;
+};
+
 }  // namespace tfz::detail

@@ -276,6 +276,15 @@ OpInfo classify(const c10::OperatorHandle& op) {
       return info;
     }
     info.kind = OpKind::View;
+    if (name == "aten::_reshape_alias") {
+      // reshape emits _reshape_alias(size, stride) only where view(size) is legal; its stride
+      // argument is eager's, which a *_copy value does not have. Replay it as view(size).
+      auto view = c10::Dispatcher::singleton().findOp({"aten::view", ""});
+      TORCH_INTERNAL_ASSERT(view.has_value(), "aten::view is not registered");
+      plan_view(*view, info);
+      info.replay_arg_count = 1;
+      return info;
+    }
     plan_view(op, info);
     return info;
   }

@@ -38,6 +38,9 @@ struct OpInfo {
   std::optional<c10::OperatorHandle> view_op;
   std::optional<c10::OperatorHandle> copy_op;
   InverseFn inverse = nullptr;
+  // View ops replayed as another view op (only _reshape_alias -> view): keep this many leading
+  // arguments after self. -1: the op itself with all its arguments.
+  int replay_arg_count = -1;
 
   // Mutable: the functional variant and the argument/return plan.
   std::optional<c10::OperatorHandle> functional_op;

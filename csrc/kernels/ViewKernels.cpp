@@ -4,6 +4,7 @@
 
 #include "core/Conversions.h"
 
+#include <ATen/Functions.h>
 #include <c10/util/Exception.h>
 
 namespace tfz::detail {
@@ -14,7 +15,40 @@ namespace tfz::detail {
 // it from the base by replaying the whole chain. This is what torch.func.functionalize does, and
 // it keeps our traced graphs op-for-op equal to its graphs (test_traces.py).
 
+// Note [Kernel: eager strides without views]
+// With remove="mutations_and_views" a view's value comes from its *_copy op, which is
+// contiguous; eager's view would have the base's strides. Code inside the function may branch on
+// strides (reshape copies a non-contiguous tensor but views a contiguous one; is_contiguous()
+// checks), so a view wrapper reports eager's metadata: the view op is run once on a meta tensor
+// laid out like the input, and the wrapper keeps that metadata while its value keeps the shape.
+// torch's own pass does the same (a "reference" meta run per view op).
+
 namespace {
+
+// The view op applied to a meta tensor with `self`'s sizes, strides and storage offset; nullopt
+// for symbolic shapes (the copy's metadata is kept then).
+std::optional<c10::IValue> meta_reference(const c10::OperatorHandle& op, const at::Tensor& self,
+                                          const std::vector<c10::IValue>& extra) {
+  if (self.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return std::nullopt;
+  MetaComputeGuard guard;
+  int64_t extent = self.storage_offset() + 1;
+  for (int64_t d = 0; d < self.dim(); ++d) {
+    if (self.size(d) == 0) {
+      extent = self.storage_offset() + 1;
+      break;
+    }
+    extent += (self.size(d) - 1) * self.stride(d);
+  }
+  auto storage = at::empty({extent}, self.options().device(c10::kMeta));
+  torch::jit::Stack stack{storage.as_strided(self.sizes(), self.strides(), self.storage_offset())};
+  stack.insert(stack.end(), extra.begin(), extra.end());
+  op.callBoxed(stack);
+  return std::move(stack[0]);
+}
+
+void set_reference(const at::Tensor& wrapper, const at::Tensor& reference) {
+  unsafe_get_impl(wrapper)->set_reference_metadata_(reference);
+}
 
 std::vector<c10::IValue> args_after_self(const torch::jit::Stack& stack, size_t num_args) {
   return std::vector<c10::IValue>(stack.end() - static_cast<std::ptrdiff_t>(num_args) + 1,
@@ -43,27 +77,39 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
       ": remove=\"mutations_and_views\" needs a *_copy variant of this view op and torch has "
       "none. Use remove=\"mutations\".");
   auto extra = args_after_self(*stack, num_args);
+  if (info.replay_arg_count >= 0) extra.resize(info.replay_arg_count);
+  const c10::OperatorHandle& view_op = *info.view_op;  // `op`, or its replay substitute
+  std::optional<c10::IValue> reference;
+  if (!layer.reapply_views) reference = meta_reference(view_op, self, extra);
 
   InnerCallGuard guard;
-  auto first = stack->end() - static_cast<std::ptrdiff_t>(num_args);
-  *first = impl->value();
-  for (auto it = first + 1; it != stack->end(); ++it) transform_tensors(*it, sync_and_unwrap);
-  (layer.reapply_views ? op : *info.copy_op).callBoxed(stack);
+  torch::jit::drop(*stack, num_args);
+  torch::jit::push(*stack, impl->value());
+  for (const auto& a : extra) {
+    c10::IValue v = a;
+    transform_tensors(v, sync_and_unwrap);
+    torch::jit::push(*stack, std::move(v));
+  }
+  (layer.reapply_views ? view_op : *info.copy_op).callBoxed(stack);
 
   c10::IValue out = torch::jit::pop(*stack);
   auto make_step = [&](int64_t out_index) {
-    return std::make_shared<const ViewMeta>(op, info.copy_op, extra, out_index,
+    return std::make_shared<const ViewMeta>(view_op, info.copy_op, extra, out_index,
                                             layer.reapply_views, info.inverse);
   };
   if (out.isTensor()) {
-    torch::jit::push(*stack, make_view_wrapper(out.toTensor(), self, make_step(-1)));
+    auto wrapper = make_view_wrapper(out.toTensor(), self, make_step(-1));
+    if (reference) set_reference(wrapper, reference->toTensor());
+    torch::jit::push(*stack, std::move(wrapper));
     return;
   }
   auto views = out.toTensorList();
   c10::List<at::Tensor> wrapped;
   wrapped.reserve(views.size());
   for (size_t i = 0; i < views.size(); ++i) {
-    wrapped.push_back(make_view_wrapper(views.get(i), self, make_step(static_cast<int64_t>(i))));
+    auto wrapper = make_view_wrapper(views.get(i), self, make_step(static_cast<int64_t>(i)));
+    if (reference) set_reference(wrapper, reference->toTensorList().get(i));
+    wrapped.push_back(std::move(wrapper));
   }
   torch::jit::push(*stack, std::move(wrapped));
 }
@@ -74,9 +120,12 @@ void inplace_view_kernel(const OpInfo& info, const c10::OperatorHandle& op,
   auto* impl = self_wrapper(info, *stack, num_args);
   c10::IValue self = *(stack->end() - static_cast<std::ptrdiff_t>(num_args));
   auto extra = args_after_self(*stack, num_args);
+  std::optional<c10::IValue> reference;
+  if (!layer.reapply_views) reference = meta_reference(*info.view_op, self.toTensor(), extra);
   auto step = std::make_shared<const ViewMeta>(*info.view_op, info.copy_op, extra, -1,
                                                layer.reapply_views, info.inverse);
   impl->mutate_view_meta_(std::move(step), MetadataMutation{op, std::move(extra)});
+  if (reference) impl->set_reference_metadata_(reference->toTensor());
   torch::jit::drop(*stack, num_args);
   torch::jit::push(*stack, std::move(self));
 }
