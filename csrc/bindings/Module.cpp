@@ -58,4 +58,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("_propagate_input_mutation", &tfz::propagate_input_mutation);
   m.def("_wrap_fresh", &tfz::wrap_fresh);
   m.def("_registered_op_count", &tfz::detail::registered_op_count);
+  m.def("_classify", [](const std::string& name, const std::string& overload) {
+    static const char* kinds[] = {"functional", "view", "inplace_view", "mutable", "unsupported"};
+    auto info = tfz::detail::classify_by_name(name, overload);
+    auto op_name = [](const std::optional<c10::OperatorHandle>& h) -> std::optional<std::string> {
+      if (!h) return std::nullopt;
+      const auto& n = h->operator_name();
+      return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+    };
+    py::dict d;
+    d["kind"] = kinds[static_cast<int>(info.kind)];
+    d["functional"] = op_name(info.functional_op);
+    d["view"] = op_name(info.view_op);
+    d["copy"] = op_name(info.copy_op);
+    d["has_inverse"] = info.inverse != nullptr;
+    return d;
+  });
 }

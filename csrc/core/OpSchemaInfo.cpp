@@ -265,6 +265,7 @@ OpInfo classify(const c10::OperatorHandle& op) {
   }
   if (writes) {
     plan_mutable(op, info);
+    info.resizes_self = resize_like;
     return info;
   }
   if (returns_alias) {

@@ -50,6 +50,7 @@ struct OpInfo {
   std::vector<int> return_aliases;         // per mutable-op return: written argument it aliases,
                                            // or -1 for a fresh return
   bool is_out = false;                     // an out= op (written kwarg-only arguments)
+  bool resizes_self = false;               // resize_ / resize_as_: self may change shape
 };
 
 /// Computes the OpInfo for `op` (slow: schema analysis and a table lookup; cache the result).

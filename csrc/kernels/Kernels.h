@@ -30,6 +30,10 @@ void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id);
 /// registered later are picked up by the next call. Called on every layer entry.
 void ensure_registered();
 
+/// Registers pending operators, then classifies the named one (for tests and diagnostics).
+/// Throws if no such operator is registered.
+OpInfo classify_by_name(const std::string& name, const std::string& overload);
+
 /// Number of operators with our per-op kernel (for tests and diagnostics).
 size_t registered_op_count();
 

@@ -155,6 +155,13 @@ void ensure_registered() {
   drain();
 }
 
+OpInfo classify_by_name(const std::string& name, const std::string& overload) {
+  ensure_registered();
+  auto op = c10::Dispatcher::singleton().findOp({name, overload});
+  TORCH_CHECK(op.has_value(), "functionalize: no operator ", name, ".", overload);
+  return classify(*op);
+}
+
 size_t registered_op_count() {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

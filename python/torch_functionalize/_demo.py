@@ -1,0 +1,489 @@
+"""The `python -m torch_functionalize` demo: show what functionalization does to small programs.
+
+For each program it prints the source, the make_fx graph before and after side by side, how many
+mutations (and views) were removed, and an equivalence check against eager on random inputs.
+It owns the command line only; the built-in programs live in _programs.py, the transform in api.py.
+"""
+
+import argparse
+import importlib.util
+import inspect
+import itertools
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .api import functionalize
+
+WIDTH = 120
+_SEPARATOR = " | "
+_COLUMN = (WIDTH - len(_SEPARATOR)) // 2
+_MAX_SOURCE_LINES = 16
+_REMOVE_OPTIONS = ("mutations", "mutations_and_views")
+# Seeds of the random inputs: one set to trace on, a different one to check the traced graph.
+_TRACE_SEED, _CHECK_SEED = 0, 1
+
+_DESCRIPTION = """\
+Trace programs with make_fx before and after functionalize(), show both graphs side by side,
+count the mutations (and views) removed, and check the result against eager on random inputs."""
+
+_EPILOG = """\
+programs files:
+  A programs file is a Python file with a dict PROGRAMS = {name: (function, shapes)}, where
+  shapes lists one input shape per positional argument, e.g. [(3, 3), (4,)]. The default is
+  examples/programs.py of the source tree (or the copy inside the package when installed).
+
+examples:
+  python -m torch_functionalize
+  python -m torch_functionalize --remove mutations_and_views --program slice_mutation
+  python -m torch_functionalize my_programs.py
+  python -m torch_functionalize my_programs.py:step --shapes "3,3;4" --dtype float64
+
+exit status: 0 when every equivalence check passes, 1 when one fails, 2 for usage errors.
+"""
+
+
+class _UsageError(Exception):
+    """A bad command line: missing file, function or shapes."""
+
+
+def main(argv=None):
+    """Run the demo command line and return its exit status."""
+    opts = _parser().parse_args(argv)
+    try:
+        dtype = _parse_dtype(opts.dtype)
+        shapes = _parse_shapes(opts.shapes) if opts.shapes is not None else None
+        programs = _select_programs(opts.target, opts.program, shapes)
+    except _UsageError as error:
+        print(f"functionalize: {error}", file=sys.stderr)
+        return 2
+
+    print(f"functionalize demo, remove={opts.remove!r}")
+    print("graphs: before = make_fx(f), after = make_fx(functionalize(f, remove))")
+    print("marks: M = mutation, V = view, E = epilogue (write-back into an input)")
+    print("equivalence: outputs and final input values against eager f, on fresh random inputs")
+    passed = [
+        _demo_program(name, fn, sizes, dtype, opts.remove) for name, (fn, sizes) in programs.items()
+    ]
+    print(f"\n{sum(passed)}/{len(passed)} programs match eager")
+    return 0 if all(passed) else 1
+
+
+def _parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_functionalize",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "target",
+        nargs="?",
+        help="FILE.py (every program in its PROGRAMS dict) or FILE.py:FUNCTION (one function; "
+        "its shapes come from --shapes or the file's PROGRAMS). Default: the built-in programs.",
+    )
+    parser.add_argument(
+        "--remove",
+        choices=_REMOVE_OPTIONS,
+        default="mutations",
+        help="what functionalize removes (default: mutations)",
+    )
+    parser.add_argument(
+        "--program", metavar="NAME", help="run only the program NAME of the programs file"
+    )
+    parser.add_argument(
+        "--shapes",
+        metavar="SHAPES",
+        help='input shapes, one per positional argument, separated by ";", e.g. "3,3;4"; '
+        '"" or "()" is a 0-d tensor. Overrides the shapes of the programs file.',
+    )
+    parser.add_argument(
+        "--dtype", default="float32", help="dtype of the random inputs (default: float32)"
+    )
+    return parser
+
+
+# --- choosing the programs ---------------------------------------------------------------------
+
+
+def _select_programs(target, program, shapes):
+    """The {name: (function, shapes)} to run, as chosen on the command line."""
+    if target is None:
+        path = _default_programs_file()
+        if path is None:
+            from ._programs import PROGRAMS as programs
+        else:
+            programs = _programs_of(_load_module(path), path)
+    else:
+        path, function = _split_target(target)
+        module = _load_module(path)
+        if function is None:
+            programs = _programs_of(module, path)
+        else:
+            programs = {
+                function: (_function_of(module, function, path), _shapes_of(module, function))
+            }
+
+    if program is not None:
+        if program not in programs:
+            raise _UsageError(f"no program {program!r}; available: {', '.join(programs)}")
+        programs = {program: programs[program]}
+    result = {}
+    for name, entry in programs.items():
+        fn, default_shapes = _unpack_entry(name, entry)
+        chosen = shapes if shapes is not None else default_shapes
+        if chosen is None:
+            raise _UsageError(f'no input shapes for {name!r}; pass --shapes, e.g. --shapes "3,3;4"')
+        result[name] = (fn, [tuple(s) for s in chosen])
+    return result
+
+
+def _default_programs_file():
+    """examples/programs.py of the source tree this package runs from, if there is one."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "programs.py"
+    return path if path.is_file() else None
+
+
+def _split_target(target):
+    """FILE.py[:FUNCTION] -> (Path, FUNCTION or None)."""
+    path, function = target, None
+    head, sep, tail = target.rpartition(":")
+    if sep and head and tail.isidentifier() and not os.path.exists(target):
+        path, function = head, tail
+    if not Path(path).is_file():
+        raise _UsageError(f"no such file: {path!r}")
+    return Path(path), function
+
+
+def _load_module(path):
+    """Import a Python file by path; its folder is importable while it loads."""
+    path = Path(path).resolve()
+    spec = importlib.util.spec_from_file_location(f"_tfz_programs_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise _UsageError(f"cannot import {str(path)!r}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        raise _UsageError(
+            f"importing {str(path)!r} failed: {type(error).__name__}: {error}"
+        ) from error
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def _programs_of(module, path):
+    """The non-empty PROGRAMS dict of a programs file."""
+    programs = getattr(module, "PROGRAMS", None)
+    if not isinstance(programs, dict) or not programs:
+        raise _UsageError(
+            f"{str(path)!r} has no PROGRAMS dict of name -> (function, shapes); "
+            f"name one function instead: {path}:FUNCTION --shapes ..."
+        )
+    return programs
+
+
+def _function_of(module, function, path):
+    """module.function, which must be callable."""
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        names = [
+            n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")
+        ]
+        raise _UsageError(
+            f"no function {function!r} in {str(path)!r}; "
+            f"functions there: {', '.join(names) or 'none'}"
+        )
+    return fn
+
+
+def _shapes_of(module, function):
+    """The shapes the file's PROGRAMS gives `function`, if any."""
+    programs = getattr(module, "PROGRAMS", None)
+    entry = programs.get(function) if isinstance(programs, dict) else None
+    return entry[1] if isinstance(entry, (tuple, list)) and len(entry) == 2 else None
+
+
+def _unpack_entry(name, entry):
+    """(function, shapes or None) from a PROGRAMS entry, checked."""
+    if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and callable(entry[0])):
+        raise _UsageError(f"PROGRAMS[{name!r}] must be (function, shapes); got {entry!r}")
+    return entry
+
+
+def _parse_shapes(text):
+    """'3,3;4' -> [(3, 3), (4,)]."""
+    shapes = []
+    for part in text.split(";"):
+        part = part.strip().strip("()[] ")
+        try:
+            shape = tuple(int(d) for d in part.split(",") if d.strip()) if part else ()
+        except ValueError:
+            raise _UsageError(f'bad --shapes {text!r}; expected integers like "3,3;4"') from None
+        if any(d < 0 for d in shape):
+            raise _UsageError(f"bad --shapes {text!r}; sizes must be >= 0")
+        shapes.append(shape)
+    return shapes
+
+
+def _parse_dtype(name):
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise _UsageError(
+            f"unknown --dtype {name!r}; expected a torch dtype name such as float32 or int64"
+        )
+    return dtype
+
+
+# --- one program -------------------------------------------------------------------------------
+
+
+def _demo_program(name, fn, shapes, dtype, remove):
+    """Print the demo of one program; return whether it matches eager."""
+    print(f"\n{(' ' + name + ' ').center(WIDTH, '=')}")
+    print(_source(fn))
+    names = _arg_names(fn, shapes)
+    print(
+        "inputs: " + ", ".join(f"{a}: {_dtype_name(dtype)}{list(s)}" for a, s in zip(names, shapes))
+    )
+    trace_inputs = _random_inputs(shapes, dtype, _TRACE_SEED)
+    try:
+        before = make_fx(fn)(*_clone(trace_inputs))
+        after = make_fx(functionalize(fn, remove=remove))(*_clone(trace_inputs))
+    except Exception as error:
+        print(
+            "equivalence with eager: FAIL "
+            f"(tracing raised {type(error).__name__}: {_first_line(error)})"
+        )
+        return False
+
+    print(
+        _side_by_side(
+            _graph_lines(before, with_epilogue=False), _graph_lines(after, with_epilogue=True)
+        )
+    )
+    before_mut, after_mut = _count_mutations(before), _count_mutations(after)
+    epilogue = len(_epilogue_nodes(after))
+    left = after_mut - epilogue
+    print(
+        f"mutations removed: {before_mut - left} ({before_mut} traced, {left} left); "
+        f"epilogue: {epilogue} write-back(s) into inputs"
+    )
+    if remove == "mutations_and_views":
+        before_views, after_views = _count_views(before), _count_views(after)
+        print(
+            f"views removed: {before_views - after_views} "
+            f"({before_views} traced, {after_views} left)"
+        )
+
+    problem = _check_equivalence(fn, after, remove, _random_inputs(shapes, dtype, _CHECK_SEED))
+    verdict = "PASS" if problem is None else f"FAIL ({problem})"
+    print(f"equivalence with eager: {verdict}")
+    return problem is None
+
+
+def _source(fn):
+    """The function's source, indented, at most _MAX_SOURCE_LINES lines of at most WIDTH columns."""
+    try:
+        lines = textwrap.dedent(inspect.getsource(fn)).rstrip().splitlines()
+    except (OSError, TypeError):
+        return f"    <no source for {fn!r}>"
+    if len(lines) > _MAX_SOURCE_LINES:
+        lines = lines[: _MAX_SOURCE_LINES - 1] + [
+            f"... ({len(lines) - _MAX_SOURCE_LINES + 1} more lines)"
+        ]
+    return "\n".join(_truncate("    " + line, WIDTH) for line in lines)
+
+
+def _arg_names(fn, shapes):
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        names = []
+    return names[: len(shapes)] + [f"arg{i}" for i in range(len(names), len(shapes))]
+
+
+def _dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def _random_inputs(shapes, dtype, seed):
+    generator = torch.Generator().manual_seed(seed)
+    inputs = []
+    for shape in shapes:
+        if dtype == torch.bool:
+            inputs.append(torch.randint(0, 2, shape, generator=generator).bool())
+        elif dtype.is_floating_point or dtype.is_complex:
+            inputs.append(torch.randn(shape, generator=generator, dtype=dtype))
+        else:
+            inputs.append(torch.randint(-5, 6, shape, generator=generator).to(dtype))
+    return inputs
+
+
+def _clone(inputs):
+    return [t.clone() for t in inputs]
+
+
+def _first_line(error):
+    text = str(error).strip().splitlines()
+    return _truncate(text[0] if text else "", 80)
+
+
+# --- graphs ------------------------------------------------------------------------------------
+
+
+def _is_mutable(node):
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    return schema is not None and schema.is_mutable
+
+
+def _is_view(node):
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    if schema is None:
+        return False
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+
+
+def _epilogue_nodes(gm):
+    """The trailing mutable ops that write into inputs (directly or via earlier epilogue ops)."""
+    epilogue = set()
+    for node in reversed(gm.graph.nodes):
+        if not _is_mutable(node):
+            continue
+        written = node.args[0] if node.args else None
+        if not isinstance(written, torch.fx.Node) or written.op not in ("placeholder", "get_attr"):
+            break
+        epilogue.add(node)
+    return epilogue
+
+
+def _count_mutations(gm):
+    return sum(_is_mutable(n) for n in gm.graph.nodes)
+
+
+def _count_views(gm):
+    return sum(_is_view(n) for n in gm.graph.nodes)
+
+
+def _graph_lines(gm, with_epilogue):
+    """One line per node, e.g. 'M %add_ = aten.add_.Tensor(%clone, 1)'."""
+    epilogue = _epilogue_nodes(gm) if with_epilogue else set()
+    lines = []
+    for node in gm.graph.nodes:
+        mark = (
+            "E"
+            if node in epilogue
+            else "M"
+            if _is_mutable(node)
+            else "V"
+            if _is_view(node)
+            else " "
+        )
+        lines.append(f"{mark} {_format_node(node)}")
+    return lines
+
+
+def _format_node(node):
+    if node.op == "placeholder":
+        return f"%{node.name} = input"
+    if node.op == "get_attr":
+        return f"%{node.name} = self.{node.target}"
+    if node.op == "output":
+        return f"return {_format_arg(node.args[0])}"
+    args = [_format_arg(a) for a in node.args]
+    args += [f"{k}={_format_arg(v)}" for k, v in node.kwargs.items() if k not in ("pin_memory",)]
+    return f"%{node.name} = {_format_target(node.target)}({', '.join(args)})"
+
+
+def _format_target(target):
+    if isinstance(target, torch._ops.OpOverload):
+        name = str(target)
+        return name[: -len(".default")] if name.endswith(".default") else name
+    return getattr(target, "__name__", str(target))
+
+
+def _format_arg(arg):
+    if isinstance(arg, torch.fx.Node):
+        return f"%{arg.name}"
+    if isinstance(arg, list):
+        return "[" + ", ".join(_format_arg(a) for a in arg) + "]"
+    if isinstance(arg, tuple):
+        return "(" + ", ".join(_format_arg(a) for a in arg) + ("," if len(arg) == 1 else "") + ")"
+    if isinstance(arg, torch.device):
+        return repr(str(arg))
+    if isinstance(arg, torch.dtype):
+        return _dtype_name(arg)
+    return repr(arg)
+
+
+def _side_by_side(left, right):
+    header = ("before: make_fx(f)", "after: make_fx(functionalize(f, remove))")
+    rows = [header, ("-" * _COLUMN, "-" * _COLUMN)]
+    rows += itertools.zip_longest(left, right, fillvalue="")
+    return "\n".join(
+        (_truncate(a, _COLUMN).ljust(_COLUMN) + _SEPARATOR + _truncate(b, _COLUMN)).rstrip()
+        for a, b in rows
+    )
+
+
+def _truncate(text, width):
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+# --- equivalence -------------------------------------------------------------------------------
+
+
+def _check_equivalence(fn, after, remove, inputs):
+    """None if the traced graph and functionalize(fn) match eager fn on `inputs`; else why not."""
+    expected_inputs = _clone(inputs)
+    try:
+        expected = fn(*expected_inputs)
+    except Exception as error:
+        return f"eager raised {type(error).__name__}: {_first_line(error)}"
+    candidates = (("traced graph", after), ("functionalize(f)", functionalize(fn, remove=remove)))
+    for label, candidate in candidates:
+        actual_inputs = _clone(inputs)
+        try:
+            actual = candidate(*actual_inputs)
+        except Exception as error:
+            return f"{label} raised {type(error).__name__}: {_first_line(error)}"
+        problem = _compare(actual, expected, "output") or _compare(
+            actual_inputs, expected_inputs, "input"
+        )
+        if problem:
+            return f"{label}: {problem}"
+    return None
+
+
+def _compare(actual, expected, what):
+    """None if two pytrees hold equal values; else the first difference."""
+    actual_leaves, actual_spec = pytree.tree_flatten(actual)
+    expected_leaves, expected_spec = pytree.tree_flatten(expected)
+    if actual_spec != expected_spec:
+        return f"{what} structure differs"
+    for i, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
+        if not isinstance(e, torch.Tensor):
+            if a != e:
+                return f"{what} {i}: got {a!r}, expected {e!r}"
+            continue
+        if not isinstance(a, torch.Tensor) or a.shape != e.shape or a.dtype != e.dtype:
+            return f"{what} {i}: got {_describe(a)}, expected {_describe(e)}"
+        a, e = a.detach(), e.detach()
+        inexact = e.is_floating_point() or e.is_complex()
+        if not (torch.allclose(a, e, equal_nan=True) if inexact else torch.equal(a, e)):
+            diff = (a - e).abs().max().item() if e.dtype != torch.bool else (a != e).sum().item()
+            return f"{what} {i} differs (max abs diff {diff:.3g})"
+    return None
+
+
+def _describe(value):
+    if isinstance(value, torch.Tensor):
+        return f"{_dtype_name(value.dtype)}{list(value.shape)}"
+    return type(value).__name__

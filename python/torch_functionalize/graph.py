@@ -1,0 +1,266 @@
+"""functionalize_graph: turn a possibly mutating FX graph into an equivalent functional one.
+
+A thin wrapper over `functionalize` + `make_fx`: it lifts module state (parameters, buffers,
+tensor attributes) to inputs so that state mutations become epilogue copies like input mutations,
+retraces, and turns the lifted inputs back into attributes. It does not optimize or reorder.
+"""
+
+import itertools
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+
+_REMOVE_OPTIONS = ("mutations", "mutations_and_views")
+
+# Placeholder meta keys that hold an example value: make_fx and torch.export write "val",
+# dynamo writes "example_value".
+_META_KEYS = ("val", "example_value")
+
+
+# NB: the result is called like `gm` and uses gm's own parameters and buffers (not copies); a
+# mutation of module state becomes a trailing copy_ into that attribute. With example inputs the
+# graph is traced on copies of them (real mode, so data-dependent ops work); without, on fake
+# tensors built from the placeholders' meta values. Either way it is specialized to those shapes.
+def functionalize_graph(gm, *example_inputs, remove="mutations"):
+    """Retrace `gm` (a GraphModule or ExportedProgram) into an equivalent functional GraphModule."""
+    # Imported lazily: the package __init__ re-exports this module, and api imports the engine.
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .api import functionalize
+
+    gm = _as_graph_module(gm)
+    if remove not in _REMOVE_OPTIONS:
+        raise ValueError(
+            'functionalize_graph: remove must be "mutations" or "mutations_and_views"; '
+            f"got {remove!r}."
+        )
+
+    if example_inputs:
+        args = tuple(example_inputs)
+        is_fake = any(isinstance(a, FakeTensor) for a in pytree.tree_leaves(args))
+        tracing_mode = "fake" if is_fake else "real"
+    else:
+        args, tracing_mode = _inputs_from_meta(gm), "fake"
+
+    targets, state = _collect_state(gm)
+    if tracing_mode == "real":
+        # make_fx in real mode executes the program, epilogue included: trace on copies so
+        # neither the caller's inputs nor the module's buffers are mutated.
+        traced_state, args = _clone_preserving_aliases((state, args))
+    else:
+        # Detached like the copies above, so autograd adds no ops (detach) to either trace.
+        traced_state = [t.detach() for t in state]
+
+    num_state = len(state)
+    state_names = [(name, index) for index, names in enumerate(targets) for name in names]
+
+    def run(*state_and_args):
+        params = {name: state_and_args[index] for name, index in state_names}
+        return torch.func.functional_call(gm, params, tuple(state_and_args[num_state:]))
+
+    traced = make_fx(functionalize(run, remove=remove), tracing_mode=tracing_mode)(
+        *traced_state, *args
+    )
+    result = _lifted_state_to_attributes(traced, [names[0] for names in targets], state, args)
+    return result.train(gm.training)
+
+
+def _as_graph_module(gm):
+    """Return the GraphModule behind `gm`, unlifting an ExportedProgram."""
+    if isinstance(gm, torch.export.ExportedProgram):
+        gm = gm.module()
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise TypeError(
+            "functionalize_graph: expected a torch.fx.GraphModule or torch.export.ExportedProgram; "
+            f"got {type(gm).__name__}. Trace the callable first (torch.fx.symbolic_trace, make_fx, "
+            "torch.export), or call functionalize(f) on it directly."
+        )
+    return gm
+
+
+def _inputs_from_meta(gm):
+    """Build fake example inputs, in a fresh FakeTensorMode, from the placeholders' meta values."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    missing = [n.name for n in placeholders if not any(k in n.meta for k in _META_KEYS)]
+    if missing:
+        raise ValueError(
+            "functionalize_graph: no example inputs were given and placeholder(s) "
+            f"{', '.join(missing)} carry no meta['val']; pass example inputs, "
+            "e.g. functionalize_graph(gm, *inputs)."
+        )
+    # A fresh mode with static shapes: the values may come from another (symbolic) mode, which we
+    # must not extend with new guards. The result is specialized to the recorded shapes.
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
+    flat = [_fresh_value(_meta_value(n), fake_mode) for n in placeholders]
+
+    codegen = gm.graph._codegen
+    if not isinstance(codegen, _PyTreeCodeGen):
+        return tuple(flat)
+    # A pytree signature (torch.export's .module(), make_fx of nested inputs): rebuild the structure
+    # the generated forward() flattens.
+    structured = pytree.tree_unflatten(flat, codegen.pytree_info.in_spec)
+    if _is_args_kwargs_spec(codegen.pytree_info.in_spec):
+        args, kwargs = structured
+        if kwargs:
+            raise ValueError(
+                "functionalize_graph: graphs with keyword inputs are not supported; got keyword "
+                f"inputs {sorted(kwargs)}. Export the program with positional inputs only."
+            )
+        return tuple(args)
+    return tuple(structured)
+
+
+def _meta_value(node):
+    """The example value recorded on a placeholder."""
+    for key in _META_KEYS:
+        if key in node.meta:
+            return node.meta[key]
+    raise AssertionError(f"placeholder {node.name} has no example value")
+
+
+def _fresh_value(value, fake_mode):
+    """A concrete-shaped stand-in for `value` that lives in `fake_mode`."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return _concrete(value)
+    if not isinstance(value, torch.Tensor):
+        return value
+    size = [_concrete(s) for s in value.size()]
+    stride = [_concrete(s) for s in value.stride()]
+    with fake_mode:
+        return torch.empty_strided(size, stride, dtype=value.dtype, device=value.device)
+
+
+def _concrete(value):
+    """The hint of a symbolic number, or the number itself."""
+    if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return value
+    hint = value.node.hint
+    if hint is None:
+        raise ValueError(
+            f"functionalize_graph: the recorded input value {value} has no concrete hint "
+            "(data-dependent size); pass example inputs, e.g. functionalize_graph(gm, *inputs)."
+        )
+    return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)](hint)
+
+
+def _is_args_kwargs_spec(spec):
+    """True when `spec` is the (args, kwargs) form that _PyTreeCodeGen treats specially."""
+    return (
+        spec.type is tuple
+        and spec.num_children == 2
+        and spec.child(0).type is tuple
+        and spec.child(1).type is dict
+    )
+
+
+def _collect_state(gm):
+    """Unique state tensors of `gm` and, for each, every attribute name it is reachable under."""
+    targets, state, index_of = [], [], {}
+
+    def add(name, tensor):
+        index = index_of.get(id(tensor))
+        if index is None:
+            index_of[id(tensor)] = len(state)
+            state.append(tensor)
+            targets.append([name])
+        elif name not in targets[index]:
+            targets[index].append(name)
+
+    named = itertools.chain(
+        gm.named_parameters(remove_duplicate=False), gm.named_buffers(remove_duplicate=False)
+    )
+    for name, tensor in named:
+        add(name, tensor)
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = _fetch_attr(gm, node.target)
+            if isinstance(value, torch.Tensor):
+                add(node.target, value)
+    return targets, state
+
+
+def _clone_preserving_aliases(tree):
+    """Copy every tensor in `tree`, keeping strides, offsets and aliasing between tensors."""
+    storages = {}
+
+    def clone(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        if t.layout != torch.strided or t.device.type == "meta":
+            return t.detach().clone()
+        if t.untyped_storage().nbytes() == 0:
+            return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+        key = (t.device, t.untyped_storage().data_ptr())
+        if key not in storages:
+            storages[key] = t.untyped_storage().clone()
+        out = torch.empty(0, dtype=t.dtype, device=t.device)
+        return out.set_(storages[key], t.storage_offset(), t.size(), t.stride())
+
+    return pytree.tree_map(clone, tree)
+
+
+def _fetch_attr(module, target):
+    """getattr over a dotted attribute path."""
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _assign_attr(root, target, value):
+    """Set a dotted attribute (tensors as parameters or buffers), creating submodules on the way."""
+    *path, field = target.split(".")
+    for part in path:
+        if not hasattr(root, part):
+            root.add_module(part, torch.nn.Module())
+        root = getattr(root, part)
+    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+        if hasattr(root, field) and field not in root._buffers:
+            delattr(root, field)
+        root.register_buffer(field, value)
+    else:
+        setattr(root, field, value)
+
+
+def _lifted_state_to_attributes(traced, state_targets, state, args):
+    """Replace the first len(state) placeholders of `traced` by get_attr nodes on the state."""
+    graph = traced.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    first_op = next(n for n in graph.nodes if n.op != "placeholder")
+
+    # Attributes make_fx created for constants (_tensor_constant0, ...) stay; rename those whose
+    # name a lifted state attribute is about to take.
+    taken = set(state_targets)
+    for node in graph.nodes:
+        if node.op != "get_attr":
+            continue
+        target, suffix = node.target, itertools.count(1)
+        while target in taken or (target != node.target and hasattr(traced, target)):
+            target = f"{node.target}_{next(suffix)}"
+        if target != node.target:
+            _assign_attr(traced, target, _fetch_attr(traced, node.target))
+            node.target = target
+        taken.add(target)
+
+    for node, target, tensor in zip(placeholders, state_targets, state):
+        _assign_attr(traced, target, tensor)
+        with graph.inserting_before(first_op):
+            attr = graph.get_attr(target)
+        attr.meta = dict(node.meta)
+        node.replace_all_uses_with(attr)
+        graph.erase_node(node)
+
+    codegen = graph._codegen
+    if isinstance(codegen, _PyTreeCodeGen):
+        # make_fx built the signature over (*state, *args); drop the state part.
+        info = codegen.pytree_info
+        in_spec = pytree.tree_structure(tuple(args))
+        codegen.pytree_info = _PyTreeInfo(info.orig_args[len(state) :], in_spec, info.out_spec)
+    graph.lint()
+    # Rebuilding copies only the attributes the graph uses and registers tensors as buffers.
+    return torch.fx.GraphModule(traced, graph)

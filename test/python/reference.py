@@ -1,0 +1,199 @@
+"""Reference checks shared by the Python tests: eager parity and graph inspection.
+
+`assert_matches_eager` runs a program eagerly and functionalized on separate copies of the same
+inputs and compares outputs and the final state of every input (modeled on PyTorch's
+`assert_functionalization`). `trace`, `graph_ops` and `assert_functional_graph` inspect the
+graph that `make_fx` records for a functionalized program.
+"""
+
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
+
+REMOVE_MODES = ("mutations", "mutations_and_views")
+
+# Ops the input write-back epilogue may apply to placeholders: data write-back plus the
+# metadata replays (see the functionalize contract in python/torch_functionalize/api.py).
+EPILOGUE_OPS = frozenset(
+    {
+        "copy_",
+        "t_",
+        "transpose_",
+        "as_strided_",
+        "squeeze_",
+        "unsqueeze_",
+        "resize_",
+        "swapdims_",
+        "swapaxes_",
+    }
+)
+
+
+def default_impl():
+    """The functionalize under test; imported lazily so this module loads without the engine."""
+    import torch_functionalize
+
+    return torch_functionalize.functionalize
+
+
+def clone_preserving_strides(t):
+    """A fresh tensor equal to `t` with the same sizes, strides and requires_grad."""
+    with torch.no_grad():
+        if torch._debug_has_internal_overlap(t) == 0 and t.numel() > 0:
+            # Non-overlapping: keep the exact strides (transposed, sliced-looking layouts).
+            out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+            out.copy_(t)
+        else:
+            out = t.clone()
+    out.requires_grad_(t.requires_grad)
+    return out
+
+
+def clone_inputs(tree):
+    """Clones every tensor leaf of a pytree, leaving non-tensor leaves as they are."""
+    return pytree.tree_map(
+        lambda v: clone_preserving_strides(v) if isinstance(v, torch.Tensor) else v, tree
+    )
+
+
+def _assert_tensor_equal(actual, expected, what, check_strides):
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    if check_strides:
+        assert actual.stride() == expected.stride(), (
+            f"{what}: stride {actual.stride()} != {expected.stride()}"
+        )
+    torch.testing.assert_close(
+        actual.detach(), expected.detach(), equal_nan=True, msg=lambda m: f"{what}: {m}"
+    )
+
+
+def assert_trees_match(actual, expected, what, check_strides=False):
+    """Same pytree structure; tensors equal (dtype, shape, values, NaNs); other leaves ==."""
+    actual_leaves, actual_spec = pytree.tree_flatten(actual)
+    expected_leaves, expected_spec = pytree.tree_flatten(expected)
+    assert actual_spec == expected_spec, f"{what}: structure {actual_spec} != {expected_spec}"
+    for i, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
+        where = f"{what} leaf {i}"
+        if isinstance(e, torch.Tensor):
+            assert isinstance(a, torch.Tensor), f"{where}: expected a tensor, got {type(a)}"
+            _assert_tensor_equal(a, e, where, check_strides)
+        else:
+            assert a == e, f"{where}: {a!r} != {e!r}"
+
+
+def assert_matches_eager(
+    f,
+    *inputs,
+    remove="mutations",
+    impl=None,
+    make_inputs=None,
+    check_input_strides=True,
+    check_graph=True,
+    **kwargs,
+):
+    """Checks that impl(f, remove=remove) matches eager f on outputs and final input state.
+
+    Inputs are either given (and cloned twice, strides preserved) or built fresh twice by
+    `make_inputs()`, which returns the tuple of positional arguments; use it for inputs that
+    are views of a base. kwargs are passed to f. With check_graph, the program is also traced
+    with make_fx and its graph must pass assert_functional_graph (no mutation escaped the
+    pass). Returns the functionalized outputs.
+    """
+    impl = impl or default_impl()
+    if make_inputs is not None:
+        assert not inputs, "pass either inputs or make_inputs, not both"
+        eager_args, func_args = tuple(make_inputs()), tuple(make_inputs())
+    else:
+        eager_args, func_args = clone_inputs(inputs), clone_inputs(inputs)
+    eager_kwargs, func_kwargs = clone_inputs(kwargs), clone_inputs(kwargs)
+
+    expected = f(*eager_args, **eager_kwargs)
+    actual = impl(f, remove=remove)(*func_args, **func_kwargs)
+    assert_trees_match(actual, expected, "output")
+
+    # Final state of every input tensor, and of the base it views when it is a view.
+    eager_leaves = pytree.tree_leaves((eager_args, eager_kwargs))
+    func_leaves = pytree.tree_leaves((func_args, func_kwargs))
+    for i, (a, e) in enumerate(zip(func_leaves, eager_leaves)):
+        if not isinstance(e, torch.Tensor):
+            continue
+        _assert_tensor_equal(a, e, f"input {i}", check_input_strides)
+        if check_input_strides:
+            assert a.storage_offset() == e.storage_offset(), f"input {i}: storage offset"
+        if e._base is not None:
+            assert a._base is not None, f"input {i}: lost its base"
+            _assert_tensor_equal(a._base, e._base, f"base of input {i}", check_input_strides)
+
+    if check_graph:
+        graph_args = tuple(make_inputs()) if make_inputs is not None else clone_inputs(inputs)
+        functional = impl(f, remove=remove)
+        gm = make_fx(lambda a, kw: functional(*a, **kw))(graph_args, clone_inputs(kwargs))
+        assert_functional_graph(gm, remove)
+    return actual
+
+
+def trace(f, *inputs, remove="mutations", impl=None, tracing_mode="real"):
+    """The GraphModule make_fx records for impl(f, remove=remove) on clones of inputs."""
+    impl = impl or default_impl()
+    return make_fx(impl(f, remove=remove), tracing_mode=tracing_mode)(*clone_inputs(inputs))
+
+
+def call_targets(gm):
+    """str(node.target) of every call_function node, in graph order."""
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def graph_ops(f, *inputs, remove="mutations", impl=None, tracing_mode="real"):
+    """Op sequence (str(node.target) of call_function nodes) of the traced program."""
+    return call_targets(trace(f, *inputs, remove=remove, impl=impl, tracing_mode=tracing_mode))
+
+
+def _schema(node):
+    return getattr(node.target, "_schema", None)
+
+
+def _is_view_schema(schema):
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+
+
+def _is_epilogue_node(node):
+    """An epilogue op whose mutated argument is a placeholder, directly or via epilogue ops."""
+    schema = _schema(node)
+    if schema is None or schema.name.split("::")[-1] not in EPILOGUE_OPS:
+        return False
+    first = node.args[0] if node.args else None
+    if not isinstance(first, torch.fx.Node):
+        return False
+    return first.op == "placeholder" or _is_epilogue_node(first)
+
+
+def assert_functional_graph(gm, remove):
+    """No mutable op except the trailing input write-back; no view op in mutations_and_views.
+
+    The epilogue is the maximal tail of call_function nodes that are epilogue ops applied to
+    placeholders, together with the functional ops that compute their operands.
+    """
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    first_epilogue = len(nodes)
+    for i in range(len(nodes) - 1, -1, -1):
+        schema = _schema(nodes[i])
+        if _is_epilogue_node(nodes[i]):
+            first_epilogue = i
+        elif schema is not None and schema.is_mutable:
+            break
+    written = set()  # placeholders an epilogue op has already written
+    for i, node in enumerate(nodes):
+        schema = _schema(node)
+        if schema is None:
+            continue
+        in_epilogue = i >= first_epilogue and _is_epilogue_node(node)
+        if schema.is_mutable:
+            assert in_epilogue, f"mutable op {node.target} left in the graph:\n{gm.code}"
+        elif remove == "mutations_and_views" and _is_view_schema(schema):
+            raise AssertionError(f"view op {node.target} left in the graph:\n{gm.code}")
+        if in_epilogue:
+            written.update((node, node.args[0]))
+        else:
+            read = set(node.all_input_nodes) & written
+            assert not read, f"{node.target} reads {read} after the write-back:\n{gm.code}"

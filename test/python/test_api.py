@@ -1,0 +1,246 @@
+"""The public Python API: functionalize's contract, the enable()/to_functional helpers and
+functionalize_graph."""
+
+import functools
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torch_functionalize as tfz
+from reference import assert_functional_graph, assert_matches_eager, clone_inputs
+
+
+def _tensor_leaves(tree):
+    return [v for v in pytree.tree_leaves(tree) if isinstance(v, torch.Tensor)]
+
+
+def test_pytree_inputs_and_outputs_keep_structure(remove):
+    # dict/tuple/list arguments with non-tensor leaves reach f intact, and the outputs keep
+    # their container types, keys and non-tensor leaves.
+    def f(d, pair, items, *, scale, name):
+        d["w"].mul_(scale)
+        items[1].add_(pair[0])
+        return {"name": name, "out": (d["w"] + pair[1], [items[0], None, 3.5]), "k": d["k"]}
+
+    d = {"w": torch.randn(2), "k": "key"}
+    pair = (torch.randn(2), torch.randn(2))
+    items = [torch.randn(2), torch.randn(2), 7]
+    out = assert_matches_eager(f, d, pair, items, scale=3, name="n", remove=remove)
+    assert isinstance(out, dict) and isinstance(out["out"], tuple)
+    assert isinstance(out["out"][1], list) and out["out"][1][1] is None
+
+
+def test_kwargs_tensors_are_functionalized(remove):
+    # Tensor keyword arguments are mutated and written back like positional ones.
+    def f(x, *, y):
+        y.add_(x)
+        return y.view(-1)
+
+    assert_matches_eager(f, torch.randn(2, 2), y=torch.randn(2, 2), remove=remove)
+
+
+def test_outputs_are_plain_tensors(remove):
+    # Every tensor output, including views of inputs and intermediates, is a plain tensor.
+    def f(x):
+        a = x.clone()
+        a.add_(1)
+        return a, a[0], x.t(), [a.view(-1)], {"s": a.sum()}
+
+    outs = tfz.functionalize(f, remove=remove)(torch.randn(2, 3))
+    for t in _tensor_leaves(outs):
+        assert type(t) is torch.Tensor
+        assert not tfz.is_functional(t)
+
+
+def test_unmutated_input_returned_is_same_object(remove):
+    # An input that f returns without mutating it comes back as the very same tensor object.
+    def f(x, y):
+        return x, y + 1
+
+    x = torch.randn(3)
+    out = tfz.functionalize(f, remove=remove)(x, torch.randn(3))
+    assert out[0] is x
+
+
+def test_non_tensor_and_none_outputs(remove):
+    # A function returning only non-tensor values (and None) returns them unchanged.
+    def f(x, n):
+        x.sum()
+        return None, n * 2, "s"
+
+    assert tfz.functionalize(f, remove=remove)(torch.randn(2), 4) == (None, 8, "s")
+
+
+def test_functionalized_callable_is_reusable(remove):
+    # One functionalized callable can be called repeatedly, with different shapes and dtypes.
+    def f(x):
+        x.mul_(2)
+        return x[0]
+
+    g = tfz.functionalize(f, remove=remove)
+    for x in (torch.randn(3), torch.randn(2, 4), torch.arange(5)):
+        expected = x.clone()
+        f(expected)
+        out = g(x)
+        torch.testing.assert_close(x, expected)
+        torch.testing.assert_close(out, expected[0])
+
+
+@pytest.mark.parametrize("remove_mode", ["mutations", "mutations_and_views"])
+def test_remove_accepts_both_documented_values(remove_mode):
+    # Both documented remove values are accepted, and "mutations" is the default.
+    assert callable(tfz.functionalize(torch.sin, remove=remove_mode))
+    assert callable(tfz.functionalize(torch.sin))
+
+
+def test_remove_rejects_unknown_value_listing_allowed_values():
+    # A bad remove value raises ValueError whose message lists both allowed values.
+    with pytest.raises(ValueError) as info:
+        tfz.functionalize(torch.sin, remove="views")
+    message = str(info.value)
+    assert "'mutations'" in message or '"mutations"' in message, message
+    assert "mutations_and_views" in message, message
+    assert "views" in message
+
+
+def test_functools_wraps_keeps_name_and_doc():
+    # The returned callable looks like f (functools.wraps): same __name__, __doc__, __wrapped__.
+    def my_program(x):
+        """Adds one."""
+        return x + 1
+
+    g = tfz.functionalize(my_program)
+    assert g.__name__ == "my_program"
+    assert g.__doc__ == "Adds one."
+    assert getattr(g, "__wrapped__", my_program) is my_program
+
+
+def test_partial_and_module_callables():
+    # Any callable works: functools.partial objects and nn.Modules.
+    def f(x, k):
+        x.add_(k)
+        return x * 2
+
+    assert_matches_eager(functools.partial(f, k=3), torch.randn(3))
+    lin = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(tfz.functionalize(lin)(x), lin(x))
+
+
+def test_autograd_through_outputs_matches_eager(remove):
+    # Outputs of a functionalized program carry grad_fn, and backward gives eager's gradient.
+    def f(x, w):
+        a = x * w
+        a[0].mul_(3)
+        a.t()[1].add_(x[1].sum())
+        return a.sin().sum()
+
+    x = torch.randn(2, 3, requires_grad=True)
+    w = torch.randn(2, 3, requires_grad=True)
+    out = tfz.functionalize(f, remove=remove)(x, w)
+    assert out.grad_fn is not None
+    gx, gw = torch.autograd.grad(out, (x, w))
+
+    ex, ew = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    eager_gx, eager_gw = torch.autograd.grad(f(ex, ew), (ex, ew))
+    torch.testing.assert_close(out, f(ex, ew))
+    torch.testing.assert_close(gx, eager_gx)
+    torch.testing.assert_close(gw, eager_gw)
+
+
+def test_autograd_backward_populates_leaf_grads(remove):
+    # .backward() on a functionalized output accumulates into the caller's leaf tensors.
+    def f(x):
+        y = x.clone()
+        y.mul_(y)
+        return y.sum()
+
+    x = torch.randn(4, requires_grad=True)
+    tfz.functionalize(f, remove=remove)(x).backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach())
+
+
+def test_enable_to_functional_roundtrip(remove):
+    # Under enable(), to_functional wraps, mutations through views stay in the wrapper until
+    # sync/from_functional, and the original tensor is untouched.
+    x = torch.arange(6.0).view(2, 3)
+    original = x.clone()
+    with tfz.enable(remove=remove):
+        fx = tfz.to_functional(x)
+        assert tfz.is_functional(fx)
+        assert not tfz.is_functional(x)
+        fx.add_(1)
+        fx.t()[0].mul_(10)
+        tfz.sync(fx)
+        out = tfz.from_functional(fx)
+    assert not tfz.is_functional(out)
+    expected = original + 1
+    expected[:, 0] *= 10
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, original)
+
+
+def test_enable_default_remove_and_views_of_wrappers():
+    # enable() defaults to remove="mutations"; a view of a wrapper is functional too and reads
+    # its base's later mutation after sync.
+    z = torch.zeros(4)
+    with tfz.enable():
+        fx = tfz.to_functional(z)
+        v = fx[1:3]
+        assert tfz.is_functional(v)
+        fx.fill_(2)
+        tfz.sync(v)
+        out = tfz.from_functional(v)
+    torch.testing.assert_close(out, torch.full((2,), 2.0))
+
+
+def test_is_functional_on_plain_tensor_outside_enable():
+    # is_functional is a pure query: False for plain tensors anywhere.
+    assert not tfz.is_functional(torch.randn(2))
+
+
+def _program_with_input_mutation(x, y):
+    z = x.view(-1)
+    z.add_(y.view(-1))
+    return (x * 2).sum(0)
+
+
+def test_functionalize_graph_removes_mutations(remove):
+    # functionalize_graph turns a traced mutating GraphModule into a functional one that
+    # computes the same outputs and input write-back.
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    gm = make_fx(_program_with_input_mutation)(*clone_inputs((x, y)))
+    fgm = tfz.functionalize_graph(gm, *clone_inputs((x, y)), remove=remove)
+    assert isinstance(fgm, torch.fx.GraphModule)
+    assert_functional_graph(fgm, remove)
+
+    eager_args, graph_args = clone_inputs((x, y)), clone_inputs((x, y))
+    torch.testing.assert_close(fgm(*graph_args), _program_with_input_mutation(*eager_args))
+    torch.testing.assert_close(graph_args, eager_args)
+
+
+def test_functionalize_graph_of_graph_without_mutation():
+    # A graph with no mutation goes through functionalize_graph and still matches eager.
+    def f(x):
+        return x.t().relu() + 1
+
+    x = torch.randn(3, 2)
+    gm = make_fx(f)(x)
+    fgm = tfz.functionalize_graph(gm, x)
+    assert_functional_graph(fgm, "mutations")
+    torch.testing.assert_close(fgm(x), f(x))
+
+
+def test_functionalize_graph_mutations_and_views_has_no_views():
+    # With remove="mutations_and_views" the resulting graph holds no view op.
+    def f(x):
+        a = x.clone()
+        a[0].add_(1)
+        return a.view(-1)
+
+    x = torch.randn(2, 2)
+    fgm = tfz.functionalize_graph(make_fx(f)(x), x, remove="mutations_and_views")
+    assert_functional_graph(fgm, "mutations_and_views")
+    torch.testing.assert_close(fgm(x), f(x))

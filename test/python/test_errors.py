@@ -1,0 +1,133 @@
+"""Every user-facing error: its exception type and a fragment of its message."""
+
+import pytest
+import torch
+
+import torch_functionalize as tfz
+
+
+@pytest.mark.parametrize("not_callable", [None, 3, "f", torch.zeros(2)], ids=["None", "int", "str", "tensor"])
+def test_non_callable_func_raises_type_error(not_callable):
+    # functionalize rejects a non-callable func up front with a prefixed TypeError.
+    with pytest.raises(TypeError, match=r"^functionalize:"):
+        tfz.functionalize(not_callable)
+
+
+@pytest.mark.parametrize("bad", ["views", "mutation", "", None, True])
+def test_bad_remove_raises_value_error(bad):
+    # An unknown remove value raises a prefixed ValueError naming the allowed values.
+    with pytest.raises(ValueError, match=r"^functionalize:.*mutations_and_views"):
+        tfz.functionalize(torch.sin, remove=bad)
+
+
+def test_bad_remove_for_enable_raises_value_error():
+    # enable() validates remove like functionalize does.
+    with pytest.raises(ValueError, match=r"^functionalize:.*mutations_and_views"):
+        with tfz.enable(remove="all"):
+            pass
+
+
+def test_nested_functionalize_raises():
+    # functionalize(functionalize(f)) is rejected with a message that says "nested".
+    def f(x):
+        return x + 1
+
+    with pytest.raises(RuntimeError, match=r"^functionalize:.*nested"):
+        tfz.functionalize(tfz.functionalize(f))(torch.randn(2))
+
+
+def test_nested_functionalize_inside_f_raises():
+    # Calling a functionalized function from inside another functionalized function is nesting.
+    inner = tfz.functionalize(lambda t: t * 2)
+
+    def outer(x):
+        return inner(x) + 1
+
+    with pytest.raises(RuntimeError, match=r"^functionalize:.*nested"):
+        tfz.functionalize(outer)(torch.randn(2))
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        pytest.param(lambda t: t + 1, id="add"),
+        pytest.param(lambda t: t.add_(1), id="add_"),
+        pytest.param(lambda t: t.view(-1), id="view"),
+        pytest.param(lambda t: t.sum(), id="sum"),
+        pytest.param(lambda t: torch.zeros(3) * t, id="plain_times_escaped"),
+    ],
+)
+def test_escaped_wrapper_used_after_call_raises(use):
+    # A functional tensor leaked out of a finished call raises "escaped" when an op uses it.
+    leaked = []
+
+    def f(x):
+        y = x * 2
+        leaked.append(y)
+        return y.sum()
+
+    tfz.functionalize(f)(torch.randn(3))
+    with pytest.raises(RuntimeError, match=r"^functionalize:.*escaped"):
+        use(leaked[0])
+
+
+def test_plain_tensor_mutated_with_functional_tensor_raises():
+    # A global plain tensor mutated in place with a functional tensor names the op.
+    g = torch.zeros(3)
+
+    def f(x):
+        g.add_(x)
+        return x
+
+    with pytest.raises(RuntimeError, match=r"^functionalize: aten::add_\.Tensor"):
+        tfz.functionalize(f)(torch.randn(3))
+    torch.testing.assert_close(g, torch.zeros(3))
+
+
+def test_plain_tensor_copied_from_functional_tensor_raises():
+    # copy_ of a functional tensor into a plain tensor names aten::copy_.
+    g = torch.zeros(3)
+
+    def f(x):
+        g.copy_(x)
+        return x
+
+    with pytest.raises(RuntimeError, match=r"^functionalize: aten::copy_"):
+        tfz.functionalize(f)(torch.randn(3))
+    torch.testing.assert_close(g, torch.zeros(3))
+
+
+def test_to_functional_outside_any_call_raises():
+    # to_functional needs an active functionalize call or enable() block.
+    with pytest.raises(RuntimeError, match=r"^functionalize:"):
+        tfz.to_functional(torch.randn(2))
+
+
+def test_to_functional_after_enable_exits_raises():
+    # Leaving enable() ends the scope in which to_functional works.
+    with tfz.enable():
+        pass
+    with pytest.raises(RuntimeError, match=r"^functionalize:"):
+        tfz.to_functional(torch.randn(2))
+
+
+def test_inplace_broadcast_error_matches_eager():
+    # An in-place op whose result cannot fit self fails as in eager, although its functional
+    # variant alone would broadcast without error.
+    def f(x, y):
+        x.add_(y)
+        return x
+
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        f(torch.randn(3, 1), torch.randn(3, 4))
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        tfz.functionalize(f)(torch.randn(3, 1), torch.randn(3, 4))
+
+
+def test_op_error_inside_f_propagates_as_eager_error():
+    # An ordinary shape error inside f surfaces as the same RuntimeError eager raises.
+    def f(x):
+        return x.view(5)
+
+    with pytest.raises(RuntimeError, match="invalid for input of size"):
+        tfz.functionalize(f)(torch.randn(2, 3))

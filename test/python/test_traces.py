@@ -1,0 +1,173 @@
+"""Op sequences that make_fx records after the pass, pinned and compared with torch.func.
+
+The programs are those of torch.func.functionalize's documentation and PyTorch's
+functionalization design note. For each one the graph must (1) equal the op sequence of
+torch.func.functionalize traced in the same run, in both remove modes and for real and fake
+tracing, (2) equal the short expected list written below, and (3) hold no mutable op except
+the input write-back epilogue, and no view op in "mutations_and_views" mode.
+"""
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torch_functionalize as tfz
+
+from reference import assert_functional_graph, assert_matches_eager, call_targets, trace
+
+
+def clone_then_add_(x):
+    y = x.clone()
+    y.add_(1)
+    return y
+
+
+def view_of_mutated_intermediate(x):
+    a = x + 1
+    b = a.view(-1)
+    a.add_(1)
+    return b
+
+
+def input_mutated_through_view(x):
+    y = x.view(-1)
+    y.add_(1)
+    return x
+
+
+def column_of_clone_mutated(x):
+    y = x.clone()
+    y[:, 1].add_(1)
+    return y
+
+
+def several_aliases_mutated_and_read(x):
+    a = x.clone()
+    flat = a.view(-1)
+    row = a[0]
+    tr = a.t()
+    flat.add_(1)
+    row.mul_(2)
+    return flat, row, tr, a
+
+
+def diagonal_of_input_mutated(x):
+    y = torch.ones(3, 3)
+    torch.diagonal(x).add_(y[0])
+    return x
+
+
+# (id, program, input factory, expected ops with remove="mutations").
+CASES = [
+    # (a) A mutation of a fresh clone becomes an out-of-place add; nothing is written back.
+    ("clone_then_add_", clone_then_add_, lambda: torch.randn(2, 3),
+     ["aten.clone.default", "aten.add.Tensor"]),
+    # (b) The view b of a mutated intermediate is regenerated from the new base before return.
+    ("view_of_mutated_intermediate", view_of_mutated_intermediate, lambda: torch.randn(2, 3),
+     ["aten.add.Tensor", "aten.view.default", "aten.add.Tensor", "aten.view.default"]),
+    # (c) A mutation through a view of an input is replayed on the base, then copied back.
+    ("input_mutated_through_view", input_mutated_through_view, lambda: torch.randn(2, 3),
+     ["aten.view.default", "aten.add.Tensor", "aten.view.default", "aten.view.default",
+      "aten.copy_.default"]),
+    # (d) A mutation through a select view becomes select_scatter into the base.
+    ("column_of_clone_mutated", column_of_clone_mutated, lambda: torch.randn(3, 3),
+     ["aten.clone.default", "aten.select.int", "aten.add.Tensor",
+      "aten.select_scatter.default", "aten.select.int"]),
+    # (e) Several outstanding aliases of one base: each write is scattered into the base and
+    # every alias returned is regenerated from the final base.
+    ("several_aliases_mutated_and_read", several_aliases_mutated_and_read,
+     lambda: torch.randn(2, 3),
+     ["aten.clone.default", "aten.view.default", "aten.select.int", "aten.t.default",
+      "aten.add.Tensor", "aten.view.default", "aten.view.default", "aten.select.int",
+      "aten.mul.Tensor", "aten.select_scatter.default", "aten.select.int",
+      "aten.view.default", "aten.t.default"]),
+    # (f) A factory inside f (ones) feeds a mutation through diagonal of an input:
+    # diagonal_scatter into the input's value, then one trailing copy_ into the input.
+    ("diagonal_of_input_mutated", diagonal_of_input_mutated, lambda: torch.randn(3, 3),
+     ["aten.ones.default", "aten.diagonal.default", "aten.select.int", "aten.add.Tensor",
+      "aten.diagonal_scatter.default", "aten.diagonal.default", "aten.copy_.default"]),
+]
+CASE_IDS = [c[0] for c in CASES]
+
+# View op -> its *_copy form, which "mutations_and_views" records instead.
+_COPY_VARIANT = {
+    "aten.view.default": "aten.view_copy.default",
+    "aten.select.int": "aten.select_copy.int",
+    "aten.t.default": "aten.t_copy.default",
+    "aten.diagonal.default": "aten.diagonal_copy.default",
+}
+_VIEW_OPS = set(_COPY_VARIANT)
+_MUTABLE_OPS = {"aten.add_.Tensor", "aten.mul_.Tensor", "aten.fill_.Scalar"}
+
+
+def expected_ops(expected_mutations, remove):
+    if remove == "mutations":
+        return list(expected_mutations)
+    return [_COPY_VARIANT.get(op, op) for op in expected_mutations]
+
+
+@pytest.mark.parametrize("tracing_mode", ["real", "fake"])
+@pytest.mark.parametrize("name, f, make_input, expected", CASES, ids=CASE_IDS)
+def test_trace_matches_torch_func(name, f, make_input, expected, remove, tracing_mode):
+    # Our graph's op sequence equals torch.func.functionalize's for the same program and mode.
+    x = make_input()
+    ours = trace(f, x, remove=remove, tracing_mode=tracing_mode)
+    theirs = trace(f, x, remove=remove, impl=torch.func.functionalize, tracing_mode=tracing_mode)
+    assert call_targets(ours) == call_targets(theirs), f"ours:\n{ours.code}\ntorch.func:\n{theirs.code}"
+    assert_functional_graph(ours, remove)
+
+
+@pytest.mark.parametrize("name, f, make_input, expected", CASES, ids=CASE_IDS)
+def test_trace_matches_expected_ops(name, f, make_input, expected, remove):
+    # The pinned op list is present, no in-place op survives, and in "mutations_and_views"
+    # no view op survives.
+    gm = trace(f, make_input(), remove=remove)
+    ops = call_targets(gm)
+    assert ops == expected_ops(expected, remove), gm.code
+    assert not _MUTABLE_OPS & set(ops), gm.code
+    if remove == "mutations_and_views":
+        assert not _VIEW_OPS & set(ops), gm.code
+
+
+@pytest.mark.parametrize("name, f, make_input, expected", CASES, ids=CASE_IDS)
+def test_traced_program_matches_eager(name, f, make_input, expected, remove):
+    # The program itself, and the graph traced from it, compute what eager computes.
+    assert_matches_eager(f, make_input(), remove=remove)
+    x = make_input()
+    gm = trace(f, x, remove=remove)
+    eager_x, graph_x = x.clone(), x.clone()
+    torch.testing.assert_close(gm(graph_x), f(eager_x))
+    torch.testing.assert_close(graph_x, eager_x)
+
+
+def test_trace_has_no_wrapper_constants(remove):
+    # Wrappers never leak into the graph as constants: every tensor comes from a placeholder or
+    # a recorded op.
+    gm = trace(diagonal_of_input_mutated, torch.randn(3, 3), remove=remove)
+    assert not [n for n in gm.graph.nodes if n.op == "get_attr"], gm.code
+
+
+def test_trace_of_metadata_mutation_on_input(remove):
+    # x.t_() on an input leaves a metadata op only in the trailing write-back on the placeholder.
+    def f(x):
+        x.t_()
+        return x + 1
+
+    gm = trace(f, torch.randn(2, 3), remove=remove)
+    assert_functional_graph(gm, remove)
+    assert any(n.op == "call_function" and n.args and n.args[0].op == "placeholder"
+               and str(n.target) in ("aten.t_.default", "aten.transpose_.int",
+                                     "aten.as_strided_.default")
+               for n in gm.graph.nodes), gm.code
+
+
+def test_trace_symbolic_matches_torch_func(remove):
+    # Symbolic tracing of (c) gives the same op sequence as torch.func.
+    ours = make_fx(
+        tfz.functionalize(input_mutated_through_view, remove=remove), tracing_mode="symbolic"
+    )(torch.randn(2, 3))
+    theirs = make_fx(
+        torch.func.functionalize(input_mutated_through_view, remove=remove),
+        tracing_mode="symbolic",
+    )(torch.randn(2, 3))
+    assert call_targets(ours) == call_targets(theirs), f"ours:\n{ours.code}\ntorch.func:\n{theirs.code}"
