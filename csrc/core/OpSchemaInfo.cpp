@@ -251,6 +251,15 @@ OpInfo classify(const c10::OperatorHandle& op) {
         "the source tensor directly, or copy_ into the destination";
     return info;
   }
+  if (name == "aten::native_batch_norm" && schema.overload_name().empty()) {
+    // See Note [Kernel: native_batch_norm].
+    info.kind = OpKind::BatchNorm;
+    info.functional_op =
+        c10::Dispatcher::singleton().findOp({"aten::_native_batch_norm_legit_functional", ""});
+    TORCH_INTERNAL_ASSERT(info.functional_op.has_value(),
+                          "aten::_native_batch_norm_legit_functional is not registered");
+    return info;
+  }
   const bool resize_like = name == "aten::resize_" || name == "aten::resize_as_";
   if (writes && op.hasTag(at::Tag::inplace_view) && !resize_like) {
     auto view = find_functional(normalized_signature(schema));

@@ -19,6 +19,7 @@ enum class OpKind {
   InplaceView,  // tag inplace_view (t_, transpose_, squeeze_, ...): change self's view chain
   Mutable,      // some argument is written: call the functional variant, then commit
   Unsupported,  // mutable with no functional variant, or an op we refuse (reason says why)
+  BatchNorm,    // aten::native_batch_norm: writes running stats its schema does not annotate
 };
 
 /// Where a functional-variant argument comes from.

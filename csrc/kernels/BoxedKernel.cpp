@@ -73,6 +73,8 @@ void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::
       return inplace_view_kernel(info, op, stack, *layer);
     case OpKind::Mutable:
       return mutable_kernel(info, op, stack, *layer);
+    case OpKind::BatchNorm:
+      return native_batch_norm_kernel(info, op, stack, *layer);
     case OpKind::Unsupported:
       TORCH_CHECK_NOT_IMPLEMENTED(false, "functionalize: ", info.name, ": ",
                                   info.unsupported_reason, ".");

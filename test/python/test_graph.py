@@ -153,11 +153,6 @@ def test_batch_norm_running_stats_stay_updated():
     assert_matches_graph(gm, functional, (x,))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="native_batch_norm(training=True) writes running_mean/running_var in place although its "
-    "schema is not mutable, so the graph has a hidden mutation and no write-back (torch.func too)",
-)
 def test_batch_norm_running_stats_are_write_backs():
     # The running statistics should reach the buffers through the epilogue like num_batches_tracked.
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).train()
