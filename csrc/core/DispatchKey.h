@@ -40,7 +40,7 @@ inline c10::DispatchKeySet layer_hidden_keys() {
   return c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
 }
 
-/// Every runtime key our boxed kernel is registered at (per op or as fallback).
+/// Every runtime key our boxed kernel is registered at, per op and as fallback.
 inline constexpr c10::DispatchKey kFallbackKeys[] = {
     c10::DispatchKey::AutogradPrivateUse3, c10::DispatchKey::PrivateUse3,
     c10::DispatchKey::SparsePrivateUse3,   c10::DispatchKey::QuantizedPrivateUse3,

@@ -17,7 +17,10 @@ namespace tfz::detail {
 // Note [Kernel: registration]
 // A backend fallback at AutogradPrivateUse3 would only see ops that have no Autograd kernel, and
 // one at PrivateUse3 would lose to every CompositeExplicitAutograd kernel (transpose.int, t,
-// alias, ...). So the kernel is registered directly for every operator, which always wins
+// alias, ...). So the kernel is registered directly for every operator, at every PrivateUse3
+// runtime key (Sparse/Quantized/... too: while a layer includes the PrivateUse3 backend bit, a
+// plain sparse tensor inside the function dispatches there, and a CompositeExplicitAutograd
+// kernel must not run in place of its sparse kernel), which always wins
 // (OperatorEntry::computeDispatchTableEntry, step 1), except CompositeImplicitAutograd ops: we
 // leave those alone so they decompose into ops we do see.
 // Operators registered after us arrive through an OpRegistrationListener. The dispatcher calls
@@ -136,7 +139,7 @@ void drain() {
   }
   std::vector<c10::RegistrationHandleRAII> handles;
   for (const auto& op : fresh) {
-    for (auto key : {kAutogradKey, kBackendKey}) {
+    for (auto key : kFallbackKeys) {
       handles.push_back(d.registerImpl(
           op.operator_name(), key,
           c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>()), std::nullopt,

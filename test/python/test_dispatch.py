@@ -1,0 +1,88 @@
+"""Which operators reach our kernel: CompositeExplicitAutograd ops and torch.library ops defined
+after import do; CompositeImplicitAutograd ops decompose first. See Note [Kernel: registration]."""
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torch_functionalize as tfz
+from torch_functionalize import _C
+
+from reference import assert_matches_eager, graph_ops
+
+KERNEL = "torch_functionalize per-op kernel [kernel]"
+
+
+def _table(op):
+    tfz.functionalize(lambda x: x)(torch.ones(1))  # registration happens on layer entry
+    return dict(
+        line.split(": ", 1) for line in torch._C._dispatch_dump_table(op).splitlines() if ": " in line
+    )
+
+
+def test_every_non_composite_implicit_op_is_registered():
+    # Thousands of operators get the per-op kernel (a fallback alone would miss most of them).
+    tfz.functionalize(lambda x: x)(torch.ones(1))
+    assert _C._registered_op_count() > 2000
+
+
+def test_composite_explicit_ops_reach_our_kernel():
+    # transpose.int, t and alias have CompositeExplicitAutograd kernels, which beat any fallback.
+    for op in ["aten::transpose.int", "aten::t", "aten::alias", "aten::add.Tensor"]:
+        table = _table(op)
+        assert table["AutogradPrivateUse3"] == KERNEL, op
+        assert table["PrivateUse3"] == KERNEL, op
+        assert table["SparsePrivateUse3"] == KERNEL, op
+
+
+def test_mutation_through_composite_explicit_views_is_removed(remove):
+    # A write through t() / transpose() / alias() is functionalized: no in-place op in the graph.
+    def f(x):
+        x.t().mul_(2)
+        x.transpose(0, 1).add_(1)
+        torch.ops.aten.alias(x).sub_(3)
+        return x
+
+    assert_matches_eager(f, torch.randn(2, 3), remove=remove)
+    ops = graph_ops(f, torch.randn(2, 3), remove=remove)
+    assert not {"aten.mul_.Tensor", "aten.add_.Tensor", "aten.sub_.Tensor"} & set(ops)
+
+
+def test_composite_implicit_ops_decompose_before_us():
+    # reshape is CompositeImplicitAutograd: we register nothing for it, so it decomposes to view.
+    table = _table("aten::reshape")
+    assert "torch_functionalize" not in table["AutogradPrivateUse3"]
+    ops = graph_ops(lambda x: x.reshape(-1).add_(1), torch.randn(2, 3), remove="mutations")
+    assert "aten.reshape.default" not in ops and "aten.view.default" in ops
+
+
+def test_custom_op_defined_after_import_reaches_our_kernel(remove):
+    # A torch.library op registered after the extension loaded gets our kernel on the next call.
+    @torch.library.custom_op("tfz_test_dispatch::scale", mutates_args=())
+    def scale(x: torch.Tensor, k: float) -> torch.Tensor:
+        return x * k
+
+    @scale.register_fake
+    def _(x, k):
+        return torch.empty_like(x)
+
+    def f(x):
+        y = scale(x, 3.0)
+        y.add_(1)
+        x.mul_(2)
+        return y
+
+    assert_matches_eager(f, torch.randn(4), remove=remove)
+    assert _table("tfz_test_dispatch::scale")["AutogradPrivateUse3"] == KERNEL
+    gm = make_fx(tfz.functionalize(f, remove=remove))(torch.randn(4))
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert "tfz_test_dispatch.scale.default" in targets
+    assert "aten.add_.Tensor" not in targets
+
+
+def test_plain_sparse_tensor_inside_f_keeps_its_sparse_kernels():
+    # While a layer is active, a plain sparse tensor must still run sparse kernels.
+    s = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (3,))
+
+    def f(y):
+        return y + (s * 2).to_dense(), (s + s).coalesce().values()
+
+    assert_matches_eager(f, torch.ones(3), remove="mutations", check_graph=False)
