@@ -28,9 +28,10 @@ class CMakeBuild(build_ext):
         build_dir = os.path.join(ROOT, "build", "python")
         debug = os.environ.get("DEBUG", "0") == "1"
         tests = os.environ.get("TFZ_BUILD_TESTS", "0") == "1"
+        lib_dir = os.path.join(build_dir, "lib")
         args = [
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={lib_dir}",
             f"-DCMAKE_BUILD_TYPE={'Debug' if debug else 'RelWithDebInfo'}",
-            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={ext_dir}",
             f"-DPython3_EXECUTABLE={sys.executable}",
             f"-DTFZ_BUILD_TESTS={'ON' if tests else 'OFF'}",
             "-DTFZ_BUILD_PYTHON=ON",
@@ -45,12 +46,17 @@ class CMakeBuild(build_ext):
         subprocess.check_call(["cmake", "-S", ROOT, "-B", build_dir] + args)
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs])
+        # The libraries stay in the build tree (the GoogleTest executables link them there) and
+        # are copied next to the package: _C finds libtfz_core through its $ORIGIN rpath.
+        built = lib_dir
+        module = next(f for f in os.listdir(built) if f.startswith("_C.") and f.endswith(".so"))
+        targets = [ext_dir]
         if getattr(self, "editable_mode", False) or self.inplace:
-            # Editable installs copy only _C out of the temporary build dir; the core library
-            # it links must sit next to it in the source package too.
-            package_dir = os.path.join(ROOT, "python", "torch_functionalize")
-            shutil.copy2(os.path.join(ext_dir, "libtfz_core.so"), package_dir)
-
+            targets.append(os.path.join(ROOT, "python", "torch_functionalize"))
+        for target in targets:
+            os.makedirs(target, exist_ok=True)
+            shutil.copy2(os.path.join(built, "libtfz_core.so"), target)
+        shutil.copy2(os.path.join(built, module), self.get_ext_fullpath(ext.name))
 
 setup(
     name="torch-functionalize",

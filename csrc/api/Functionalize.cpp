@@ -31,9 +31,14 @@ at::Tensor to_functional(const at::Tensor& t) {
               "Call it inside a function passed to functionalize, or while a FunctionalizeGuard "
               "(Python: torch_functionalize.enable()) is alive.");
   TORCH_CHECK(t.defined(), "functionalize: to_functional: got an undefined tensor.");
-  TORCH_CHECK(!is_functional(t),
-              "functionalize: to_functional: the tensor is already functional; wrap plain "
-              "tensors only.");
+  if (auto* impl = maybe_get_impl(t)) {
+    // at:: factories inside a layer already return wrappers (Note [Kernel: factories]), so
+    // wrapping is idempotent for this layer's wrappers; another layer's wrapper escaped.
+    TORCH_CHECK(impl->layer_id() == layer->id,
+                "functionalize: to_functional: got a functional tensor that escaped the "
+                "functionalize call that made it. Wrap plain tensors only.");
+    return t;
+  }
   return detail::make_fresh_wrapper(t, layer->id);
 }
 

@@ -4,6 +4,7 @@ All state changes happen in C++ (torch_functionalize._C); this file only compose
 """
 import contextlib
 import functools
+from typing import Any, Callable, Iterator, Literal, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -11,10 +12,13 @@ from torch.utils import _pytree as pytree
 
 from . import _C
 
+Remove = Literal["mutations", "mutations_and_views"]
+F = TypeVar("F", bound=Callable[..., Any])
+
 _REMOVE_VALUES = ("mutations", "mutations_and_views")
 
 
-def _check_remove(remove):
+def _check_remove(remove: str) -> None:
     if remove not in _REMOVE_VALUES:
         raise ValueError(
             f'functionalize: remove must be "mutations" or "mutations_and_views"; got {remove!r}.'
@@ -22,7 +26,7 @@ def _check_remove(remove):
 
 
 @contextlib.contextmanager
-def enable(remove="mutations"):
+def enable(remove: Remove = "mutations") -> Iterator[None]:
     """Functionalize ops on wrappers made by ``to_functional`` inside this block (manual use)."""
     _check_remove(remove)
     guard = _C._Guard(remove)
@@ -33,22 +37,22 @@ def enable(remove="mutations"):
         guard.close()
 
 
-def is_functional(t):
+def is_functional(t: object) -> bool:
     """True if ``t`` is a functional wrapper made by torch_functionalize."""
     return isinstance(t, torch.Tensor) and _C._is_functional(t)
 
 
-def to_functional(t):
+def to_functional(t: torch.Tensor) -> torch.Tensor:
     """Wraps a plain tensor for the functionalize call (or ``enable`` block) active on this thread."""
     return _C._to_functional(t)
 
 
-def from_functional(t):
+def from_functional(t: torch.Tensor) -> torch.Tensor:
     """Applies pending updates and returns the plain tensor inside a wrapper (plain: unchanged)."""
     return _C._from_functional(t)
 
 
-def sync(t):
+def sync(t: torch.Tensor) -> None:
     """Brings a wrapper up to date with mutations made through its aliases."""
     _C._sync(t)
 
@@ -78,7 +82,7 @@ class _FactoryMode(TorchFunctionMode):
         return pytree.tree_map_only(torch.Tensor, _C._wrap_fresh, out)
 
 
-def functionalize(func, *, remove="mutations"):
+def functionalize(func: F, *, remove: Remove = "mutations") -> F:
     """Returns ``func`` transformed to run without mutations (``remove="mutations"``) or without
     mutations and views (``remove="mutations_and_views"``), with the contract of
     ``torch.func.functionalize``: same outputs as plain tensors, input mutations written back."""
@@ -109,4 +113,4 @@ def functionalize(func, *, remove="mutations"):
             _C._propagate_input_mutation(original, w)
         return out
 
-    return wrapped
+    return wrapped  # type: ignore[return-value]

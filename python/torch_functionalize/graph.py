@@ -6,11 +6,15 @@ retraces, and turns the lifted inputs back into attributes. It does not optimize
 """
 
 import itertools
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+
+if TYPE_CHECKING:
+    from .api import Remove
 
 _REMOVE_OPTIONS = ("mutations", "mutations_and_views")
 
@@ -23,7 +27,11 @@ _META_KEYS = ("val", "example_value")
 # mutation of module state becomes a trailing copy_ into that attribute. With example inputs the
 # graph is traced on copies of them (real mode, so data-dependent ops work); without, on fake
 # tensors built from the placeholders' meta values. Either way it is specialized to those shapes.
-def functionalize_graph(gm, *example_inputs, remove="mutations"):
+def functionalize_graph(
+    gm: "torch.fx.GraphModule | torch.export.ExportedProgram",
+    *example_inputs: Any,
+    remove: "Remove" = "mutations",
+) -> "torch.fx.GraphModule":
     """Retrace `gm` (a GraphModule or ExportedProgram) into an equivalent functional GraphModule."""
     # Imported lazily: the package __init__ re-exports this module, and api imports the engine.
     from torch._subclasses.fake_tensor import FakeTensor
@@ -31,21 +39,22 @@ def functionalize_graph(gm, *example_inputs, remove="mutations"):
 
     from .api import functionalize
 
-    gm = _as_graph_module(gm)
+    module = _as_graph_module(gm)
     if remove not in _REMOVE_OPTIONS:
         raise ValueError(
             'functionalize_graph: remove must be "mutations" or "mutations_and_views"; '
             f"got {remove!r}."
         )
 
+    tracing_mode: Literal["real", "fake"]
     if example_inputs:
         args = tuple(example_inputs)
         is_fake = any(isinstance(a, FakeTensor) for a in pytree.tree_leaves(args))
         tracing_mode = "fake" if is_fake else "real"
     else:
-        args, tracing_mode = _inputs_from_meta(gm), "fake"
+        args, tracing_mode = _inputs_from_meta(module), "fake"
 
-    targets, state = _collect_state(gm)
+    targets, state = _collect_state(module)
     if tracing_mode == "real":
         # make_fx in real mode executes the program, epilogue included: trace on copies so
         # neither the caller's inputs nor the module's buffers are mutated.
@@ -59,13 +68,13 @@ def functionalize_graph(gm, *example_inputs, remove="mutations"):
 
     def run(*state_and_args):
         params = {name: state_and_args[index] for name, index in state_names}
-        return torch.func.functional_call(gm, params, tuple(state_and_args[num_state:]))
+        return torch.func.functional_call(module, params, tuple(state_and_args[num_state:]))
 
     traced = make_fx(functionalize(run, remove=remove), tracing_mode=tracing_mode)(
         *traced_state, *args
     )
     result = _lifted_state_to_attributes(traced, [names[0] for names in targets], state, args)
-    return result.train(gm.training)
+    return result.train(module.training)
 
 
 def _as_graph_module(gm):

@@ -28,7 +28,8 @@ Remove parse_remove(const std::string& remove);
 bool is_functional(const at::Tensor& t);
 
 /// Wraps `t` for the functionalize call active on this thread. Throws if none is active.
-/// A wrapper of a wrapper is refused: wrap plain tensors only.
+/// A wrapper of the active call is returned as is (at:: factories inside a call already return
+/// wrappers); a wrapper of another call is refused.
 at::Tensor to_functional(const at::Tensor& t);
 
 /// Wraps several inputs at once. Inputs that share storage will share one alias storage

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a fresh Debian machine for torch-functionalize: system packages, the CPU
+# build of torch==2.13.0, test tools, and an editable build of the package together with its
+# GoogleTest executables (build/python). Re-running only rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+for pkg in cmake ninja-build g++ ccache libgtest-dev; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq "${missing[@]}"
+fi
+
+python3 -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
+  || python3 -m pip install -q torch==2.13.0   # pinned: an unpinned torch pulls CUDA wheels
+python3 -c "import pytest, hypothesis, setuptools, wheel" 2>/dev/null \
+  || python3 -m pip install -q pytest hypothesis "setuptools>=64" wheel
+TFZ_BUILD_TESTS=1 python3 -m pip install -q --no-build-isolation -e .
