@@ -3,6 +3,7 @@
 #include <torch_functionalize/functionalize.h>
 
 #include "core/Conversions.h"
+#include "core/Inputs.h"
 #include "core/Layer.h"
 #include "kernels/Kernels.h"
 
@@ -43,10 +44,12 @@ at::Tensor to_functional(const at::Tensor& t) {
 }
 
 std::vector<at::Tensor> to_functional(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> out;
-  out.reserve(ts.size());
-  for (const auto& t : ts) out.push_back(t.defined() ? to_functional(t) : t);
-  return out;
+  auto* layer = detail::current_layer();
+  TORCH_CHECK(layer != nullptr,
+              "functionalize: to_functional: no functionalize call is active on this thread. "
+              "Call it inside a function passed to functionalize, or while a FunctionalizeGuard "
+              "(Python: torch_functionalize.enable()) is alive.");
+  return detail::wrap_inputs(ts, *layer);
 }
 
 at::Tensor from_functional(const at::Tensor& t) {
@@ -73,23 +76,16 @@ bool has_metadata_mutation(const at::Tensor& t) {
 //      as_strided_, as torch.func does, gets the strides of a *_copy wrong);
 //   2. if its size changed otherwise (resize_), a resize_ to the new size;
 //   3. if any data was written to its storage (through it or any alias), one copy_ of the new
-//      value. Inputs that were only viewed or whose metadata alone changed get no copy_.
+//      value; inputs sharing a storage are written once (Note [Inputs: aliased inputs]).
+//      Inputs that were only viewed or whose metadata alone changed get no copy_.
+// The work is done by detail::write_back_inputs (core/Inputs.cpp).
 void propagate_input_mutation(const at::Tensor& original, const at::Tensor& wrapper) {
-  auto* impl = get_impl(wrapper);
-  TORCH_CHECK(impl->is_up_to_date(),
-              "functionalize: propagate_input_mutation: sync the wrapper first.");
-  for (const auto& m : impl->metadata_mutations()) {
-    torch::jit::Stack stack;
-    stack.emplace_back(original);
-    stack.insert(stack.end(), m.args.begin(), m.args.end());
-    m.op.callBoxed(stack);
-  }
-  if (!has_data_mutation(wrapper)) return;
-  const at::Tensor& value = impl->value();
-  if (!impl->has_metadata_mutation() && original.sym_sizes() != value.sym_sizes()) {
-    original.resize__symint(value.sym_sizes());
-  }
-  original.copy_(value);
+  detail::write_back_inputs({original}, {wrapper});
+}
+
+void propagate_input_mutations(const std::vector<at::Tensor>& originals,
+                               const std::vector<at::Tensor>& wrappers) {
+  detail::write_back_inputs(originals, wrappers);
 }
 
 struct FunctionalizeGuard::State {
@@ -128,9 +124,7 @@ Result run_functionalized(const std::vector<at::Tensor>& inputs, Remove remove, 
     result = call(wrapped);
     for (const auto& w : wrapped) sync(w);
   }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].defined()) propagate_input_mutation(inputs[i], wrapped[i]);
-  }
+  propagate_input_mutations(inputs, wrapped);
   return result;
 }
 

@@ -56,6 +56,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_has_data_mutation", &tfz::has_data_mutation);
   m.def("_has_metadata_mutation", &tfz::has_metadata_mutation);
   m.def("_propagate_input_mutation", &tfz::propagate_input_mutation);
+  m.def("_propagate_input_mutations", &tfz::propagate_input_mutations);
   m.def("_wrap_fresh", &tfz::wrap_fresh);
   m.def("_registered_op_count", &tfz::detail::registered_op_count);
   m.def("_classify", [](const std::string& name, const std::string& overload) {

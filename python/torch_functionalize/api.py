@@ -109,8 +109,7 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
         finally:
             guard.close()
         # The epilogue runs in the caller's dispatch state, so tracers record it last.
-        for original, w in zip(originals, wrappers):
-            _C._propagate_input_mutation(original, w)
+        _C._propagate_input_mutations(originals, wrappers)
         return out
 
     return wrapped  # type: ignore[return-value]

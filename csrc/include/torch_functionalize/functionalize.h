@@ -32,8 +32,8 @@ bool is_functional(const at::Tensor& t);
 /// wrappers); a wrapper of another call is refused.
 at::Tensor to_functional(const at::Tensor& t);
 
-/// Wraps several inputs at once. Inputs that share storage will share one alias storage
-/// (see Note [Alias: storage and generations]); today each input gets its own.
+/// Wraps several inputs at once. Inputs that share a storage share one alias storage, so a
+/// write through one is seen through the others, as in eager (see Note [Inputs: aliased inputs]).
 std::vector<at::Tensor> to_functional(const std::vector<at::Tensor>& ts);
 
 /// Applies pending updates to `t` and returns its current inner value (a plain tensor).
@@ -53,6 +53,11 @@ bool has_metadata_mutation(const at::Tensor& t);
 /// (metadata mutations first, then one copy_ of the new data). Call it after the guard is gone,
 /// so that tracers record it as part of the caller's program.
 void propagate_input_mutation(const at::Tensor& original, const at::Tensor& wrapper);
+
+/// The epilogue for all inputs of one call (wrappers from one to_functional(vector) call):
+/// inputs that share a storage are written back together, once where possible.
+void propagate_input_mutations(const std::vector<at::Tensor>& originals,
+                               const std::vector<at::Tensor>& wrappers);
 
 /// RAII guard for manual use: while alive, every op on wrappers of this guard is functionalized.
 /// On destruction the thread's dispatch state is restored exactly, also during unwinding.

@@ -1,0 +1,200 @@
+// Input wrapping with alias groups, and the input-mutation epilogue.
+#include "core/Inputs.h"
+
+#include "core/Conversions.h"
+#include "core/ViewInverses.h"
+
+#include <ATen/Functions.h>
+#include <c10/util/Exception.h>
+
+#include <unordered_map>
+
+namespace tfz::detail {
+
+// Note [Inputs: aliased inputs]
+// f(x, x.view(-1)), f(x, x[1:]), f(x, x.t()), f(x, x): in eager a write through one argument is
+// visible through the other. torch.func.functionalize wraps each argument with its own storage,
+// so inside f the other argument keeps its old value (wrong numbers). Here arguments that share a
+// storage are grouped: the group gets one synthetic base, the whole storage seen as a flat 1-D
+// tensor (as_strided(first, [numel], [1], 0), or its _copy when views are removed), and each
+// member becomes a view of it through one as_strided(size, stride, offset) step. A write through
+// any member is then committed to the shared base with as_strided_scatter and the other members
+// regenerate from it, exactly like ordinary views. Members report their original metadata.
+// The epilogue writes a group back once, through a member that covers all the others (dense, and
+// its span contains theirs: typical for x with x.view(-1) / x[1:] / x.t()); when none does (two
+// overlapping slices), each member is written, which writes shared elements with equal values.
+// Groups with mixed dtypes (x with x.view(torch.int32)) are wrapped independently, as torch.func
+// does, with a warning: their regions cannot share one typed base.
+// Rejected: AOTAutograd's "synthetic base" as an extra graph input: a calling convention change
+// that user code calling functionalize(f) directly could not follow.
+
+namespace {
+
+struct Span {
+  int64_t begin, end;  // element offsets [begin, end) in the storage
+};
+
+Span span_of(const at::Tensor& t) {
+  int64_t end = t.storage_offset() + 1;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 0) return {t.storage_offset(), t.storage_offset()};
+    end += (t.size(d) - 1) * t.stride(d);
+  }
+  return {t.storage_offset(), end};
+}
+
+bool can_group(const std::vector<at::Tensor>& members) {
+  for (const auto& t : members) {
+    if (t.layout() != c10::kStrided || t.scalar_type() != members[0].scalar_type() ||
+        t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const Layer& layer) {
+  auto& d = c10::Dispatcher::singleton();
+  static const auto as_strided = d.findSchemaOrThrow("aten::as_strided", "");
+  static const auto as_strided_copy = d.findOp({"aten::as_strided_copy", ""});
+  const at::Tensor& first = members[0];
+  const int64_t numel = static_cast<int64_t>(first.storage().nbytes() / first.itemsize());
+  at::Tensor base_value;
+  {
+    InnerCallGuard guard;
+    base_value = layer.reapply_views ? first.as_strided({numel}, {1}, 0)
+                                     : at::as_strided_copy(first, {numel}, {1}, 0);
+  }
+  const at::Tensor base = make_fresh_wrapper(base_value, layer.id);
+  std::vector<at::Tensor> wrapped;
+  for (const auto& m : members) {
+    std::vector<c10::IValue> args{c10::IValue(m.sym_sizes()), c10::IValue(m.sym_strides()),
+                                  c10::IValue(m.sym_storage_offset())};
+    auto step = std::make_shared<const ViewMeta>(as_strided, as_strided_copy, std::move(args), -1,
+                                                 layer.reapply_views,
+                                                 find_inverse(as_strided.operator_name()));
+    at::Tensor value;
+    {
+      InnerCallGuard guard;
+      value = step->forward(base_value);
+    }
+    at::Tensor w = make_view_wrapper(value, base, std::move(step));
+    if (!layer.reapply_views) unsafe_get_impl(w)->set_reference_metadata_(m);
+    wrapped.push_back(std::move(w));
+  }
+  return wrapped;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const Layer& layer) {
+  std::vector<at::Tensor> out(inputs.size());
+  std::unordered_map<const c10::StorageImpl*, std::vector<size_t>> groups;
+  std::vector<const c10::StorageImpl*> order;  // groups in first-appearance order
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (!t.defined()) continue;
+    if (auto* impl = maybe_get_impl(t)) {
+      TORCH_CHECK(impl->layer_id() == layer.id,
+                  "functionalize: got a functional tensor that escaped the functionalize call "
+                  "that made it as an input. Pass plain tensors.");
+      out[i] = t;
+      continue;
+    }
+    const auto* storage =
+        t.unsafeGetTensorImpl()->has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+    if (storage == nullptr) {
+      out[i] = make_fresh_wrapper(t, layer.id);
+      continue;
+    }
+    auto& group = groups[storage];
+    if (group.empty()) order.push_back(storage);
+    group.push_back(i);
+  }
+  for (const auto* storage : order) {
+    const auto& indices = groups[storage];
+    std::vector<at::Tensor> members;
+    for (size_t i : indices) members.push_back(inputs[i]);
+    if (members.size() > 1 && !can_group(members)) {
+      TORCH_WARN("functionalize: ", members.size(),
+                 " inputs share a storage but differ in dtype or layout; they are functionalized "
+                 "independently, so a write through one is not seen through the others inside "
+                 "the function.");
+    }
+    if (members.size() == 1 || !can_group(members)) {
+      for (size_t i : indices) out[i] = make_fresh_wrapper(inputs[i], layer.id);
+      continue;
+    }
+    auto wrapped = wrap_group(members, layer);
+    for (size_t k = 0; k < indices.size(); ++k) out[indices[k]] = wrapped[k];
+  }
+  return out;
+}
+
+namespace {
+
+void replay_metadata_mutations(const at::Tensor& original, const FunctionalTensorImpl& impl) {
+  for (const auto& m : impl.metadata_mutations()) {
+    torch::jit::Stack stack;
+    stack.emplace_back(original);
+    stack.insert(stack.end(), m.args.begin(), m.args.end());
+    m.op.callBoxed(stack);
+  }
+}
+
+void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
+  const at::Tensor& value = impl.value();
+  if (!impl.has_metadata_mutation() && original.sym_sizes() != value.sym_sizes()) {
+    original.resize__symint(value.sym_sizes());
+  }
+  original.copy_(value);
+}
+
+// Index (into `members`) of a member whose elements include every other member's, or -1.
+int covering_member(const std::vector<at::Tensor>& originals, const std::vector<size_t>& members) {
+  for (size_t k = 0; k < members.size(); ++k) {
+    const auto& candidate = originals[members[k]];
+    if (!candidate.is_non_overlapping_and_dense()) continue;
+    const Span outer = span_of(candidate);
+    bool covers = true;
+    for (size_t i : members) {
+      const Span s = span_of(originals[i]);
+      covers &= s.begin >= outer.begin && s.end <= outer.end;
+    }
+    if (covers) return static_cast<int>(k);
+  }
+  return -1;
+}
+
+}  // namespace
+
+void write_back_inputs(const std::vector<at::Tensor>& originals,
+                       const std::vector<at::Tensor>& wrappers) {
+  TORCH_CHECK(originals.size() == wrappers.size(), "functionalize: write-back got ",
+              originals.size(), " inputs and ", wrappers.size(), " wrappers.");
+  std::unordered_map<const AliasStorage*, std::vector<size_t>> groups;
+  std::vector<const AliasStorage*> order;
+  for (size_t i = 0; i < wrappers.size(); ++i) {
+    if (!originals[i].defined()) continue;
+    auto* impl = get_impl(wrappers[i]);
+    TORCH_CHECK(impl->is_up_to_date(), "functionalize: write-back: sync the wrappers first.");
+    replay_metadata_mutations(originals[i], *impl);
+    auto& group = groups[&impl->alias_storage()];
+    if (group.empty()) order.push_back(&impl->alias_storage());
+    group.push_back(i);
+  }
+  for (const auto* storage : order) {
+    if (storage->generation() == 0) continue;  // nothing was written to this storage
+    const auto& members = groups[storage];
+    bool any_metadata = false;
+    for (size_t i : members) any_metadata |= unsafe_get_impl(wrappers[i])->has_metadata_mutation();
+    const int cover = members.size() > 1 && !any_metadata ? covering_member(originals, members) : -1;
+    if (cover >= 0) {
+      write_data(originals[members[cover]], *unsafe_get_impl(wrappers[members[cover]]));
+      continue;
+    }
+    for (size_t i : members) write_data(originals[i], *unsafe_get_impl(wrappers[i]));
+  }
+}
+
+}  // namespace tfz::detail
