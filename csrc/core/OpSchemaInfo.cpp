@@ -81,7 +81,7 @@ bool is_out_arg(const c10::Argument& a) {
 }
 
 // Written arguments not already returned, in torchgen's order (self, out=, other positional).
-std::vector<int> appended_mutated_args(const c10::FunctionSchema& s) {
+std::vector<int> appended_mutated_args_impl(const c10::FunctionSchema& s) {
   const auto& args = s.arguments();
   const auto& rets = s.returns();
   auto returned = [&](const c10::Argument& a) {
@@ -141,10 +141,11 @@ bool mentions_tensor(const c10::Argument& a) {
   return a.type()->str().find("Tensor") != std::string::npos;
 }
 
+void plan_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional,
+                       OpInfo& info);
+
 void plan_mutable(const c10::OperatorHandle& op, OpInfo& info) {
-  const auto& schema = op.schema();
-  const auto& args = schema.arguments();
-  auto functional = find_functional(normalized_signature(schema));
+  auto functional = find_functional(normalized_signature(op.schema()));
   if (!functional) {
     info.kind = OpKind::Unsupported;
     info.unsupported_reason =
@@ -152,10 +153,17 @@ void plan_mutable(const c10::OperatorHandle& op, OpInfo& info) {
         "operator has its normalized signature). Rewrite the code to use an out-of-place op";
     return;
   }
+  plan_mutable_with(op, *functional, info);
+}
+
+void plan_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional,
+                       OpInfo& info) {
+  const auto& schema = op.schema();
+  const auto& args = schema.arguments();
   info.kind = OpKind::Mutable;
   info.functional_op = functional;
   for (const auto& a : args) info.is_out |= is_out_arg(a);
-  info.mutated_args = appended_mutated_args(schema);
+  info.mutated_args = appended_mutated_args_impl(schema);
   for (const auto& r : schema.returns()) {
     int alias = -1;
     for (size_t j = 0; r.alias_info() && j < args.size(); ++j) {
@@ -166,13 +174,17 @@ void plan_mutable(const c10::OperatorHandle& op, OpInfo& info) {
     }
     info.return_aliases.push_back(alias);
   }
-  for (const auto& fa : functional->schema().arguments()) {
+  for (const auto& fa : functional.schema().arguments()) {
     ArgSource src{ArgSource::Default, -1};
     for (size_t j = 0; j < args.size(); ++j) {
       if (!is_out_arg(args[j]) && args[j].name() == fa.name()) {
         src = {ArgSource::FromMutableArg, static_cast<int>(j)};
         break;
       }
+    }
+    for (size_t j = 0; src.kind == ArgSource::Default && j < args.size(); ++j) {
+      // Only functional companions (AutoFunctional.cpp) keep out= arguments as inputs.
+      if (args[j].name() == fa.name()) src = {ArgSource::FromMutableArg, static_cast<int>(j)};
     }
     if (src.kind == ArgSource::Default && fa.kwarg_only()) {
       if (fa.name() == "dtype") src.kind = ArgSource::OutDtype;
@@ -192,6 +204,16 @@ void plan_view(const c10::OperatorHandle& view_op, OpInfo& info) {
 }
 
 }  // namespace
+
+std::vector<int> appended_mutated_args(const c10::FunctionSchema& schema) {
+  return appended_mutated_args_impl(schema);
+}
+
+OpInfo classify_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional) {
+  OpInfo info = classify(op);
+  plan_mutable_with(op, functional, info);
+  return info;
+}
 
 std::string normalized_signature(const c10::FunctionSchema& schema) {
   const auto& args = schema.arguments();
@@ -213,7 +235,7 @@ std::string normalized_signature(const c10::FunctionSchema& schema) {
   }
   out << ")->(";
   for (const auto& r : schema.returns()) out << r.type()->str() << ",";
-  for (int i : appended_mutated_args(schema)) out << args[i].type()->str() << ",";
+  for (int i : appended_mutated_args_impl(schema)) out << args[i].type()->str() << ",";
   out << ")";
   return out.str();
 }

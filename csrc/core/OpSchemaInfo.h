@@ -61,6 +61,14 @@ OpInfo classify(const c10::OperatorHandle& op);
 /// before classifying mutable ones; later ops (custom ops) may be added at any time.
 void index_functional_candidate(const c10::OperatorHandle& op);
 
+/// Like classify() for a mutable op, with its functional variant given (a functional companion
+/// of a custom op: same arguments without alias annotations, returns as normalized_signature).
+OpInfo classify_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional);
+
+/// Written arguments that the op does not return, in torchgen's order (self, out=, positional):
+/// the new values a functional variant appends to its returns.
+std::vector<int> appended_mutated_args(const c10::FunctionSchema& schema);
+
 /// The torchgen-style normalized signature of a schema (exposed for tests).
 std::string normalized_signature(const c10::FunctionSchema& schema);
 

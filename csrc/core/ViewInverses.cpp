@@ -98,17 +98,28 @@ Tensor transpose_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m
   return m.reapply ? mv.transpose(d0, d1) : at::transpose_copy(mv, d0, d1);
 }
 
-// unfold(dim, size, step): windows tile the dimension exactly when size == step, and the base is
-// then the windows laid back side by side. size > step overlaps (eager refuses to write through
-// it); size < step leaves gaps that unfold_backward would zero instead of keeping.
+// unfold(dim, size, step) of a base laid out contiguously is as_strided with the dimension's
+// stride multiplied by step and a new last dimension of the old stride; as_strided_scatter on
+// that geometry writes the windows and leaves any gaps (size < step) as they were, as eager does.
+// size > step overlaps and is refused before any inverse runs (Note [Kernel: internal overlap]).
 Tensor unfold_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
-  const int64_t dim = m.arg(0).toInt(), size = m.arg(1).toInt(), step = m.arg(2).toInt();
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      size == step, "functionalize: aten::unfold: writing through unfold(dimension=", dim,
-      ", size=", size, ", step=", step,
-      ") is only supported when size == step (windows that neither overlap nor leave gaps). "
-      "Clone the unfolded tensor before mutating it.");
-  return at::unfold_backward_symint(mv, base.sym_sizes(), dim, size, step);
+  const int64_t dim = c10::maybe_wrap_dim(m.arg(0).toInt(), std::max<int64_t>(base.dim(), 1));
+  const int64_t size = m.arg(1).toInt(), step = m.arg(2).toInt();
+  TORCH_CHECK_NOT_IMPLEMENTED(size <= step, "functionalize: aten::unfold: writing through "
+                              "unfold(dimension=", dim, ", size=", size, ", step=", step,
+                              ") is not supported: the windows overlap. Clone it first.");
+  const Tensor dense = base.is_contiguous() ? base : base.contiguous();
+  std::vector<c10::SymInt> sizes(dense.sym_sizes().begin(), dense.sym_sizes().end());
+  std::vector<c10::SymInt> strides(dense.sym_strides().begin(), dense.sym_strides().end());
+  if (sizes.empty()) {  // unfold of a 0-d tensor views it as one window of one element
+    return at::as_strided_scatter_symint(dense, mv.reshape({}), {}, {}, 0);
+  }
+  const c10::SymInt inner = strides[dim];
+  sizes[dim] = (sizes[dim] - size) / step + 1;
+  strides[dim] = inner * step;
+  sizes.push_back(size);
+  strides.push_back(inner);
+  return at::as_strided_scatter_symint(dense, mv, sizes, strides, 0);
 }
 
 Tensor identity_inverse(const Tensor& /*base*/, const Tensor& mv, const ViewMeta& /*m*/) {

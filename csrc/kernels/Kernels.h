@@ -33,6 +33,13 @@ void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id);
 /// registered later are picked up by the next call. Called on every layer entry.
 void ensure_registered();
 
+/// classify(), plus a registered functional companion for custom ops that mutate their arguments
+/// (Note [Kernel: custom mutable ops]). What the kernel uses.
+OpInfo classify_for_kernel(const c10::OperatorHandle& op);
+
+/// The functional companion of a custom mutable op, registered on first request.
+std::optional<c10::OperatorHandle> functional_companion(const c10::OperatorHandle& op);
+
 /// Registers pending operators, then classifies the named one (for tests and diagnostics).
 /// Throws if no such operator is registered.
 OpInfo classify_by_name(const std::string& name, const std::string& overload);

@@ -5,6 +5,8 @@
 #include "core/Conversions.h"
 
 #include <c10/core/ScalarType.h>
+
+#include <algorithm>
 #include <c10/util/Exception.h>
 
 namespace tfz::detail {
@@ -50,6 +52,28 @@ void check_eager_rules(const OpInfo& info, const at::Tensor& written, const at::
   TORCH_CHECK(c10::canCast(value.scalar_type(), written.scalar_type()), "functionalize: ",
               info.name, ": result type ", value.scalar_type(),
               " can't be cast to the desired output type ", written.scalar_type(), ".");
+}
+
+// Note [Kernel: internal overlap]
+// Writing to a tensor some of whose elements share memory (an expand, unfold with size > step,
+// an overlapping as_strided) is refused by eager for stride-0 dimensions and unspecified
+// otherwise; no inverse can say which of the aliased writes wins. So a write to such a tensor
+// raises here, naming the op, instead of computing one arbitrary answer. The test is on the
+// wrapper's own (eager) sizes and strides: sorted by stride, every dimension must step past
+// everything the smaller ones reach. It is conservative for exotic interleavings (which eager
+// itself only handles as "too hard to tell").
+bool has_internal_overlap(const at::Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dimensions with size > 1
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;
+  for (const auto& [stride, size] : dims) {
+    if (stride <= reach) return true;
+    reach += (size - 1) * stride;
+  }
+  return false;
 }
 
 // Note [Kernel: resize_]
@@ -109,6 +133,13 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* st
                   ": cannot write functional values into the plain tensor passed as '", a.name(),
                   "' (a tensor created outside the function, e.g. a global). Pass it to the "
                   "function as an input, or clone it inside the function first.");
+      TORCH_CHECK(t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+                      !has_internal_overlap(t),
+                  "functionalize: ", info.name, ": the tensor passed as '", a.name(),
+                  "' has internal overlap (more than one element refers to the same memory "
+                  "location: sizes ", t.sizes(), ", strides ", t.strides(),
+                  ", e.g. from expand, unfold with size > step or as_strided), so the result "
+                  "of writing to it is not defined. Clone it before writing.");
       if (a.kwarg_only() && !first_out.defined()) first_out = t;
     });
   }

@@ -35,7 +35,7 @@ class OpKernel final : public c10::OperatorKernel {
  public:
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/,
                   torch::jit::Stack* stack) {
-    std::call_once(once_, [&] { info_ = classify(op); });
+    std::call_once(once_, [&] { info_ = classify_for_kernel(op); });
     run_boxed_kernel(info_, op, stack);
   }
 
@@ -79,7 +79,7 @@ void fallback_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/,
     if (it != r.fallback_infos.end()) info = &it->second;  // map nodes are stable
   }
   if (info == nullptr) {
-    OpInfo computed = classify(op);  // outside our lock, like every dispatcher call
+    OpInfo computed = classify_for_kernel(op);  // outside our lock, like every dispatcher call
     std::lock_guard<std::mutex> lock(r.mutex);
     info = &r.fallback_infos.emplace(op.operator_name(), std::move(computed)).first->second;
   }
@@ -162,7 +162,7 @@ OpInfo classify_by_name(const std::string& name, const std::string& overload) {
   ensure_registered();
   auto op = c10::Dispatcher::singleton().findOp({name, overload});
   TORCH_CHECK(op.has_value(), "functionalize: no operator ", name, ".", overload);
-  return classify(*op);
+  return classify_for_kernel(*op);
 }
 
 size_t registered_op_count() {

@@ -1,0 +1,138 @@
+// Functional companions for custom ops that mutate their arguments: registers, on first use, an
+// op tfz_functional::<ns>__<name> that clones the written arguments, runs the original op on the
+// clones and returns them. See Note [Kernel: custom mutable ops].
+#include "kernels/Kernels.h"
+
+#include "core/Conversions.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+
+#include <mutex>
+#include <unordered_map>
+
+namespace tfz::detail {
+
+// Note [Kernel: custom mutable ops]
+// An ATen in-place op has a functional twin in the schema table; a custom op that mutates its
+// arguments (torch.library, schema with Tensor(a!), Tensor(a!)? or Tensor(a!)[]) has none, and
+// torch.func.functionalize rejects it. On its first call on wrappers we register a companion:
+//   mylib::scale_(Tensor(a!) x, float k) -> ()
+//   tfz_functional::mylib__scale_(Tensor x, float k) -> Tensor       (new value of x)
+// Its schema has the original's arguments without alias annotations and returns the original's
+// returns followed by the new value of every written argument it does not return (the order of
+// appended_mutated_args). Its CompositeExplicitAutograd kernel clones the written arguments (one
+// clone per distinct tensor, so x passed twice is mutated twice, as in eager), calls the original
+// op on the clones and returns them. The mutation kernel then treats the pair like add_/add: the
+// traced graph shows one functional node, and the original's fake kernel serves fake tracing.
+// Rejected: clone-and-mutate inline in the graph (clone + mylib::scale_ on the clone) — correct,
+// but the graph would keep a mutable op, which is what functionalization must remove.
+
+namespace {
+
+class CompanionKernel final : public c10::OperatorKernel {
+ public:
+  explicit CompanionKernel(c10::OperatorHandle original) : original_(std::move(original)) {
+    const auto& args = original_.schema().arguments();
+    for (size_t j = 0; j < args.size(); ++j) {
+      if (args[j].alias_info() && args[j].alias_info()->isWrite()) written_.push_back(j);
+    }
+    appended_ = appended_mutated_args(original_.schema());
+  }
+
+  void operator()(const c10::OperatorHandle& /*op*/, c10::DispatchKeySet /*ks*/,
+                  torch::jit::Stack* stack) {
+    const size_t num_args = original_.schema().arguments().size();
+    auto first = stack->end() - static_cast<std::ptrdiff_t>(num_args);
+    std::unordered_map<const c10::TensorImpl*, at::Tensor> clones;
+    for (size_t j : written_) {
+      transform_tensors(*(first + j), [&](const at::Tensor& t) {
+        auto [it, fresh] = clones.try_emplace(t.unsafeGetTensorImpl());
+        if (fresh) it->second = t.clone();
+        return it->second;
+      });
+    }
+    std::vector<c10::IValue> written_values(first, stack->end());
+    original_.callBoxed(stack);
+    for (int j : appended_) torch::jit::push(*stack, written_values[j]);
+  }
+
+ private:
+  c10::OperatorHandle original_;
+  std::vector<size_t> written_;
+  std::vector<int> appended_;
+};
+
+c10::Argument without_alias(const c10::Argument& a) {
+  return c10::Argument(a.name(), a.type(), a.real_type(), a.N(), a.default_value(), a.kwarg_only(),
+                       std::nullopt);
+}
+
+c10::FunctionSchema companion_schema(const c10::FunctionSchema& s) {
+  std::string name = s.name();
+  const auto sep = name.find("::");
+  name = "tfz_functional::" + name.substr(0, sep) + "__" + name.substr(sep + 2);
+  std::vector<c10::Argument> args, returns;
+  for (const auto& a : s.arguments()) args.push_back(without_alias(a));
+  for (const auto& r : s.returns()) {
+    returns.emplace_back("", r.type(), r.real_type(), std::nullopt, std::nullopt, false);
+  }
+  for (int j : appended_mutated_args(s)) {
+    const auto& a = s.arguments()[j];
+    returns.emplace_back("", a.type(), a.real_type(), std::nullopt, std::nullopt, false);
+  }
+  return c10::FunctionSchema(name, s.overload_name(), std::move(args), std::move(returns));
+}
+
+struct Companions {
+  std::mutex mutex;
+  std::unordered_map<c10::OperatorName, c10::OperatorHandle> by_original;
+  std::vector<c10::RegistrationHandleRAII> handles;
+};
+
+Companions& companions() {
+  static auto* c = new Companions();  // leaked like every registration, see Registration.cpp
+  return *c;
+}
+
+}  // namespace
+
+std::optional<c10::OperatorHandle> functional_companion(const c10::OperatorHandle& op) {
+  auto& c = companions();
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto it = c.by_original.find(op.operator_name());
+    if (it != c.by_original.end()) return it->second;
+  }
+  auto& d = c10::Dispatcher::singleton();
+  auto schema = companion_schema(op.schema());
+  const c10::OperatorName name = schema.operator_name();
+  std::vector<c10::RegistrationHandleRAII> handles;
+  if (!d.findOp(name)) {
+    handles.push_back(d.registerDef(std::move(schema), "torch_functionalize functional companion"));
+    handles.push_back(d.registerImpl(
+        name, c10::DispatchKey::CompositeExplicitAutograd,
+        c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<CompanionKernel>(op)),
+        std::nullopt, nullptr, "torch_functionalize functional companion"));
+  }
+  auto handle = d.findOp(name);
+  TORCH_INTERNAL_ASSERT(handle.has_value(), "companion ", name, " was not registered");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  for (auto& h : handles) c.handles.push_back(std::move(h));
+  return c.by_original.emplace(op.operator_name(), *handle).first->second;
+}
+
+OpInfo classify_for_kernel(const c10::OperatorHandle& op) {
+  OpInfo info = classify(op);
+  const bool custom = op.schema().name().rfind("aten::", 0) != 0;
+  bool writes = false;
+  for (const auto& a : op.schema().arguments()) {
+    writes |= a.alias_info() != nullptr && a.alias_info()->isWrite();
+  }
+  if (info.kind == OpKind::Unsupported && custom && writes) {
+    return classify_mutable_with(op, *functional_companion(op));
+  }
+  return info;
+}
+
+}  // namespace tfz::detail
