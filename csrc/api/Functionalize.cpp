@@ -112,19 +112,25 @@ at::Tensor wrap_fresh(const at::Tensor& t) {
 
 namespace {
 
-// Runs `call` on wrapped inputs inside a guard; unwraps its result; syncs the inputs; after the
-// guard is gone, replays input mutations. Shared by both functionalize overloads.
-template <typename Result, typename Call>
-Result run_functionalized(const std::vector<at::Tensor>& inputs, Remove remove, Call&& call,
-                          std::vector<at::Tensor>& wrapped) {
-  Result result;
+// Runs `fn` on wrapped inputs inside a guard and syncs what it touched; after the guard is gone,
+// writes input mutations back and only then unwraps the result (so outputs can alias inputs,
+// Note [Inputs: outputs that alias inputs]). Shared by both functionalize overloads.
+c10::IValue run_functionalized(const std::vector<at::Tensor>& inputs, Remove remove,
+                               const std::function<c10::IValue(const std::vector<at::Tensor>&)>& fn) {
+  std::vector<at::Tensor> wrapped;
+  c10::IValue result;
   {
     FunctionalizeGuard guard(remove);
     wrapped = to_functional(inputs);
-    result = call(wrapped);
+    result = fn(wrapped);
+    detail::for_each_tensor(result, [](const at::Tensor& t) { sync(t); });
     for (const auto& w : wrapped) sync(w);
   }
   propagate_input_mutations(inputs, wrapped);
+  const bool alias_inputs = remove == Remove::Mutations;
+  detail::transform_tensors(result, [&](const at::Tensor& t) {
+    return detail::unwrap_output(t, inputs, wrapped, alias_inputs);
+  });
   return result;
 }
 
@@ -132,39 +138,28 @@ Result run_functionalized(const std::vector<at::Tensor>& inputs, Remove remove, 
 
 TensorFn functionalize(TensorFn fn, Remove remove) {
   return [fn = std::move(fn), remove](const std::vector<at::Tensor>& inputs) {
-    std::vector<at::Tensor> wrapped;
-    return run_functionalized<std::vector<at::Tensor>>(
-        inputs, remove,
-        [&](const std::vector<at::Tensor>& args) {
-          auto outs = fn(args);
-          for (auto& o : outs) o = from_functional(o);
-          return outs;
-        },
-        wrapped);
+    c10::IValue out = run_functionalized(inputs, remove, [&](const std::vector<at::Tensor>& args) {
+      return c10::IValue(c10::List<at::Tensor>(fn(args)));
+    });
+    return out.toTensorVector();
   };
 }
 
 IValueFn functionalize(IValueFn fn, Remove remove) {
   return [fn = std::move(fn), remove](const std::vector<c10::IValue>& inputs) {
-    // Flatten the tensors of the inputs, in walk order, so they can be wrapped as one batch.
+    // The tensors of the inputs, in walk order, are wrapped as one batch (aliases grouped).
     std::vector<at::Tensor> tensors;
     for (const auto& v : inputs) {
       detail::for_each_tensor(v, [&](const at::Tensor& t) { tensors.push_back(t); });
     }
-    std::vector<at::Tensor> wrapped;
-    return run_functionalized<c10::IValue>(
-        tensors, remove,
-        [&](const std::vector<at::Tensor>& wrapped_tensors) {
-          std::vector<c10::IValue> args = inputs;
-          size_t next = 0;
-          for (auto& v : args) {
-            detail::transform_tensors(v, [&](const at::Tensor&) { return wrapped_tensors[next++]; });
-          }
-          c10::IValue out = fn(args);
-          detail::transform_tensors(out, [](const at::Tensor& t) { return from_functional(t); });
-          return out;
-        },
-        wrapped);
+    return run_functionalized(tensors, remove, [&](const std::vector<at::Tensor>& wrapped) {
+      std::vector<c10::IValue> args = inputs;
+      size_t next = 0;
+      for (auto& v : args) {
+        detail::transform_tensors(v, [&](const at::Tensor&) { return wrapped[next++]; });
+      }
+      return fn(args);
+    });
   };
 }
 

@@ -2,6 +2,7 @@
 // package (python/torch_functionalize) composes these calls.
 #include <torch_functionalize/functionalize.h>
 
+#include "core/Inputs.h"
 #include "core/Layer.h"
 #include "kernels/Kernels.h"
 
@@ -58,6 +59,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_propagate_input_mutation", &tfz::propagate_input_mutation);
   m.def("_propagate_input_mutations", &tfz::propagate_input_mutations);
   m.def("_wrap_fresh", &tfz::wrap_fresh);
+  m.def("_unwrap_output", &tfz::detail::unwrap_output, py::arg("out"), py::arg("originals"),
+        py::arg("wrappers"), py::arg("alias_inputs"));
   m.def("_registered_op_count", &tfz::detail::registered_op_count);
   m.def("_classify", [](const std::string& name, const std::string& overload) {
     static const char* kinds[] = {"functional", "view", "inplace_view", "mutable", "unsupported"};

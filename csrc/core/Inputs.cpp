@@ -197,4 +197,42 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
   }
 }
 
+// Note [Inputs: outputs that alias inputs]
+// In eager, `x.add_(1); return x.view(-1)` returns a view of the caller's x. torch.func returns a
+// view of the new inner value instead: equal numbers, but a later write through the output does
+// not reach x. With views kept (remove="mutations") we rebuild such outputs after the epilogue:
+// if an input's view chain is a prefix of the output's (same shared steps, same alias storage),
+// the remaining steps are replayed on the caller's tensor, so `return x` gives back x itself and
+// `return x[0]` a real view of x. Under a tracer (make_fx) the Python API turns this off: a
+// graph's outputs never alias its inputs, and the replayed views would read a placeholder after
+// its write-back.
+at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& originals,
+                         const std::vector<at::Tensor>& wrappers, bool alias_inputs) {
+  auto* impl = maybe_get_impl(out);
+  if (impl == nullptr) return out;
+  impl->sync_();
+  if (!alias_inputs) return impl->value();
+  const auto& chain = impl->chain();
+  int best = -1;
+  size_t best_len = 0;
+  for (size_t i = 0; i < wrappers.size(); ++i) {
+    if (!originals[i].defined()) continue;
+    auto* in = maybe_get_impl(wrappers[i]);
+    if (in == nullptr || &in->alias_storage() != &impl->alias_storage()) continue;
+    const auto& prefix = in->chain();
+    if (prefix.size() > chain.size() || (best >= 0 && prefix.size() < best_len)) continue;
+    if (std::equal(prefix.begin(), prefix.end(), chain.begin())) {
+      best = static_cast<int>(i);
+      best_len = prefix.size();
+    }
+  }
+  if (best < 0) return impl->value();
+  at::Tensor result = originals[best];
+  for (size_t k = best_len; k < chain.size(); ++k) {
+    if (!chain[k]->reapply) return impl->value();  // a *_copy step: the output is not a view
+    result = chain[k]->forward(result);
+  }
+  return result;
+}
+
 }  // namespace tfz::detail

@@ -21,4 +21,11 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
 void write_back_inputs(const std::vector<at::Tensor>& originals,
                        const std::vector<at::Tensor>& wrappers);
 
+/// The plain tensor to return for output `out` (a synced wrapper, or a plain tensor passed
+/// through). With `alias_inputs`, an output that is an input or a view of one is rebuilt on the
+/// caller's original tensor, after write_back_inputs, so it aliases it as in eager
+/// (Note [Inputs: outputs that alias inputs]); otherwise it is the wrapper's inner value.
+at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& originals,
+                         const std::vector<at::Tensor>& wrappers, bool alias_inputs);
+
 }  // namespace tfz::detail

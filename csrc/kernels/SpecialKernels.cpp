@@ -4,6 +4,7 @@
 
 #include "core/Conversions.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 namespace tfz::detail {
@@ -18,6 +19,11 @@ namespace tfz::detail {
 // and commit them like any mutation, so the graph shows the functional op and the input epilogue
 // writes the buffers back. Its outputs (out, save_mean, save_invstd) match native_batch_norm's.
 // Everything else (eval mode, missing stats) has no hidden write and goes the functional path.
+// When autograd records the call (grad mode on, and input, weight or bias requires grad), the
+// functional op's backward node saves its running-stat arguments; for inputs those are the
+// caller's buffers, which the epilogue's copy_ then bumps, and backward would fail its version
+// check (eager never bumps them: its write is hidden). So in that case only, the node gets clones
+// of the stats; a forward-only trace stays clone-free.
 
 void native_batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op,
                               torch::jit::Stack* stack, const Layer& layer) {
@@ -41,6 +47,14 @@ void native_batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op,
 
   InnerCallGuard guard;
   for (auto& v : inner) transform_tensors(v, sync_and_unwrap);
+  bool records_autograd = false;
+  for (size_t i = 0; i < 3 && at::GradMode::is_enabled(); ++i) {
+    for_each_tensor(inner[i], [&](const at::Tensor& t) { records_autograd |= t.requires_grad(); });
+  }
+  if (records_autograd) {
+    inner[kRunningMean] = inner[kRunningMean].toTensor().clone();
+    inner[kRunningVar] = inner[kRunningVar].toTensor().clone();
+  }
   torch::jit::Stack fstack(inner.begin(), inner.end());
   info.functional_op->callBoxed(fstack);  // out, save_mean, save_invstd, new_mean, new_var
   for (const auto& [wrapper, index] : {std::pair{mean_wrapper, 3}, std::pair{var_wrapper, 4}}) {

@@ -57,6 +57,10 @@ def sync(t: torch.Tensor) -> None:
     _C._sync(t)
 
 
+def _tracing() -> bool:
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
+
+
 def _has_tensor(args, kwargs):
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -103,13 +107,19 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
             f_args, f_kwargs = pytree.tree_unflatten(flat, spec)
             with _FactoryMode():
                 out = func(*f_args, **f_kwargs)
-            out = pytree.tree_map_only(torch.Tensor, _C._from_functional, out)
-            for w in wrappers:
-                _C._sync(w)
+            for t in pytree.tree_leaves(out) + wrappers:
+                if isinstance(t, torch.Tensor):
+                    _C._sync(t)
         finally:
             guard.close()
-        # The epilogue runs in the caller's dispatch state, so tracers record it last.
+        # The epilogue runs in the caller's dispatch state, so tracers record it last. Outputs
+        # are unwrapped after it, so that with views kept they can alias the updated inputs
+        # (Note [Inputs: outputs that alias inputs]); never under a tracer (graph outputs do not
+        # alias graph inputs).
         _C._propagate_input_mutations(originals, wrappers)
-        return out
+        alias = remove == "mutations" and not _tracing()
+        return pytree.tree_map_only(
+            torch.Tensor, lambda t: _C._unwrap_output(t, originals, wrappers, alias), out
+        )
 
     return wrapped  # type: ignore[return-value]
