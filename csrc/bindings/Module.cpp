@@ -3,7 +3,6 @@
 #include <torch_functionalize/functionalize.h>
 
 #include "core/Inputs.h"
-#include "core/Layer.h"
 #include "kernels/Kernels.h"
 
 #include <torch/csrc/utils/pybind.h>
@@ -26,16 +25,6 @@ class PyGuard {
   std::unique_ptr<tfz::FunctionalizeGuard> guard_;
 };
 
-// Suspends the active layer for a `with` block (Python factories run under it).
-class PySuspend {
- public:
-  void enter() { guard_.emplace(); }
-  void exit(const py::args&) { guard_.reset(); }
-
- private:
-  std::optional<tfz::detail::InnerCallGuard> guard_;
-};
-
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -43,10 +32,6 @@ PYBIND11_MODULE(_C, m) {
   py::class_<PyGuard>(m, "_Guard")
       .def(py::init<const std::string&>(), py::arg("remove"))
       .def("close", &PyGuard::close);
-  py::class_<PySuspend>(m, "_Suspend")
-      .def(py::init<>())
-      .def("__enter__", &PySuspend::enter)
-      .def("__exit__", &PySuspend::exit);
   m.def("_parse_remove", [](const std::string& r) { tfz::parse_remove(r); });
   m.def("_is_functional", &tfz::is_functional);
   m.def("_to_functional", py::overload_cast<const at::Tensor&>(&tfz::to_functional));

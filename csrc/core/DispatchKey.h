@@ -22,8 +22,20 @@ namespace tfz::detail {
 // sharing it makes registrations collide. The built-in Functionalize key belongs to PyTorch and
 // overriding it would break torch.func and torch.compile process-wide. A Python
 // TorchDispatchMode cannot serve the C++ API.
+//
+// Factories need a third key. Python's torch.zeros & co. (and C++ torch::zeros) go through
+// autograd's variable factories, which exclude every autograd key, and BackendSelect then
+// redispatches with only the key computed from the TensorOptions: no PrivateUse3 key ever sees
+// them. A layer therefore also includes DeferredInit, a non-per-backend key above autograd that
+// variable factories do not exclude and that nothing in torch registers (it is reserved for the
+// out-of-core torchdistx). It carries a process-wide fallthrough, so only the ops we register
+// there, tensor-free ones, cost anything; our kernel wraps their outputs.
+// Rejected for factories: a Python TorchFunctionMode wrapping tensor-free results (what we did
+// first). The mode protocol alone costs ~3 us on *every* torch call inside the function (measured
+// on torch 2.13, a trivial mode), more than our whole kernel, and it cannot help C++ callers.
 constexpr c10::DispatchKey kAutogradKey = c10::DispatchKey::AutogradPrivateUse3;
 constexpr c10::DispatchKey kBackendKey = c10::DispatchKey::PrivateUse3;
+constexpr c10::DispatchKey kFactoryKey = c10::DispatchKey::DeferredInit;
 
 /// Keys every wrapper carries (and nothing else: not Python, not ADInplaceOrView).
 inline c10::DispatchKeySet wrapper_key_set() {
@@ -32,7 +44,7 @@ inline c10::DispatchKeySet wrapper_key_set() {
 
 /// Keys a functionalize layer adds to the thread's included set (see Note [Layer: TLS scheme]).
 inline c10::DispatchKeySet layer_included_keys() {
-  return c10::DispatchKeySet(kAutogradKey);
+  return c10::DispatchKeySet({kAutogradKey, kFactoryKey});
 }
 
 /// Keys a functionalize layer hides while user code runs, and unhides for inner calls.

@@ -12,10 +12,10 @@ namespace tfz::detail {
 
 // Note [Layer: TLS scheme]
 // While user code runs inside functionalize, the thread's dispatch TLS is:
-//   included = entry.included - {PreDispatch} | {AutogradPrivateUse3}
+//   included = entry.included - {PreDispatch} | {AutogradPrivateUse3, DeferredInit}
 //   excluded = entry.excluded | {Python, PythonTLSSnapshot}
-// Including our key makes tensor-free ops (at::zeros in C++, the lift_fresh behind torch.tensor)
-// reach our kernel, so their results can be wrapped. Hiding Python keeps TorchDispatchModes
+// Including our keys makes tensor-free ops (torch.zeros, at::arange, the lift_fresh behind
+// torch.tensor) reach our kernel, so their results can be wrapped (Note [Which dispatch key]). Hiding Python keeps TorchDispatchModes
 // (make_fx's proxy mode) from ever seeing a wrapper, and keeps PythonTLSSnapshot from
 // snapshotting a TLS that still includes our key. Every redispatch on inner tensors runs under
 // InnerCallGuard, which undoes exactly these changes on top of whatever the TLS is *now*, so the

@@ -137,10 +137,6 @@ std::optional<c10::OperatorHandle> find_functional(const std::string& signature)
   return it->second.front();
 }
 
-bool mentions_tensor(const c10::Argument& a) {
-  return a.type()->str().find("Tensor") != std::string::npos;
-}
-
 void plan_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional,
                        OpInfo& info);
 
@@ -209,6 +205,13 @@ std::vector<int> appended_mutated_args(const c10::FunctionSchema& schema) {
   return appended_mutated_args_impl(schema);
 }
 
+bool has_tensor_arguments(const c10::FunctionSchema& schema) {
+  for (const auto& a : schema.arguments()) {
+    if (a.type()->str().find("Tensor") != std::string::npos) return true;
+  }
+  return false;
+}
+
 OpInfo classify_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional) {
   OpInfo info = classify(op);
   plan_mutable_with(op, functional, info);
@@ -256,7 +259,7 @@ OpInfo classify(const c10::OperatorHandle& op) {
   const auto& args = schema.arguments();
   OpInfo info;
   info.name = full_name(op.operator_name());
-  for (const auto& a : args) info.has_tensor_args |= mentions_tensor(a);
+  info.has_tensor_args = has_tensor_arguments(schema);
   const std::string& name = schema.name();
   info.wraps_plain_input =
       name == "aten::lift" || name == "aten::lift_fresh" || name == "aten::lift_fresh_copy";

@@ -69,6 +69,9 @@ OpInfo classify_mutable_with(const c10::OperatorHandle& op, const c10::OperatorH
 /// the new values a functional variant appends to its returns.
 std::vector<int> appended_mutated_args(const c10::FunctionSchema& schema);
 
+/// True if any argument is or contains a Tensor (Tensor, Tensor?, Tensor[], Tensor?[]).
+bool has_tensor_arguments(const c10::FunctionSchema& schema);
+
 /// The torchgen-style normalized signature of a schema (exposed for tests).
 std::string normalized_signature(const c10::FunctionSchema& schema);
 

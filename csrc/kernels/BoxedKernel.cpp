@@ -9,15 +9,12 @@
 namespace tfz::detail {
 
 // Note [Kernel: factories]
-// Ops with no tensor arguments (at::zeros, at::arange, ...) reach us inside a layer because the
-// layer includes our key in the thread's TLS; their outputs are wrapped so that later mutations
-// of them are removed too. lift / lift_fresh (behind torch.tensor(...) constants) are wrapped
-// even though their argument is a plain tensor. Python's torch.zeros & co. go through autograd's
-// variable factories, which exclude every autograd key and then BackendSelect redirects to the
-// real backend, so they never reach us: the Python API wraps their results with a
-// TorchFunctionMode, and C++ users of torch:: factories call tfz::wrap_fresh.
-// Any other op whose tensors are all plain (tensors from outside the function) passes through
-// untouched, with the layer's TLS undone, like torch.func.functionalize does.
+// Ops with no tensor arguments (torch.zeros, at::arange, torch::ones, ...) reach us inside a layer
+// at the factory key (Note [Which dispatch key]); their outputs are wrapped so that later
+// mutations of them are removed too. lift / lift_fresh (behind torch.tensor(...) constants) are
+// wrapped even though their argument is a plain tensor. Any other op whose tensors are all plain
+// (tensors from outside the function) passes through untouched, with the layer's TLS undone,
+// like torch.func.functionalize does.
 
 void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id) {
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(count); it != stack->end(); ++it) {

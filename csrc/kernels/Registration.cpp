@@ -23,6 +23,8 @@ namespace tfz::detail {
 // kernel must not run in place of its sparse kernel), which always wins
 // (OperatorEntry::computeDispatchTableEntry, step 1), except CompositeImplicitAutograd ops: we
 // leave those alone so they decompose into ops we do see.
+// Tensor-free operators (factories) are also registered at the factory key, which every other op
+// falls through (Note [Which dispatch key]).
 // Operators registered after us arrive through an OpRegistrationListener. The dispatcher calls
 // listeners with its mutex held, so registering from the callback would deadlock; the listener
 // only queues names, and ensure_registered() (run on every layer entry) drains the queue.
@@ -88,7 +90,7 @@ void fallback_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/,
 
 void check_keys_are_free() {
   auto& d = c10::Dispatcher::singleton();
-  for (auto key : {kAutogradKey, kBackendKey}) {
+  for (auto key : {kAutogradKey, kBackendKey, kFactoryKey}) {
     auto taken = d.getRegistrationsForDispatchKey(key);
     TORCH_CHECK(taken.empty(), "functionalize: dispatch key ", key,
                 " is already used by another library (e.g. kernel for ", taken.front(),
@@ -107,6 +109,9 @@ void register_fallbacks_and_listener() {
         key, c10::KernelFunction::makeFromBoxedFunction<&fallback_kernel>(),
         "torch_functionalize fallback"));
   }
+  // Every op skips the factory key unless registered there (see Note [Which dispatch key]).
+  r.handles.push_back(d.registerFallback(kFactoryKey, c10::KernelFunction::makeFallthrough(),
+                                         "torch_functionalize factory-key fallthrough"));
   // Immediately reports every operator registered so far, then each new one.
   r.handles.push_back(d.addRegistrationListener(std::make_unique<Listener>()));
 }
@@ -138,13 +143,15 @@ void drain() {
     }
   }
   std::vector<c10::RegistrationHandleRAII> handles;
+  auto register_at = [&](const c10::OperatorHandle& op, c10::DispatchKey key) {
+    handles.push_back(d.registerImpl(
+        op.operator_name(), key,
+        c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>()), std::nullopt,
+        nullptr, "torch_functionalize per-op kernel"));
+  };
   for (const auto& op : fresh) {
-    for (auto key : kFallbackKeys) {
-      handles.push_back(d.registerImpl(
-          op.operator_name(), key,
-          c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>()), std::nullopt,
-          nullptr, "torch_functionalize per-op kernel"));
-    }
+    for (auto key : kFallbackKeys) register_at(op, key);
+    if (!has_tensor_arguments(op.schema())) register_at(op, kFactoryKey);
   }
   std::lock_guard<std::mutex> lock(r.mutex);
   for (auto& h : handles) r.handles.push_back(std::move(h));

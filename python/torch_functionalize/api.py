@@ -7,7 +7,6 @@ import functools
 from typing import Any, Callable, Iterator, Literal, TypeVar
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from . import _C
@@ -31,8 +30,7 @@ def enable(remove: Remove = "mutations") -> Iterator[None]:
     _check_remove(remove)
     guard = _C._Guard(remove)
     try:
-        with _FactoryMode():
-            yield
+        yield
     finally:
         guard.close()
 
@@ -61,31 +59,6 @@ def _tracing() -> bool:
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
 
 
-def _has_tensor(args, kwargs):
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return True
-    return any(isinstance(a, torch.Tensor) for a in pytree.tree_leaves((args, kwargs)))
-
-
-class _FactoryMode(TorchFunctionMode):
-    # Note [API: factory mode]
-    # Python factories (torch.zeros, torch.ones, torch.rand, torch.tensor, ...) go through
-    # autograd's variable factories, which hide every autograd-level key, so our kernel never sees
-    # them (see Note [Kernel: factories]); worse, with the layer's Python keys hidden, a composite
-    # factory such as torch.ones would decompose before a tracer sees it. So a torch call that
-    # receives no tensor at all runs with the layer suspended (exactly as our kernel runs inner
-    # calls: the tracer records aten.ones) and its tensor results are wrapped. Calls with a tensor
-    # argument go straight through; on wrappers they reach the kernel.
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if _has_tensor(args, kwargs):
-            return func(*args, **kwargs)
-        with _C._Suspend():
-            out = func(*args, **kwargs)
-        return pytree.tree_map_only(torch.Tensor, _C._wrap_fresh, out)
-
-
 def functionalize(func: F, *, remove: Remove = "mutations") -> F:
     """Returns ``func`` transformed to run without mutations (``remove="mutations"``) or without
     mutations and views (``remove="mutations_and_views"``), with the contract of
@@ -105,8 +78,7 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
             for i, w in zip(positions, wrappers):
                 flat[i] = w
             f_args, f_kwargs = pytree.tree_unflatten(flat, spec)
-            with _FactoryMode():
-                out = func(*f_args, **f_kwargs)
+            out = func(*f_args, **f_kwargs)
             for t in pytree.tree_leaves(out) + wrappers:
                 if isinstance(t, torch.Tensor):
                     _C._sync(t)

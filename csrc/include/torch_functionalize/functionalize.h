@@ -85,9 +85,10 @@ TensorFn functionalize(TensorFn fn, Remove remove = Remove::Mutations);
 /// wrapped; tensors anywhere in the result are unwrapped.
 IValueFn functionalize(IValueFn fn, Remove remove = Remove::Mutations);
 
-/// Wraps a tensor made inside the function by a `torch::` factory (torch::zeros, ...). Those go
-/// through autograd's variable factories, which hide every autograd-level key, so the transform
-/// cannot see them; `at::` factories are wrapped automatically. See Note [Kernel: factories].
+/// Wraps a plain tensor for the active call, leaving wrappers as they are. Factories inside the
+/// call (at::, torch:: and Python ones) are wrapped automatically (Note [Kernel: factories]);
+/// this is for plain tensors the function wants functionalized, e.g. a buffer it allocated
+/// before the call.
 at::Tensor wrap_fresh(const at::Tensor& t);
 
 }  // namespace tfz
