@@ -6,6 +6,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <typeinfo>
+
 namespace tfz::detail {
 
 namespace {
@@ -143,8 +145,11 @@ const char* FunctionalTensorImpl::tensorimpl_type_name() const {
 FunctionalTensorImpl* maybe_get_impl(const at::Tensor& t) {
   if (!t.defined()) return nullptr;
   auto* impl = t.unsafeGetTensorImpl();
-  if (!impl->key_set().has(kAutogradKey)) return nullptr;  // cheap filter before the cast
-  return dynamic_cast<FunctionalTensorImpl*>(impl);
+  if (!impl->key_set().has(kAutogradKey)) return nullptr;  // one bit test for plain tensors
+  // The class is final, so an exact type test is a complete (and cheaper) dynamic_cast. Keys
+  // alone are not trusted: another library could make TensorImpls with PrivateUse3 keys.
+  return typeid(*impl) == typeid(FunctionalTensorImpl) ? static_cast<FunctionalTensorImpl*>(impl)
+                                                       : nullptr;
 }
 
 FunctionalTensorImpl* get_impl(const at::Tensor& t) {

@@ -19,7 +19,7 @@ struct MetadataMutation {
   std::vector<c10::IValue> args;   // arguments after self
 };
 
-class FunctionalTensorImpl : public c10::TensorImpl {
+class FunctionalTensorImpl final : public c10::TensorImpl {
  public:
   /// A base wrapper with its own fresh AliasStorage. `value` must be plain.
   FunctionalTensorImpl(const at::Tensor& value, int64_t layer_id);
