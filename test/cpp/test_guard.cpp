@@ -141,10 +141,11 @@ TEST(FunctionalizeGuardTest, FromFunctionalAppliesPendingUpdatesWithoutAnExplici
   at::Tensor eager_view = eager.view({-1});
   eager.mul_(3);
 
+  const at::Tensor x = float_grid(2, 2);
   at::Tensor view_value;
   {
     tfz::FunctionalizeGuard guard;
-    at::Tensor w = tfz::to_functional(float_grid(2, 2));
+    at::Tensor w = tfz::to_functional(x);
     at::Tensor view = w.view({-1});
     // The view was taken before the write; from_functional must still show the write.
     w.mul_(3);
@@ -236,10 +237,26 @@ TEST(FunctionalizeGuardTest, ToFunctionalOfSeveralTensorsWrapsEachSeparately) {
   expect_same_tensor(xs[1], before[1] - before[0], "mutated input", true);
 }
 
-TEST(FunctionalizeGuardTest, WrappingAWrapperIsRefused) {
+TEST(FunctionalizeGuardTest, WrappingAWrapperOfTheSameGuardReturnsIt) {
+  // at:: factories inside a guard already return wrappers, so wrapping is idempotent for them.
+  const at::Tensor x = float_grid(2, 2);
   tfz::FunctionalizeGuard guard;
-  const at::Tensor w = tfz::to_functional(float_grid(2, 2));
-  EXPECT_THROW(tfz::to_functional(w), c10::Error);
+  const at::Tensor w = tfz::to_functional(x);
+  EXPECT_TRUE(tfz::to_functional(w).is_same(w));
+  const at::Tensor made_inside = at::ones({2});
+  EXPECT_TRUE(tfz::is_functional(made_inside));
+  EXPECT_TRUE(tfz::to_functional(made_inside).is_same(made_inside));
+}
+
+TEST(FunctionalizeGuardTest, WrappingAWrapperOfAnEarlierGuardIsRefusedAsEscaped) {
+  const at::Tensor x = float_grid(2, 2);
+  at::Tensor old_wrapper;
+  {
+    tfz::FunctionalizeGuard first;
+    old_wrapper = tfz::to_functional(x);
+  }
+  tfz::FunctionalizeGuard second;
+  expect_throws_with<c10::Error>([&] { (void)tfz::to_functional(old_wrapper); }, "escaped");
 }
 
 TEST(FunctionalizeGuardTest, FromFunctionalAndSyncLeavePlainTensorsUnchanged) {
@@ -266,15 +283,16 @@ TEST(FunctionalizeGuardTest, PlainTensorsInsideTheGuardComputeEagerly) {
 
 TEST(FunctionalizeGuardTest, MixingAPlainTensorAndAWrapperGivesAWrapper) {
   const at::Tensor x = float_grid(2, 3);
+  const at::Tensor y = float_grid(2, 3, 1.0);
   at::Tensor value;
   {
     tfz::FunctionalizeGuard guard;
-    const at::Tensor w = tfz::to_functional(float_grid(2, 3, 1.0));
+    const at::Tensor w = tfz::to_functional(y);
     const at::Tensor r = w * x;
     EXPECT_TRUE(tfz::is_functional(r));
     value = tfz::from_functional(r);
   }
-  expect_same_tensor(value, float_grid(2, 3, 1.0) * x, "product", true);
+  expect_same_tensor(value, y * x, "product", true);
 }
 
 TEST(FunctionalizeGuardTest, AtFactoriesInsideTheGuardAreWrapped) {
@@ -314,9 +332,10 @@ TEST(FunctionalizeGuardTest, MutationsAndViewsGuardStillGivesEagerValues) {
 TEST(FunctionalizeGuardTest, DispatchStateIsRestoredWhenTheGuardIsDestroyed) {
   for (tfz::Remove remove : {tfz::Remove::Mutations, tfz::Remove::MutationsAndViews}) {
     const DispatchTls before = dispatch_tls();
+    const at::Tensor x = float_grid(2, 2);
     {
       tfz::FunctionalizeGuard guard(remove);
-      at::Tensor w = tfz::to_functional(float_grid(2, 2));
+      at::Tensor w = tfz::to_functional(x);
       w.view({-1}).add_(1);
       (void)tfz::from_functional(at::ones({2}) + w.sum());
     }
@@ -326,9 +345,10 @@ TEST(FunctionalizeGuardTest, DispatchStateIsRestoredWhenTheGuardIsDestroyed) {
 
 TEST(FunctionalizeGuardTest, DispatchStateIsRestoredWhenUnwindingThroughTheGuard) {
   const DispatchTls before = dispatch_tls();
+  const at::Tensor x = float_grid(2, 2);
   try {
     tfz::FunctionalizeGuard guard;
-    at::Tensor w = tfz::to_functional(float_grid(2, 2));
+    at::Tensor w = tfz::to_functional(x);
     w.add_(1);
     throw std::runtime_error("leave the scope by exception");
   } catch (const std::runtime_error&) {
@@ -339,22 +359,24 @@ TEST(FunctionalizeGuardTest, DispatchStateIsRestoredWhenUnwindingThroughTheGuard
 TEST(FunctionalizeGuardTest, AGuardCanBeCreatedAgainAfterThePreviousOneIsGone) {
   for (int round = 0; round < 3; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
+    const at::Tensor x = float_grid(2, 2);
     at::Tensor value;
     {
       tfz::FunctionalizeGuard guard;
-      at::Tensor w = tfz::to_functional(float_grid(2, 2));
+      at::Tensor w = tfz::to_functional(x);
       w.mul_(round + 2);
       value = tfz::from_functional(w);
     }
-    expect_same_tensor(value, float_grid(2, 2) * (round + 2), "value", false);
+    expect_same_tensor(value, x * (round + 2), "value", false);
   }
 }
 
 TEST(FunctionalizeGuardTest, WrapperUsedAfterTheGuardIsGoneThrowsEscaped) {
+  const at::Tensor x = float_grid(2, 2);
   at::Tensor w;
   {
     tfz::FunctionalizeGuard guard;
-    w = tfz::to_functional(float_grid(2, 2));
+    w = tfz::to_functional(x);
     w.add_(1);
   }
   expect_throws_with<c10::Error>([&] { (void)w.add(1); }, "escaped");
@@ -373,9 +395,10 @@ TEST(FunctionalizeGuardTest, GuardAppliesOnlyToItsOwnThread) {
       refused_without_guard = true;
     }
     // A guard here is not nested inside the main thread's one.
+    const at::Tensor y = float_grid(1, 1);
     try {
       tfz::FunctionalizeGuard own;
-      own_guard_allowed = tfz::is_functional(tfz::to_functional(float_grid(1, 1)));
+      own_guard_allowed = tfz::is_functional(tfz::to_functional(y));
     } catch (const c10::Error&) {
     }
   });

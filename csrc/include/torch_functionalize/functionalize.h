@@ -25,6 +25,8 @@ enum class Remove {
 Remove parse_remove(const std::string& remove);
 
 /// True if `t` is a functional wrapper created by this library (never a torch.func one).
+/// NB: a wrapper has no data of its own; ops on it work, but code that reads raw memory
+/// (operator<< on a tensor, data_ptr()) must be given from_functional(t) instead.
 bool is_functional(const at::Tensor& t);
 
 /// Wraps `t` for the functionalize call active on this thread. Throws if none is active.
