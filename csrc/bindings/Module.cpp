@@ -5,6 +5,7 @@
 #include "core/Inputs.h"
 #include "kernels/Kernels.h"
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <memory>
@@ -35,8 +36,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_parse_remove", [](const std::string& r) { tfz::parse_remove(r); });
   m.def("_is_functional", &tfz::is_functional);
   m.def("_to_functional", py::overload_cast<const at::Tensor&>(&tfz::to_functional));
-  m.def("_to_functional_list",
-        py::overload_cast<const std::vector<at::Tensor>&>(&tfz::to_functional));
+  m.def("_to_functional_list", [](const std::vector<at::Tensor>& ts) {
+    torch::PyWarningHandler warnings;  // TORCH_WARN (aliased inputs) -> Python warnings
+    return tfz::to_functional(ts);
+  });
   m.def("_from_functional", &tfz::from_functional);
   m.def("_sync", &tfz::sync);
   m.def("_has_data_mutation", &tfz::has_data_mutation);

@@ -1,0 +1,126 @@
+"""Inputs that share storage share one alias storage inside the call (Note [Inputs: aliased
+inputs]), and outputs that are inputs or views of inputs alias the caller's tensors when views are
+kept (Note [Inputs: outputs that alias inputs]). Where torch.func is known to be wrong, a test says
+so, against eager."""
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torch_functionalize as tfz
+from reference import assert_matches_eager, call_targets
+
+def _base(*shape):
+    # Deterministic values: make_inputs runs once for eager and once for functionalize.
+    n = 1
+    for d in shape:
+        n *= d
+    return torch.arange(n, dtype=torch.float32).view(shape) / 7
+
+
+# (name, make_inputs): each builds a fresh base and returns arguments that alias it.
+ALIASED = [
+    ("x_and_flat_view", lambda: (lambda b: (b, b.view(-1)))(_base(2, 3))),
+    ("x_and_tail_slice", lambda: (lambda b: (b, b[1:]))(_base(3, 2))),
+    ("x_and_transpose", lambda: (lambda b: (b, b.t()))(_base(2, 3))),
+    ("same_tensor_twice", lambda: (lambda b: (b, b))(_base(4))),
+    ("overlapping_slices", lambda: (lambda b: (b[:4], b[2:]))(_base(6))),
+]
+
+
+def write_first_read_second(x, y):
+    x.add_(1)
+    return y * 2
+
+
+def write_second_read_first(x, y):
+    y.mul_(3)
+    return x + 0
+
+
+@pytest.mark.parametrize("name, make_inputs", ALIASED, ids=[a[0] for a in ALIASED])
+@pytest.mark.parametrize("f", [write_first_read_second, write_second_read_first])
+def test_write_through_one_aliased_input_is_seen_through_the_other(name, make_inputs, f, remove):
+    # Eager semantics for arguments sharing storage: outputs and both inputs (and their base).
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+
+
+@pytest.mark.parametrize("name, make_inputs", ALIASED, ids=[a[0] for a in ALIASED])
+def test_torch_func_gets_aliased_inputs_wrong(name, make_inputs):
+    # The hole this closes: torch.func wraps each argument separately, so y keeps its old value.
+    expected = write_first_read_second(*make_inputs())
+    theirs = torch.func.functionalize(write_first_read_second)(*make_inputs())
+    ours = tfz.functionalize(write_first_read_second)(*make_inputs())
+    torch.testing.assert_close(ours, expected)
+    assert not torch.equal(theirs, expected)
+
+
+def test_aliased_group_is_written_back_once_through_the_covering_input(remove):
+    # x covers x[1:], so the epilogue writes the storage once, into x.
+    def f(x, y):
+        y.add_(1)
+        x.mul_(2)
+        return x.sum()
+
+    b = _base(3, 2)
+    gm = make_fx(tfz.functionalize(f, remove=remove))(b, b[1:])  # no cloning: keep the aliasing
+    assert call_targets(gm).count("aten.copy_.default") == 1
+
+
+def test_aliased_inputs_of_different_dtypes_warn_and_work_independently():
+    # x and x.view(int32) cannot share a typed base: each is functionalized on its own (warned).
+    def f(x, y):
+        return x + 1, y + 1
+
+    b = torch.randn(4)
+    with pytest.warns(UserWarning, match="share a storage but differ in dtype"):
+        out = tfz.functionalize(f)(b, b.view(torch.int32))
+    torch.testing.assert_close(out[0], b + 1)
+
+
+def test_returned_input_is_the_callers_tensor_even_when_mutated():
+    # `return x` gives back x itself (torch.func returns a new tensor when x was mutated).
+    def f(x):
+        x.add_(1)
+        return x
+
+    x = torch.zeros(3)
+    assert tfz.functionalize(f)(x) is x
+    assert torch.equal(x, torch.ones(3))
+
+
+def test_returned_view_of_mutated_input_aliases_the_input():
+    # A view of an input comes back as a real view of the caller's tensor: writes reach it.
+    def f(x):
+        x.add_(1)
+        return x.view(-1), x[0]
+
+    x = torch.zeros(2, 3)
+    flat, row = tfz.functionalize(f)(x)
+    assert flat._base is x and row._base is x
+    flat.add_(5)
+    assert torch.equal(x, torch.full((2, 3), 6.0))
+
+
+def test_returned_views_do_not_alias_when_views_are_removed():
+    # With remove="mutations_and_views" outputs are copies, as that mode's contract says.
+    def f(x):
+        x.add_(1)
+        return x.view(-1)
+
+    x = torch.zeros(2, 3)
+    flat = tfz.functionalize(f, remove="mutations_and_views")(x)
+    assert flat._base is None
+    flat.add_(5)
+    assert torch.equal(x, torch.ones(2, 3))
+
+
+def test_returned_view_of_aliased_input_aliases_the_caller_storage():
+    # Grouped inputs: a view of the second argument is a view of the caller's second argument.
+    def f(x, y):
+        x.add_(1)
+        return y[1:]
+
+    b = torch.zeros(4)
+    out = tfz.functionalize(f)(b, b.view(-1))
+    assert out.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    assert torch.equal(out, torch.ones(3))
