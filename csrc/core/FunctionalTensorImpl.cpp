@@ -104,6 +104,27 @@ void FunctionalTensorImpl::mutate_view_meta_(std::shared_ptr<const ViewMeta> ste
   metadata_mutations_.push_back(std::move(mutation));
 }
 
+void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
+                                         MetadataMutation mutation) {
+  TORCH_INTERNAL_ASSERT(is_resizable_base() && is_up_to_date(), "resize_chain_ on a view");
+  InnerCallGuard guard;
+  const at::Tensor& base = alias_storage().base();
+  set_value_(step ? step->forward(base) : base);
+  chain_.clear();
+  if (step) chain_.push_back(std::move(step));
+  chain_is_resize_ = !chain_.empty();
+  metadata_mutations_.push_back(std::move(mutation));
+}
+
+void FunctionalTensorImpl::replace_storage_(const at::Tensor& new_base) {
+  TORCH_INTERNAL_ASSERT(storage_.use_count() == 1, "replace_storage_ with other aliases alive");
+  storage_ = make_storage(new_base);
+  generation_ = 0;
+  chain_.clear();
+  chain_is_resize_ = false;
+  set_value_(new_base);
+}
+
 void FunctionalTensorImpl::copy_fields_to_(FunctionalTensorImpl& dest) const {
   dest.value_ = value_;
   dest.layer_id_ = layer_id_;
@@ -111,6 +132,7 @@ void FunctionalTensorImpl::copy_fields_to_(FunctionalTensorImpl& dest) const {
   dest.chain_ = chain_;
   dest.metadata_mutations_ = metadata_mutations_;
   dest.has_reference_metadata_ = has_reference_metadata_;
+  dest.chain_is_resize_ = chain_is_resize_;
   dest.key_set_ = wrapper_key_set();
 }
 

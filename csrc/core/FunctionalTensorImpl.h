@@ -57,6 +57,16 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   /// See Note [Kernel: eager strides without views].
   void set_reference_metadata_(const at::Tensor& reference);
 
+  /// resize_: make this (non-view) wrapper `step` applied to the storage's base, replacing its
+  /// chain (nullptr: the base itself), and remember `mutation` for the input epilogue.
+  /// See Note [Kernel: resize_].
+  void resize_chain_(std::shared_ptr<const ViewMeta> step, MetadataMutation mutation);
+  /// resize_ past the storage: this wrapper (the storage's only user) moves to a new storage
+  /// whose base is `new_base`, with an empty chain.
+  void replace_storage_(const at::Tensor& new_base);
+  /// True if the chain is empty or only holds a resize_ step: resize_ may apply again.
+  bool is_resizable_base() const { return chain_.empty() || chain_is_resize_; }
+
   // TensorImpl overrides.
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion& version_counter,
@@ -76,6 +86,7 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   ViewChain chain_;
   std::vector<MetadataMutation> metadata_mutations_;
   bool has_reference_metadata_ = false;
+  bool chain_is_resize_ = false;
 };
 
 /// nullptr unless `t` is one of our wrappers.

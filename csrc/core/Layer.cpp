@@ -28,11 +28,22 @@ namespace tfz::detail {
 
 namespace {
 thread_local Layer* tls_layer = nullptr;
+thread_local Layer* tls_suspended = nullptr;
 std::atomic<int64_t> next_layer_id{1};
 }  // namespace
 
+bool functorch_transform_active() {
+  const auto tls = c10::impl::tls_local_dispatch_key_set();
+  constexpr auto front = c10::DispatchKey::FuncTorchDynamicLayerFrontMode;
+  return tls.included_.has(front) || tls.excluded_.has(front);
+}
+
 Layer* current_layer() {
   return tls_layer;
+}
+
+Layer* suspended_layer() {
+  return tls_suspended;
 }
 
 LayerGuard::LayerGuard(bool reapply_views) {
@@ -41,6 +52,13 @@ LayerGuard::LayerGuard(bool reapply_views) {
       "functionalize: nested functionalize calls on one thread are not supported (a layer is "
       "already active). Functionalize the outer function only; the inner one is then "
       "functionalized as part of it.");
+  // torch.func transforms run their own interpreter stack around every op; our wrappers do not
+  // take part in it, so the pairing would fail later with a confusing message.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !functorch_transform_active(),
+      "functionalize: torch_functionalize.functionalize inside a torch.func transform (grad, "
+      "vmap, jacrev, ...) is not supported. Use torch.func.functionalize there, or keep the "
+      "transform outside the functionalized function's call.");
   auto entry = c10::impl::tls_local_dispatch_key_set();
   const auto ours = layer_included_keys();
   const auto predispatch = c10::DispatchKeySet(c10::DispatchKey::PreDispatch);
@@ -64,7 +82,9 @@ LayerGuard::~LayerGuard() {
 }
 
 InnerCallGuard::InnerCallGuard()
-    : saved_layer_(tls_layer), saved_tls_(c10::impl::tls_local_dispatch_key_set()) {
+    : saved_layer_(tls_layer),
+      saved_suspended_(tls_suspended),
+      saved_tls_(c10::impl::tls_local_dispatch_key_set()) {
   c10::impl::LocalDispatchKeySet inner = saved_tls_;
   if (saved_layer_ != nullptr) {
     inner.included_ =
@@ -76,12 +96,14 @@ InnerCallGuard::InnerCallGuard()
     inner.included_ = raw_minus(saved_tls_.included_, layer_included_keys());
   }
   c10::impl::_force_tls_local_dispatch_key_set(inner);
+  if (saved_layer_ != nullptr) tls_suspended = saved_layer_;
   tls_layer = nullptr;
 }
 
 InnerCallGuard::~InnerCallGuard() {
   c10::impl::_force_tls_local_dispatch_key_set(saved_tls_);
   tls_layer = saved_layer_;
+  tls_suspended = saved_suspended_;
 }
 
 MetaComputeGuard::MetaComputeGuard()

@@ -20,9 +20,18 @@ struct Layer {
   c10::DispatchKeySet added_excluded;        // keys this layer added to the excluded set
 };
 
+/// True while a torch.func transform (grad, vmap, ...) is active on this thread: functorch keeps
+/// its front key in the dispatch TLS (included, or excluded while it processes an op).
+bool functorch_transform_active();
+
 /// The layer user code is running under on this thread, or nullptr (no layer, or we are inside
 /// an inner call).
 Layer* current_layer();
+
+/// The layer an enclosing InnerCallGuard suspended on this thread, or nullptr. A wrapper of it
+/// reaching the kernel means some code captured wrappers into an inner call (torch.func.grad
+/// inside the function does), which the engine cannot serve.
+Layer* suspended_layer();
 
 /// Enters a layer: includes our key, hides Python-level keys. Refuses nesting. The destructor
 /// restores the thread's dispatch TLS exactly as it was on entry.
@@ -52,6 +61,7 @@ class InnerCallGuard {
 
  private:
   Layer* saved_layer_;
+  Layer* saved_suspended_;
   c10::impl::LocalDispatchKeySet saved_tls_;
 };
 

@@ -299,7 +299,7 @@ OpInfo classify(const c10::OperatorHandle& op) {
   }
   if (writes) {
     plan_mutable(op, info);
-    info.resizes_self = resize_like;
+    if (resize_like && info.kind == OpKind::Mutable) info.kind = OpKind::Resize;
     return info;
   }
   if (returns_alias) {

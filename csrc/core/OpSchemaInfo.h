@@ -20,6 +20,7 @@ enum class OpKind {
   Mutable,      // some argument is written: call the functional variant, then commit
   Unsupported,  // mutable with no functional variant, or an op we refuse (reason says why)
   BatchNorm,    // aten::native_batch_norm: writes running stats its schema does not annotate
+  Resize,       // aten::resize_ / resize_as_: a view of the storage, or a new storage
 };
 
 /// Where a functional-variant argument comes from.
@@ -51,7 +52,6 @@ struct OpInfo {
   std::vector<int> return_aliases;         // per mutable-op return: written argument it aliases,
                                            // or -1 for a fresh return
   bool is_out = false;                     // an out= op (written kwarg-only arguments)
-  bool resizes_self = false;               // resize_ / resize_as_: self may change shape
 };
 
 /// Computes the OpInfo for `op` (slow: schema analysis and a table lookup; cache the result).

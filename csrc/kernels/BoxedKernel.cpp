@@ -29,8 +29,17 @@ void check_same_layer(const OpInfo& info, const torch::jit::Stack& stack, size_t
   for (auto it = stack.end() - static_cast<std::ptrdiff_t>(num_args); it != stack.end(); ++it) {
     for_each_tensor(*it, [&](const at::Tensor& t) {
       auto* impl = maybe_get_impl(t);
-      TORCH_CHECK(impl == nullptr || (layer != nullptr && impl->layer_id() == layer->id),
-                  "functionalize: ", info.name,
+      if (impl == nullptr || (layer != nullptr && impl->layer_id() == layer->id)) return;
+      const Layer* suspended = suspended_layer();
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          !functorch_transform_active() &&
+              !(layer == nullptr && suspended != nullptr && impl->layer_id() == suspended->id),
+          "functionalize: ", info.name,
+          ": functional tensors were captured into an op the engine was already running, which "
+          "is what a torch.func transform (grad, jacrev, ...) inside the functionalized function "
+          "does; torch_functionalize does not compose with torch.func transforms yet. Use "
+          "torch.func.functionalize for such programs.");
+      TORCH_CHECK(false, "functionalize: ", info.name,
                   ": got a functional tensor that escaped the functionalize call that made it "
                   "(that call has finished, or this is another call). Return tensors from the "
                   "function instead of storing them elsewhere; outputs are unwrapped for you.");
@@ -72,6 +81,8 @@ void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::
       return mutable_kernel(info, op, stack, *layer);
     case OpKind::BatchNorm:
       return native_batch_norm_kernel(info, op, stack, *layer);
+    case OpKind::Resize:
+      return resize_kernel(info, op, stack, *layer);
     case OpKind::Unsupported:
       TORCH_CHECK_NOT_IMPLEMENTED(false, "functionalize: ", info.name, ": ",
                                   info.unsupported_reason, ".");

@@ -26,6 +26,9 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::ji
 void native_batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op,
                               torch::jit::Stack* stack, const Layer& layer);
 
+void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                   const Layer& layer);
+
 /// Wraps every tensor among the last `count` stack entries as a fresh base wrapper.
 void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id);
 

@@ -76,24 +76,6 @@ bool has_internal_overlap(const at::Tensor& t) {
   return false;
 }
 
-// Note [Kernel: resize_]
-// resize_ becomes the functional aten::resize and the wrapper adopts the new shape; the input
-// epilogue resizes the user's tensor the same way. Eager resizes the shared storage in place, so
-// every other alias keeps its own metadata over the grown or shrunk storage; our aliases would
-// instead replay their view chain against a base of another shape, which can silently give other
-// elements. So resize_ is only allowed on a tensor that is not a view and whose storage no other
-// live wrapper shares; anything else raises instead of computing the wrong thing.
-void check_resizable(const OpInfo& info, const at::Tensor& self) {
-  auto* impl = unsafe_get_impl(self);
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      impl->chain().empty(), "functionalize: ", info.name,
-      ": resizing a view is not supported. Resize the base tensor, or clone the view first.");
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      impl->storage().use_count() == 1, "functionalize: ", info.name,
-      ": resizing a tensor while views of it are alive is not supported (the views would no "
-      "longer match eager). Resize before taking views, or clone first.");
-}
-
 c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg,
                            const std::vector<c10::IValue>& args, const at::Tensor& first_out) {
   switch (src.kind) {
@@ -144,8 +126,6 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* st
     });
   }
 
-  if (info.resizes_self) check_resizable(info, args[0].toTensor());
-
   InnerCallGuard guard;
   std::vector<c10::IValue> inner = args;
   for (auto& v : inner) transform_tensors(v, sync_and_unwrap);
@@ -167,7 +147,7 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* st
     writes.emplace_back(info.mutated_args[k], num_returns + k);
   }
   for (const auto& [arg, ret] : writes) {
-    const bool resizes = schema.arguments()[arg].kwarg_only() || info.resizes_self;
+    const bool resizes = schema.arguments()[arg].kwarg_only();
     zip_written(args[arg], fstack[ret], [&](const at::Tensor& w, const at::Tensor& v) {
       check_eager_rules(info, w, v, resizes);
     });

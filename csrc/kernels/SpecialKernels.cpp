@@ -1,10 +1,13 @@
-// Ops whose schema does not tell the whole truth, each with its own Note. Today: the hidden
-// running-stat update of aten::native_batch_norm.
+// Ops with bespoke rules, each with its own Note: the hidden running-stat update of
+// aten::native_batch_norm, and resize_ / resize_as_, which change a tensor's storage.
 #include "kernels/Kernels.h"
 
 #include "core/Conversions.h"
 
 #include <ATen/core/grad_mode.h>
+#include "core/ViewInverses.h"
+
+#include <ATen/Functions.h>
 #include <c10/util/Exception.h>
 
 namespace tfz::detail {
@@ -66,6 +69,89 @@ void native_batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op,
   for (size_t i = 0; i < 3; ++i) {
     torch::jit::push(*stack, make_fresh_wrapper(fstack[i].toTensor(), layer.id));
   }
+}
+
+// Note [Kernel: resize_]
+// Eager resize_ keeps the storage while the new size fits in it (shrinking, or growing back into
+// elements the storage still holds) and only reallocates, copying the old storage, past its end.
+// Program:                         Functionalized:
+//   x = torch.arange(4.)             x0 = arange(4)
+//   x.resize_(2); x.resize_(4)       x1 = as_strided(x0, [2], [1], 0); x2 = as_strided(x0, [4], [1], 0)
+//   return x + 1                     add(x2, 1)          (eager: [1, 2, 3, 4], old elements back)
+// So a resize_ that fits is a view step: as_strided(size, strides, base offset) of the alias
+// storage's base, replacing the wrapper's chain (the wrapper must not itself be a view; eager can
+// grow a view's storage, which our views cannot express, so that is refused). Past the end of
+// the storage, the wrapper (the storage's only user: other live aliases would silently diverge
+// from eager, so they are refused) moves to a new storage whose base is aten::resize of the whole
+// old storage. Either way the input epilogue replays the resize_ call on the caller's tensor.
+// Rejected: the functional aten::resize of the current value alone: it drops the elements past
+// the current size that eager keeps, so a shrink followed by a grow gave garbage.
+void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                   const Layer& layer) {
+  const size_t num_args = op.schema().arguments().size();
+  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
+  const at::Tensor self = args[0].toTensor();
+  auto* impl = maybe_get_impl(self);
+  TORCH_CHECK(impl != nullptr, "functionalize: ", info.name,
+              ": cannot resize a plain tensor (created outside the function) inside it. Pass it "
+              "to the function as an input.");
+  TORCH_CHECK_NOT_IMPLEMENTED(!self.unsafeGetTensorImpl()->has_symbolic_sizes_strides(),
+                              "functionalize: ", info.name, ": symbolic sizes are not supported.");
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      impl->is_resizable_base(), "functionalize: ", info.name,
+      ": resizing a view is not supported (eager would resize the storage it shares). Resize "
+      "the base tensor, or clone the view first.");
+  const bool is_resize_as = op.schema().name() == "aten::resize_as_";
+  const std::vector<int64_t> size =
+      is_resize_as ? args[1].toTensor().sizes().vec() : args[1].toIntVector();
+  const auto format = args[2].isNone() ? c10::MemoryFormat::Contiguous : args[2].toMemoryFormat();
+  if (self.sizes() == c10::IntArrayRef(size) && args[2].isNone()) {
+    torch::jit::drop(*stack, num_args);  // same size: eager changes nothing, strides included
+    torch::jit::push(*stack, self);
+    return;
+  }
+  std::vector<int64_t> strides;
+  {
+    MetaComputeGuard guard;  // eager's strides for this size and memory format
+    strides = at::empty(size, self.options().device(c10::kMeta).memory_format(format)).strides().vec();
+  }
+  int64_t needed = 1;
+  for (size_t d = 0; d < size.size(); ++d) needed += (size[d] - 1) * strides[d];
+  for (int64_t s : size) needed = s == 0 ? 0 : needed;
+
+  impl->sync_();
+  static const auto as_strided = c10::Dispatcher::singleton().findSchemaOrThrow("aten::as_strided", "");
+  static const auto as_strided_copy = c10::Dispatcher::singleton().findOp({"aten::as_strided_copy", ""});
+  const at::Tensor base = impl->alias_storage().base();
+  const int64_t offset = base.storage_offset();
+  const int64_t capacity = static_cast<int64_t>(base.storage().nbytes() / base.itemsize()) - offset;
+  int64_t view_offset = offset;
+  if (needed > capacity) {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        impl->storage().use_count() == 1, "functionalize: ", info.name,
+        ": growing a tensor past its storage while views of it are alive is not supported (the "
+        "views would no longer match eager). Resize before taking views, or clone first.");
+    at::Tensor grown;
+    {
+      InnerCallGuard guard;
+      const at::Tensor old = layer.reapply_views ? base.as_strided({capacity}, {1}, offset)
+                                                 : at::as_strided_copy(base, {capacity}, {1}, offset);
+      grown = at::resize(old, {needed});
+    }
+    impl->replace_storage_(grown);
+    view_offset = 0;
+  }
+  auto step = std::make_shared<const ViewMeta>(
+      as_strided, as_strided_copy,
+      std::vector<c10::IValue>{c10::IValue(size), c10::IValue(strides), c10::IValue(view_offset)},
+      -1, layer.reapply_views, find_inverse(as_strided.operator_name()));
+  // Replayed on the caller's tensor as resize_(size, memory_format): resize_as_'s template may be
+  // a wrapper, which must not reach the epilogue.
+  static const auto resize = c10::Dispatcher::singleton().findSchemaOrThrow("aten::resize_", "");
+  impl->resize_chain_(std::move(step),
+                      MetadataMutation{resize, {c10::IValue(size), args[2]}});
+  torch::jit::drop(*stack, num_args);
+  torch::jit::push(*stack, self);
 }
 
 }  // namespace tfz::detail
