@@ -112,7 +112,8 @@ Tensor unfold_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
   std::vector<c10::SymInt> sizes(dense.sym_sizes().begin(), dense.sym_sizes().end());
   std::vector<c10::SymInt> strides(dense.sym_strides().begin(), dense.sym_strides().end());
   if (sizes.empty()) {  // unfold of a 0-d tensor views it as one window of one element
-    return at::as_strided_scatter_symint(dense, mv.reshape({}), {}, {}, 0);
+    const c10::IntArrayRef scalar_shape{};  // not `{}`: that would pick view(ScalarType)
+    return m.reapply ? mv.view(scalar_shape) : at::view_copy(mv, scalar_shape);
   }
   const c10::SymInt inner = strides[dim];
   sizes[dim] = (sizes[dim] - size) / step + 1;
