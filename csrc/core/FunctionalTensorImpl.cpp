@@ -106,7 +106,7 @@ void FunctionalTensorImpl::mutate_view_meta_(std::shared_ptr<const ViewMeta> ste
 
 void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
                                          MetadataMutation mutation) {
-  TORCH_INTERNAL_ASSERT(is_resizable_base() && is_up_to_date(), "resize_chain_ on a view");
+  TORCH_INTERNAL_ASSERT(is_up_to_date(), "resize_chain_ on a stale wrapper");
   InnerCallGuard guard;
   const at::Tensor& base = alias_storage().base();
   set_value_(step ? step->forward(base) : base);

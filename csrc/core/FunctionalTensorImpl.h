@@ -57,7 +57,7 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   /// See Note [Kernel: eager strides without views].
   void set_reference_metadata_(const at::Tensor& reference);
 
-  /// resize_: make this (non-view) wrapper `step` applied to the storage's base, replacing its
+  /// resize_: make this wrapper `step` applied to the storage's base, replacing its
   /// chain (nullptr: the base itself), and remember `mutation` for the input epilogue.
   /// See Note [Kernel: resize_].
   void resize_chain_(std::shared_ptr<const ViewMeta> step, MetadataMutation mutation);

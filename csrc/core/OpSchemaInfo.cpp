@@ -323,6 +323,17 @@ OpInfo classify(const c10::OperatorHandle& op) {
     plan_view(op, info);
     return info;
   }
+  if (name == "aten::_unsafe_view") {
+    // Its schema says "fresh tensor", but composite out= kernels (kron, matmul, ...) write into
+    // out through _unsafe_view(out, shape): it must stay an alias or those writes are lost.
+    // Replayed as itself in both modes (no alias annotation, so not a view op to tracers) and
+    // inverted like view. torch's own functionalization treats it the same way.
+    info.kind = OpKind::View;
+    info.view_op = op;
+    info.copy_op = op;
+    info.inverse = find_inverse({"aten::view", ""});
+    return info;
+  }
   info.kind = OpKind::Functional;
   return info;
 }

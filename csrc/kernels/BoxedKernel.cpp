@@ -93,11 +93,28 @@ void functional_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                        const Layer& layer) {
   const size_t num_args = op.schema().arguments().size();
   InnerCallGuard guard;
+  // Some ops declared functional return an argument itself (dropout with p=0): such an output
+  // must stay that argument's wrapper, or writes through it would not reach the argument.
+  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> passed;  // inner impl -> wrapper
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end(); ++it) {
+    if (it->isTensor() && maybe_get_impl(it->toTensor()) != nullptr) {
+      at::Tensor wrapper = it->toTensor();
+      *it = sync_and_unwrap(wrapper);
+      passed.emplace_back(it->toTensor().unsafeGetTensorImpl(), std::move(wrapper));
+      continue;
+    }
     transform_tensors(*it, sync_and_unwrap);
   }
   op.callBoxed(stack);
-  wrap_outputs(stack, op.schema().returns().size(), layer.id);
+  const size_t num_returns = op.schema().returns().size();
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
+    transform_tensors(*it, [&](const at::Tensor& t) {
+      for (const auto& [impl, wrapper] : passed) {
+        if (t.unsafeGetTensorImpl() == impl) return wrapper;
+      }
+      return make_fresh_wrapper(t, layer.id);
+    });
+  }
 }
 
 }  // namespace tfz::detail

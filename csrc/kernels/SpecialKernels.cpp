@@ -79,9 +79,9 @@ void native_batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op,
 //   x.resize_(2); x.resize_(4)       x1 = as_strided(x0, [2], [1], 0); x2 = as_strided(x0, [4], [1], 0)
 //   return x + 1                     add(x2, 1)          (eager: [1, 2, 3, 4], old elements back)
 // So a resize_ that fits is a view step: as_strided(size, strides, base offset) of the alias
-// storage's base, replacing the wrapper's chain (the wrapper must not itself be a view; eager can
-// grow a view's storage, which our views cannot express, so that is refused). Past the end of
-// the storage, the wrapper (the storage's only user: other live aliases would silently diverge
+// storage's base at the tensor's own offset, replacing the wrapper's chain (views included: the
+// step restates the view over the storage). Past the end of
+// the storage, a non-view wrapper (the storage's only user: other live aliases would diverge
 // from eager, so they are refused) moves to a new storage whose base is aten::resize of the whole
 // old storage. Either way the input epilogue replays the resize_ call on the caller's tensor.
 // Rejected: the functional aten::resize of the current value alone: it drops the elements past
@@ -97,10 +97,6 @@ void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit
               "to the function as an input.");
   TORCH_CHECK_NOT_IMPLEMENTED(!self.unsafeGetTensorImpl()->has_symbolic_sizes_strides(),
                               "functionalize: ", info.name, ": symbolic sizes are not supported.");
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      impl->is_resizable_base(), "functionalize: ", info.name,
-      ": resizing a view is not supported (eager would resize the storage it shares). Resize "
-      "the base tensor, or clone the view first.");
   const bool is_resize_as = op.schema().name() == "aten::resize_as_";
   const std::vector<int64_t> size =
       is_resize_as ? args[1].toTensor().sizes().vec() : args[1].toIntVector();
@@ -123,10 +119,16 @@ void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit
   static const auto as_strided = c10::Dispatcher::singleton().findSchemaOrThrow("aten::as_strided", "");
   static const auto as_strided_copy = c10::Dispatcher::singleton().findOp({"aten::as_strided_copy", ""});
   const at::Tensor base = impl->alias_storage().base();
-  const int64_t offset = base.storage_offset();
+  // The wrapper's own offset is eager's (mirrored, or the reference metadata without views), and
+  // the storage's base starts where eager's storage does, so it is an offset into the base.
+  const int64_t offset = self.storage_offset();
   const int64_t capacity = static_cast<int64_t>(base.storage().nbytes() / base.itemsize()) - offset;
   int64_t view_offset = offset;
   if (needed > capacity) {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        impl->is_resizable_base(), "functionalize: ", info.name,
+        ": growing a view past the end of its storage is not supported (eager would reallocate "
+        "the storage it shares). Resize the base tensor, or clone the view first.");
     TORCH_CHECK_NOT_IMPLEMENTED(
         impl->storage().use_count() == 1, "functionalize: ", info.name,
         ": growing a tensor past its storage while views of it are alive is not supported (the "

@@ -106,16 +106,18 @@ def test_list_mutated_argument(remove):
     assert_matches_eager(f, torch.randn(3), torch.randn(2, 3), remove=remove)
 
 
+@torch.library.custom_op("tfz_test_custom::double", mutates_args=())
+def double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@double.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
 def test_functional_custom_op_passes_through(remove):
     # A custom op with no mutation is called on inner tensors and recorded as itself.
-    @torch.library.custom_op("tfz_test_custom::double", mutates_args=())
-    def double(x: torch.Tensor) -> torch.Tensor:
-        return x * 2
-
-    @double.register_fake
-    def _(x):
-        return torch.empty_like(x)
-
     def f(x):
         y = double(x)
         y.add_(1)

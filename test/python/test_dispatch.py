@@ -54,16 +54,20 @@ def test_composite_implicit_ops_decompose_before_us():
     assert "aten.reshape.default" not in ops and "aten.view.default" in ops
 
 
+# Defined once, after torch_functionalize was imported (module level: redefining one op name
+# per parametrization re-registers it under live OpOverload caches, which crashes torch itself).
+@torch.library.custom_op("tfz_test_dispatch::scale", mutates_args=())
+def scale(x: torch.Tensor, k: float) -> torch.Tensor:
+    return x * k
+
+
+@scale.register_fake
+def _(x, k):
+    return torch.empty_like(x)
+
+
 def test_custom_op_defined_after_import_reaches_our_kernel(remove):
     # A torch.library op registered after the extension loaded gets our kernel on the next call.
-    @torch.library.custom_op("tfz_test_dispatch::scale", mutates_args=())
-    def scale(x: torch.Tensor, k: float) -> torch.Tensor:
-        return x * k
-
-    @scale.register_fake
-    def _(x, k):
-        return torch.empty_like(x)
-
     def f(x):
         y = scale(x, 3.0)
         y.add_(1)
