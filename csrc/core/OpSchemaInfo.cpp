@@ -205,6 +205,43 @@ std::vector<int> appended_mutated_args(const c10::FunctionSchema& schema) {
   return appended_mutated_args_impl(schema);
 }
 
+// Note [Kernel: composites intercepted whole]
+// CompositeImplicitAutograd (CIA) ops normally decompose above our key, so we only see the ops
+// they are made of. A few CIA kernels take a fast path that bypasses the dispatcher when their
+// tensors are not "subclass-like" (ATen's isTensorSubclassLike: Functionalize, Python, Batched,
+// Sparse, Meta keys... or an active TorchDispatchMode), and our wrappers are not:
+//  - out= ops resize `out` through at::native::resize_ on the TensorImpl (resize_output), which
+//    fails on a wrapper ("storage that is not resizable") or silently leaves its shape stale
+//    (matmul, linalg.matrix_power, linalg.multi_dot, quantile, linalg.norm, tensordot, ...);
+//  - max_pool1d and ctc_loss(Tensor lengths) read the input's data pointer directly.
+// We register our kernel for these ops (all CIA out= ops, plus the named ones) so that they are
+// handled whole: out= ops as Mutable (their functional variant, itself usually CIA, runs on the
+// inner tensors, where the fast path is legal) and the named ones as Functional. Autograd is
+// unaffected: it runs on the inner tensors during that call, as for every other op.
+// Under a TorchDispatchMode (make_fx), the inner call would hand the tracer the op's whole
+// decomposition, views included, which breaks remove="mutations_and_views"; there the kernel
+// runs the CIA decomposition on the wrappers instead (composite_kernel), where the active mode
+// makes the kernel take its dispatcher-only path, and we see every op as usual.
+// Rejected: marking wrappers subclass-like by adding one of those keys to their key set. Each has
+// a process-wide fallback that casts the TensorImpl to its own type (FunctionalTensorWrapper,
+// TensorWrapper, BatchedTensorImpl) or calls into Python, so a wrapper that escaped its call
+// would be undefined behaviour instead of our "escaped" error. Also rejected: intercepting every
+// CIA op whole (tried): dropout's RNG stream, batch_norm's hidden running-stat writes and
+// views in views-removed graphs all changed.
+bool intercepts_composite_whole(const c10::OperatorHandle& op) {
+  if (!is_cia(op)) return false;
+  const auto& schema = op.schema();
+  if (schema.name() == "aten::max_pool1d" && schema.overload_name().empty()) return true;
+  if (schema.name() == "aten::ctc_loss" && schema.overload_name() == "Tensor") return true;
+  if (schema.name().rfind("aten::", 0) != 0) return false;
+  bool has_out = false;
+  for (const auto& a : schema.arguments()) {
+    if (is_write(a) && !is_out_arg(a)) return false;
+    has_out |= is_out_arg(a);
+  }
+  return has_out;
+}
+
 bool has_tensor_arguments(const c10::FunctionSchema& schema) {
   for (const auto& a : schema.arguments()) {
     if (a.type()->str().find("Tensor") != std::string::npos) return true;
@@ -263,6 +300,7 @@ OpInfo classify(const c10::OperatorHandle& op) {
   const std::string& name = schema.name();
   info.wraps_plain_input =
       name == "aten::lift" || name == "aten::lift_fresh" || name == "aten::lift_fresh_copy";
+  info.composite_whole = intercepts_composite_whole(op);
 
   bool writes = false;
   for (const auto& a : args) writes |= is_write(a);

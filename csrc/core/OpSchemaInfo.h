@@ -52,6 +52,10 @@ struct OpInfo {
   std::vector<int> return_aliases;         // per mutable-op return: written argument it aliases,
                                            // or -1 for a fresh return
   bool is_out = false;                     // an out= op (written kwarg-only arguments)
+
+  // A CompositeImplicitAutograd op we intercept whole instead of letting it decompose
+  // (Note [Kernel: composites intercepted whole]).
+  bool composite_whole = false;
 };
 
 /// Computes the OpInfo for `op` (slow: schema analysis and a table lookup; cache the result).
@@ -68,6 +72,10 @@ OpInfo classify_mutable_with(const c10::OperatorHandle& op, const c10::OperatorH
 /// Written arguments that the op does not return, in torchgen's order (self, out=, positional):
 /// the new values a functional variant appends to its returns.
 std::vector<int> appended_mutated_args(const c10::FunctionSchema& schema);
+
+/// True for the CompositeImplicitAutograd ops we register a kernel for, instead of letting them
+/// decompose (Note [Kernel: composites intercepted whole]).
+bool intercepts_composite_whole(const c10::OperatorHandle& op);
 
 /// True if any argument is or contains a Tensor (Tensor, Tensor?, Tensor[], Tensor?[]).
 bool has_tensor_arguments(const c10::FunctionSchema& schema);

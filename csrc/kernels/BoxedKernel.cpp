@@ -4,6 +4,7 @@
 
 #include "core/Conversions.h"
 
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 
 namespace tfz::detail {
@@ -70,6 +71,9 @@ void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::
     return;
   }
   check_same_layer(info, *stack, num_args, layer);
+  if (info.composite_whole && c10::impl::TorchDispatchModeTLS::any_modes_set()) {
+    return composite_kernel(op, stack);
+  }
   switch (info.kind) {
     case OpKind::Functional:
       return functional_kernel(op, stack, *layer);
@@ -115,6 +119,18 @@ void functional_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       return make_fresh_wrapper(t, layer.id);
     });
   }
+}
+
+void composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // See Note [Kernel: composites intercepted whole]. Un-hiding Python (but not PythonTLSSnapshot)
+  // makes ATen's dispatch_mode_enabled() true, so the CIA kernel avoids its raw fast path. Every
+  // op it calls still reaches our key first: our key is in the included set and sits above
+  // Python, so nothing reaches the mode without going through an inner call.
+  auto tls = c10::impl::tls_local_dispatch_key_set();
+  c10::impl::LocalDispatchKeySet unhidden = tls;
+  unhidden.excluded_ = tls.excluded_.remove(c10::DispatchKey::Python);
+  c10::impl::ForceDispatchKeyGuard guard(unhidden);
+  op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
 }
 
 }  // namespace tfz::detail

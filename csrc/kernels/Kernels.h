@@ -26,6 +26,10 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::ji
 void native_batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op,
                               torch::jit::Stack* stack, const Layer& layer);
 
+/// Runs a composite op intercepted whole as its CompositeImplicitAutograd decomposition on the
+/// wrappers (under a TorchDispatchMode; see Note [Kernel: composites intercepted whole]).
+void composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                    const Layer& layer);
 

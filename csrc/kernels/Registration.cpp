@@ -22,7 +22,8 @@ namespace tfz::detail {
 // plain sparse tensor inside the function dispatches there, and a CompositeExplicitAutograd
 // kernel must not run in place of its sparse kernel), which always wins
 // (OperatorEntry::computeDispatchTableEntry, step 1), except CompositeImplicitAutograd ops: we
-// leave those alone so they decompose into ops we do see.
+// leave those alone so they decompose into ops we do see (the few taken whole are explained in
+// Note [Kernel: composites intercepted whole]).
 // Tensor-free operators (factories) are also registered at the factory key, which every other op
 // falls through (Note [Which dispatch key]).
 // Operators registered after us arrive through an OpRegistrationListener. The dispatcher calls
@@ -138,7 +139,10 @@ void drain() {
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     for (const auto& op : ops) {
-      if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+      if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+          !intercepts_composite_whole(op)) {
+        continue;
+      }
       if (r.registered.insert(op.operator_name()).second) fresh.push_back(op);
     }
   }

@@ -1050,3 +1050,83 @@ def test_set_raises_not_implemented_naming_op(name, op, remove):
         functionalize(f, remove=remove)(x, y)
     assert torch.equal(x, x_before) and torch.equal(y, y_before)
     assert x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
+
+
+# ---------------------------------------------------------------------------------------------
+# Composite ops with a raw fast path (Note [Kernel: composites intercepted whole])
+# ---------------------------------------------------------------------------------------------
+
+# Composite out= ops whose kernels resize `out` with at::native::resize_ (no dispatch) when it is
+# not "subclass-like": before they were intercepted whole, a 0-size out either raised "Trying to
+# resize storage that is not resizable" or kept its stale shape (matmul on a batch of 0x0).
+_COMPOSITE_OUT_PROGRAMS = {
+    "matmul_batched_empty": (lambda a, b, out: torch.matmul(a, b, out=out),
+                             lambda: (torch.randn(0, 0), torch.randn(5, 0, 0))),
+    "matmul": (lambda a, b, out: torch.matmul(a, b, out=out),
+               lambda: (torch.randn(3, 4), torch.randn(2, 4, 5))),
+    "matrix_power": (lambda a, out: torch.linalg.matrix_power(a, 3, out=out),
+                     lambda: (torch.randn(2, 3, 3),)),
+    "multi_dot": (lambda a, b, c, out: torch.linalg.multi_dot([a, b, c], out=out),
+                  lambda: (torch.randn(2, 3), torch.randn(3, 4), torch.randn(4, 2))),
+    "quantile": (lambda a, out: torch.quantile(a, 0.3, dim=0, out=out),
+                 lambda: (torch.randn(5, 3),)),
+    "tensordot": (lambda a, b, out: torch.tensordot(a, b, dims=1, out=out),
+                  lambda: (torch.randn(2, 3), torch.randn(3, 4))),
+    "linalg_norm": (lambda a, out: torch.linalg.norm(a, dim=1, out=out),
+                    lambda: (torch.randn(4, 3),)),
+}
+
+
+@pytest.mark.parametrize("remove", ["mutations", "mutations_and_views"])
+@pytest.mark.parametrize("name", sorted(_COMPOSITE_OUT_PROGRAMS))
+def test_composite_out_op_resizes_zero_size_intermediate_out(name, remove):
+    op, make = _COMPOSITE_OUT_PROGRAMS[name]
+
+    def f(*args):
+        out = torch.empty(0)
+        r = op(*args, out)
+        return out, r * 2
+
+    assert_matches_eager(f, *make(), remove=remove)
+
+
+@pytest.mark.parametrize("remove", ["mutations", "mutations_and_views"])
+def test_composite_out_op_resizes_zero_size_input_out(remove):
+    def f(a, b, out):
+        torch.matmul(a, b, out=out)
+        return out + 1
+
+    assert_matches_eager(f, torch.randn(3, 4), torch.randn(4, 2), torch.empty(0), remove=remove)
+
+
+@pytest.mark.parametrize("remove", ["mutations", "mutations_and_views"])
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_max_pool1d_matches_eager(ceil_mode, remove):
+    def f(x):
+        y = x * 2
+        return F.max_pool1d(y, 3, 2, ceil_mode=ceil_mode)
+
+    assert_matches_eager(f, torch.randn(2, 3, 9), remove=remove)
+
+
+def test_max_pool1d_gradient_flows_to_the_input():
+    x = torch.randn(2, 3, 9, requires_grad=True)
+    xe = x.detach().clone().requires_grad_()
+    functionalize(lambda t: F.max_pool1d(t * 2, 3, 2))(x).sum().backward()
+    F.max_pool1d(xe * 2, 3, 2).sum().backward()
+    torch.testing.assert_close(x.grad, xe.grad)
+
+
+@pytest.mark.parametrize("remove", ["mutations", "mutations_and_views"])
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_ctc_loss_with_tensor_lengths_matches_eager(reduction, remove):
+    torch.manual_seed(0)
+    log_probs = torch.randn(12, 2, 5).log_softmax(2)
+    targets = torch.randint(1, 5, (2, 4))
+    input_lengths = torch.tensor([12, 10])
+    target_lengths = torch.tensor([4, 3])
+
+    def f(lp, tg, il, tl):
+        return F.ctc_loss(lp, tg, il, tl, reduction=reduction, zero_infinity=True)
+
+    assert_matches_eager(f, log_probs, targets, input_lengths, target_lengths, remove=remove)
