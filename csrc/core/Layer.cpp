@@ -27,8 +27,13 @@ namespace tfz::detail {
 // and its interpreter stack; borrowing them would entangle us with torch.func transforms.
 
 namespace {
-thread_local Layer* tls_layer = nullptr;
-thread_local Layer* tls_suspended = nullptr;
+// One thread_local object rather than two: in a dlopen'ed library every access to a distinct
+// thread_local is a __tls_get_addr call, and the guards below run on every op.
+struct ThreadState {
+  Layer* layer = nullptr;      // the layer user code runs under
+  Layer* suspended = nullptr;  // the layer an enclosing InnerCallGuard suspended
+};
+thread_local ThreadState tls_state;
 std::atomic<int64_t> next_layer_id{1};
 }  // namespace
 
@@ -39,16 +44,16 @@ bool functorch_transform_active() {
 }
 
 Layer* current_layer() {
-  return tls_layer;
+  return tls_state.layer;
 }
 
 Layer* suspended_layer() {
-  return tls_suspended;
+  return tls_state.suspended;
 }
 
 LayerGuard::LayerGuard(bool reapply_views) {
   TORCH_CHECK(
-      tls_layer == nullptr,
+      tls_state.layer == nullptr,
       "functionalize: nested functionalize calls on one thread are not supported (a layer is "
       "already active). Functionalize the outer function only; the inner one is then "
       "functionalized as part of it.");
@@ -73,18 +78,18 @@ LayerGuard::LayerGuard(bool reapply_views) {
   inside.included_ = raw_union(entry.included_ - predispatch, ours);
   inside.excluded_ = entry.excluded_ | layer_hidden_keys();
   c10::impl::_force_tls_local_dispatch_key_set(inside);
-  tls_layer = &layer_;
+  tls_state.layer = &layer_;
 }
 
 LayerGuard::~LayerGuard() {
   c10::impl::_force_tls_local_dispatch_key_set(layer_.entry_tls);
-  tls_layer = nullptr;
+  tls_state.layer = nullptr;
 }
 
-InnerCallGuard::InnerCallGuard()
-    : saved_layer_(tls_layer),
-      saved_suspended_(tls_suspended),
-      saved_tls_(c10::impl::tls_local_dispatch_key_set()) {
+InnerCallGuard::InnerCallGuard() : saved_tls_(c10::impl::tls_local_dispatch_key_set()) {
+  ThreadState& state = tls_state;
+  saved_layer_ = state.layer;
+  saved_suspended_ = state.suspended;
   c10::impl::LocalDispatchKeySet inner = saved_tls_;
   if (saved_layer_ != nullptr) {
     inner.included_ =
@@ -96,28 +101,29 @@ InnerCallGuard::InnerCallGuard()
     inner.included_ = raw_minus(saved_tls_.included_, layer_included_keys());
   }
   c10::impl::_force_tls_local_dispatch_key_set(inner);
-  if (saved_layer_ != nullptr) tls_suspended = saved_layer_;
-  tls_layer = nullptr;
+  if (saved_layer_ != nullptr) state.suspended = saved_layer_;
+  state.layer = nullptr;
 }
 
 InnerCallGuard::~InnerCallGuard() {
   c10::impl::_force_tls_local_dispatch_key_set(saved_tls_);
-  tls_layer = saved_layer_;
-  tls_suspended = saved_suspended_;
+  ThreadState& state = tls_state;
+  state.layer = saved_layer_;
+  state.suspended = saved_suspended_;
 }
 
 MetaComputeGuard::MetaComputeGuard()
-    : saved_layer_(tls_layer), saved_tls_(c10::impl::tls_local_dispatch_key_set()) {
+    : saved_layer_(tls_state.layer), saved_tls_(c10::impl::tls_local_dispatch_key_set()) {
   c10::impl::LocalDispatchKeySet inner = saved_tls_;
   inner.included_ = raw_minus(saved_tls_.included_, layer_included_keys());
   inner.excluded_ = saved_tls_.excluded_ | layer_hidden_keys();
   c10::impl::_force_tls_local_dispatch_key_set(inner);
-  tls_layer = nullptr;
+  tls_state.layer = nullptr;
 }
 
 MetaComputeGuard::~MetaComputeGuard() {
   c10::impl::_force_tls_local_dispatch_key_set(saved_tls_);
-  tls_layer = saved_layer_;
+  tls_state.layer = saved_layer_;
 }
 
 }  // namespace tfz::detail

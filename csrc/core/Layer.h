@@ -60,9 +60,9 @@ class InnerCallGuard {
   Layer* suspended_layer() const { return saved_layer_; }
 
  private:
+  c10::impl::LocalDispatchKeySet saved_tls_;
   Layer* saved_layer_;
   Layer* saved_suspended_;
-  c10::impl::LocalDispatchKeySet saved_tls_;
 };
 
 /// Scope for bookkeeping ops on meta tensors (eager-stride references): removes our key like an

@@ -6,6 +6,7 @@
 
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 
 namespace tfz::detail {
 
@@ -25,44 +26,45 @@ void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id) {
 
 namespace {
 
-void check_same_layer(const OpInfo& info, const torch::jit::Stack& stack, size_t num_args,
-                      const Layer* layer) {
-  for (auto it = stack.end() - static_cast<std::ptrdiff_t>(num_args); it != stack.end(); ++it) {
-    for_each_tensor(*it, [&](const at::Tensor& t) {
-      auto* impl = maybe_get_impl(t);
-      if (impl == nullptr || (layer != nullptr && impl->layer_id() == layer->id)) return;
-      const Layer* suspended = suspended_layer();
-      TORCH_CHECK_NOT_IMPLEMENTED(
-          !functorch_transform_active() &&
-              !(layer == nullptr && suspended != nullptr && impl->layer_id() == suspended->id),
-          "functionalize: ", info.name,
-          ": functional tensors were captured into an op the engine was already running, which "
-          "is what a torch.func transform (grad, jacrev, ...) inside the functionalized function "
-          "does; torch_functionalize does not compose with torch.func transforms yet. Use "
-          "torch.func.functionalize for such programs.");
-      TORCH_CHECK(false, "functionalize: ", info.name,
-                  ": got a functional tensor that escaped the functionalize call that made it "
-                  "(that call has finished, or this is another call). Return tensors from the "
-                  "function instead of storing them elsewhere; outputs are unwrapped for you.");
-    });
-  }
+// A wrapper of another layer (or of none) reached the kernel: say why, then throw.
+[[noreturn]] void report_foreign_wrapper(const OpInfo& info, const FunctionalTensorImpl& impl,
+                                         const Layer* layer) {
+  const Layer* suspended = suspended_layer();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !functorch_transform_active() &&
+          !(layer == nullptr && suspended != nullptr && impl.layer_id() == suspended->id),
+      "functionalize: ", info.name,
+      ": functional tensors were captured into an op the engine was already running, which "
+      "is what a torch.func transform (grad, jacrev, ...) inside the functionalized function "
+      "does; torch_functionalize does not compose with torch.func transforms yet. Use "
+      "torch.func.functionalize for such programs.");
+  TORCH_CHECK(false, "functionalize: ", info.name,
+              ": got a functional tensor that escaped the functionalize call that made it "
+              "(that call has finished, or this is another call). Return tensors from the "
+              "function instead of storing them elsewhere; outputs are unwrapped for you.");
+  TORCH_INTERNAL_ASSERT(false, "unreachable");
 }
 
 }  // namespace
 
 void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = op.schema().arguments().size();
+  Layer* layer = current_layer();
+  const int64_t layer_id = layer != nullptr ? layer->id : 0;
+  // One pass over the arguments: are any ours, and are they all of the current layer?
   bool any_functional = false;
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end(); ++it) {
-    if (has_functional(*it)) {
+    for_each_tensor(*it, [&](const at::Tensor& t) {
+      auto* impl = maybe_get_impl(t);
+      if (impl == nullptr) return;
       any_functional = true;
-      break;
-    }
+      if (layer == nullptr || impl->layer_id() != layer_id) {
+        report_foreign_wrapper(info, *impl, layer);
+      }
+    });
   }
-  Layer* layer = current_layer();
   if (!any_functional) {
     const bool wrap = layer != nullptr && (!info.has_tensor_args || info.wraps_plain_input);
-    const int64_t layer_id = layer != nullptr ? layer->id : 0;
     {
       InnerCallGuard guard;
       op.callBoxed(stack);
@@ -70,7 +72,6 @@ void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::
     if (wrap) wrap_outputs(stack, op.schema().returns().size(), layer_id);
     return;
   }
-  check_same_layer(info, *stack, num_args, layer);
   if (info.composite_whole && c10::impl::TorchDispatchModeTLS::any_modes_set()) {
     return composite_kernel(op, stack);
   }
@@ -99,7 +100,7 @@ void functional_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   InnerCallGuard guard;
   // Some ops declared functional return an argument itself (dropout with p=0): such an output
   // must stay that argument's wrapper, or writes through it would not reach the argument.
-  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> passed;  // inner impl -> wrapper
+  c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 4> passed;  // inner -> wrapper
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end(); ++it) {
     if (it->isTensor() && maybe_get_impl(it->toTensor()) != nullptr) {
       at::Tensor wrapper = it->toTensor();

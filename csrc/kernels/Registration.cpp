@@ -8,6 +8,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -38,12 +39,22 @@ class OpKernel final : public c10::OperatorKernel {
  public:
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/,
                   torch::jit::Stack* stack) {
-    std::call_once(once_, [&] { info_ = classify_for_kernel(op); });
+    // Double-checked rather than std::call_once: libstdc++'s call_once writes two thread_locals
+    // and calls pthread_once on every call, which showed up per op under callgrind.
+    if (!ready_.load(std::memory_order_acquire)) classify_once(op);
     run_boxed_kernel(info_, op, stack);
   }
 
  private:
-  std::once_flag once_;
+  void classify_once(const c10::OperatorHandle& op) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (ready_.load(std::memory_order_relaxed)) return;
+    info_ = classify_for_kernel(op);
+    ready_.store(true, std::memory_order_release);
+  }
+
+  std::atomic<bool> ready_{false};
+  std::mutex mutex_;
   OpInfo info_;
 };
 
