@@ -72,7 +72,8 @@ void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::
     if (wrap) wrap_outputs(stack, op.schema().returns().size(), layer_id);
     return;
   }
-  if (info.composite_whole && c10::impl::TorchDispatchModeTLS::any_modes_set()) {
+  if (info.composite_whole && info.kind != OpKind::Mutable &&
+      c10::impl::TorchDispatchModeTLS::any_modes_set()) {
     return composite_kernel(op, stack);
   }
   switch (info.kind) {
@@ -122,15 +123,14 @@ void functional_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   }
 }
 
-void composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  // See Note [Kernel: composites intercepted whole]. Un-hiding Python (but not PythonTLSSnapshot)
-  // makes ATen's dispatch_mode_enabled() true, so the CIA kernel avoids its raw fast path. Every
-  // op it calls still reaches our key first: our key is in the included set and sits above
-  // Python, so nothing reaches the mode without going through an inner call.
+c10::impl::LocalDispatchKeySet PythonUnhiddenGuard::unhidden() {
   auto tls = c10::impl::tls_local_dispatch_key_set();
-  c10::impl::LocalDispatchKeySet unhidden = tls;
-  unhidden.excluded_ = tls.excluded_.remove(c10::DispatchKey::Python);
-  c10::impl::ForceDispatchKeyGuard guard(unhidden);
+  tls.excluded_ = tls.excluded_.remove(c10::DispatchKey::Python);
+  return tls;
+}
+
+void composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  PythonUnhiddenGuard guard;
   op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
 }
 

@@ -26,6 +26,20 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::ji
 void native_batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op,
                               torch::jit::Stack* stack, const Layer& layer);
 
+/// Un-hides the Python key (but not PythonTLSSnapshot) for a composite op's work on wrappers under
+/// a TorchDispatchMode: ATen's dispatch_mode_enabled() then holds, so CIA kernels take their
+/// dispatcher-only paths. Every op they call still reaches our key first (it is in the included
+/// set and above Python), so nothing reaches the mode except through an inner call. See Note
+/// [Kernel: composites intercepted whole].
+class PythonUnhiddenGuard {
+ public:
+  PythonUnhiddenGuard() : guard_(unhidden()) {}
+
+ private:
+  static c10::impl::LocalDispatchKeySet unhidden();
+  c10::impl::ForceDispatchKeyGuard guard_;
+};
+
 /// Runs a composite op intercepted whole as its CompositeImplicitAutograd decomposition on the
 /// wrappers (under a TorchDispatchMode; see Note [Kernel: composites intercepted whole]).
 void composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);

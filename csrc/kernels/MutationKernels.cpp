@@ -5,6 +5,7 @@
 #include "core/Conversions.h"
 
 #include <c10/core/ScalarType.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <algorithm>
 #include <c10/util/Exception.h>
@@ -126,17 +127,35 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* st
     });
   }
 
-  InnerCallGuard guard;
-  std::vector<c10::IValue> inner = args;
-  for (auto& v : inner) transform_tensors(v, sync_and_unwrap);
+  // A composite out= op under a TorchDispatchMode calls its functional variant on the wrappers, so
+  // that it decomposes above us (Note [Kernel: composites intercepted whole]); everything else
+  // calls it on the inner values.
+  const bool on_wrappers =
+      info.composite_whole && c10::impl::TorchDispatchModeTLS::any_modes_set();
   const auto& fschema = info.functional_op->schema();
   Stack fstack;
   fstack.reserve(info.functional_args.size());
-  for (size_t i = 0; i < info.functional_args.size(); ++i) {
-    fstack.push_back(
-        functional_arg(info.functional_args[i], fschema.arguments()[i], inner, first_out));
+  auto push_functional_args = [&](const std::vector<c10::IValue>& from) {
+    for (size_t i = 0; i < info.functional_args.size(); ++i) {
+      fstack.push_back(
+          functional_arg(info.functional_args[i], fschema.arguments()[i], from, first_out));
+    }
+  };
+  if (on_wrappers) {
+    {
+      PythonUnhiddenGuard unhidden;
+      push_functional_args(args);
+      info.functional_op->callBoxed(fstack);
+    }
+    for (auto& v : fstack) transform_tensors(v, sync_and_unwrap);
   }
-  info.functional_op->callBoxed(fstack);
+  InnerCallGuard guard;
+  if (!on_wrappers) {
+    std::vector<c10::IValue> inner = args;
+    for (auto& v : inner) transform_tensors(v, sync_and_unwrap);
+    push_functional_args(inner);
+    info.functional_op->callBoxed(fstack);
+  }
 
   // Pair every written argument with its new value; check all before changing anything.
   std::vector<std::pair<int, size_t>> writes;  // (argument index, functional return index)
