@@ -41,6 +41,12 @@ void AliasStorage::add_update(const at::Tensor& value, const ViewChain& chain) {
   ++generation_;
 }
 
+void AliasStorage::set_base_(const at::Tensor& value) {
+  TORCH_INTERNAL_ASSERT(updates_.empty(), "set_base_ with queued updates");
+  base_ = value;
+  ++generation_;
+}
+
 bool AliasStorage::apply_updates() {
   if (updates_.empty()) return false;
   InnerCallGuard guard;

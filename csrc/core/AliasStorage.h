@@ -27,6 +27,10 @@ class AliasStorage : public c10::StorageImpl {
 
   /// Queues "the view reached through `chain` now holds `value`".
   void add_update(const at::Tensor& value, const ViewChain& chain);
+  /// "The base itself now holds `value`", applied at once. Only when nothing is queued (the
+  /// caller is up to date), so no earlier update can be lost. Bumps the generation.
+  void set_base_(const at::Tensor& value);
+  bool has_pending_updates() const { return !updates_.empty(); }
   /// Folds queued updates into the base (inverse chains, last step first). Returns whether
   /// anything was applied. Runs its ops under an InnerCallGuard.
   bool apply_updates();

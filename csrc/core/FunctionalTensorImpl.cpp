@@ -93,7 +93,16 @@ void FunctionalTensorImpl::replace_(const at::Tensor& new_value) {
 }
 
 void FunctionalTensorImpl::commit_update_() {
-  alias_storage().add_update(value_, chain_);
+  auto& storage = alias_storage();
+  if (chain_.empty() && !storage.has_pending_updates() && is_up_to_date()) {
+    // The base itself was written and nothing else is pending: there is no inverse to run and
+    // nothing to replay, so the new value becomes the base directly and this wrapper stays up to
+    // date (its next sync_ is free). Views of it see the new generation and regenerate.
+    storage.set_base_(value_);
+    generation_ = storage.generation();
+    return;
+  }
+  storage.add_update(value_, chain_);
 }
 
 void FunctionalTensorImpl::mutate_view_meta_(std::shared_ptr<const ViewMeta> step,

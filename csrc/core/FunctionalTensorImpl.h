@@ -46,7 +46,8 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   /// A mutation produced `new_value` for this wrapper: adopt it (cast back to this wrapper's
   /// dtype if the functional op promoted it). Follow with commit_update_().
   void replace_(const at::Tensor& new_value);
-  /// Queues this wrapper's value on the storage so the base and the other aliases see it.
+  /// Queues this wrapper's value on the storage so the base and the other aliases see it (or,
+  /// for an up-to-date base wrapper, makes it the storage's base at once).
   void commit_update_();
   /// An in-place view op (t_, squeeze_, ...): extend the chain with `step`, replay it on the
   /// value, and remember `mutation` for the input epilogue.
