@@ -2,6 +2,8 @@
 // See Note [Schema: functional variants].
 #include "core/OpSchemaInfo.h"
 
+#include <algorithm>
+
 #include "core/ViewInverses.h"
 
 #include <ATen/core/enum_tag.h>
@@ -298,6 +300,18 @@ void index_functional_candidate(const c10::OperatorHandle& op) {
   auto& table = candidates();
   std::lock_guard<std::mutex> lock(table.mutex);
   table.by_signature[sig].push_back(op);
+}
+
+void forget_functional_candidate(const c10::OperatorName& name) {
+  auto& table = candidates();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  for (auto& [sig, ops] : table.by_signature) {
+    ops.erase(std::remove_if(ops.begin(), ops.end(),
+                             [&](const c10::OperatorHandle& op) {
+                               return op.operator_name() == name;
+                             }),
+              ops.end());
+  }
 }
 
 OpInfo classify(const c10::OperatorHandle& op) {

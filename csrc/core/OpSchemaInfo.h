@@ -65,6 +65,10 @@ OpInfo classify(const c10::OperatorHandle& op);
 /// before classifying mutable ones; later ops (custom ops) may be added at any time.
 void index_functional_candidate(const c10::OperatorHandle& op);
 
+/// Removes a deregistered op from the candidate table (its name may be defined again with another
+/// schema, and the handle would then carry the new one under the old signature).
+void forget_functional_candidate(const c10::OperatorName& name);
+
 /// Like classify() for a mutable op, with its functional variant given (a functional companion
 /// of a custom op: same arguments without alias annotations, returns as normalized_signature).
 OpInfo classify_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional);

@@ -68,10 +68,12 @@ c10::Argument without_alias(const c10::Argument& a) {
                        std::nullopt);
 }
 
-c10::FunctionSchema companion_schema(const c10::FunctionSchema& s) {
+// version > 1: the op was redefined with another schema; the companion gets a new name.
+c10::FunctionSchema companion_schema(const c10::FunctionSchema& s, int version) {
   std::string name = s.name();
   const auto sep = name.find("::");
   name = "tfz_functional::" + name.substr(0, sep) + "__" + name.substr(sep + 2);
+  if (version > 1) name += "__v" + std::to_string(version);
   std::vector<c10::Argument> args, returns;
   for (const auto& a : s.arguments()) args.push_back(without_alias(a));
   for (const auto& r : s.returns()) {
@@ -84,9 +86,15 @@ c10::FunctionSchema companion_schema(const c10::FunctionSchema& s) {
   return c10::FunctionSchema(name, s.overload_name(), std::move(args), std::move(returns));
 }
 
+struct Companion {
+  std::string original_schema;  // toString of the schema it was made for
+  c10::OperatorHandle op;
+  int version;
+};
+
 struct Companions {
   std::mutex mutex;
-  std::unordered_map<c10::OperatorName, c10::OperatorHandle> by_original;
+  std::unordered_map<c10::OperatorName, Companion> by_original;
   std::vector<c10::RegistrationHandleRAII> handles;
 };
 
@@ -99,13 +107,18 @@ Companions& companions() {
 
 std::optional<c10::OperatorHandle> functional_companion(const c10::OperatorHandle& op) {
   auto& c = companions();
+  const std::string original_schema = c10::toString(op.schema());
+  int version = 1;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
     auto it = c.by_original.find(op.operator_name());
-    if (it != c.by_original.end()) return it->second;
+    if (it != c.by_original.end()) {
+      if (it->second.original_schema == original_schema) return it->second.op;
+      version = it->second.version + 1;  // redefined with another schema (see Registration.cpp)
+    }
   }
   auto& d = c10::Dispatcher::singleton();
-  auto schema = companion_schema(op.schema());
+  auto schema = companion_schema(op.schema(), version);
   const c10::OperatorName name = schema.operator_name();
   std::vector<c10::RegistrationHandleRAII> handles;
   if (!d.findOp(name)) {
@@ -119,7 +132,8 @@ std::optional<c10::OperatorHandle> functional_companion(const c10::OperatorHandl
   TORCH_INTERNAL_ASSERT(handle.has_value(), "companion ", name, " was not registered");
   std::lock_guard<std::mutex> lock(c.mutex);
   for (auto& h : handles) c.handles.push_back(std::move(h));
-  return c.by_original.emplace(op.operator_name(), *handle).first->second;
+  c.by_original.insert_or_assign(op.operator_name(), Companion{original_schema, *handle, version});
+  return *handle;
 }
 
 OpInfo classify_for_kernel(const c10::OperatorHandle& op) {

@@ -58,7 +58,13 @@ void ensure_registered();
 /// (Note [Kernel: custom mutable ops]). What the kernel uses.
 OpInfo classify_for_kernel(const c10::OperatorHandle& op);
 
-/// The functional companion of a custom mutable op, registered on first request.
+/// Bumped whenever an operator's schema is deregistered (a torch.library Library destroyed): the
+/// name may come back with another schema, so cached classifications are redone. See Note
+/// [Kernel: registration].
+uint64_t schema_epoch();
+
+/// The functional companion of a custom mutable op, registered on first request (again, under a
+/// new name, if the op was redefined with another schema).
 std::optional<c10::OperatorHandle> functional_companion(const c10::OperatorHandle& op);
 
 /// Registers pending operators, then classifies the named one (for tests and diagnostics).

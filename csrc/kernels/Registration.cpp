@@ -32,6 +32,13 @@ namespace tfz::detail {
 // only queues names, and ensure_registered() (run on every layer entry) drains the queue.
 // Each registration is kept for the life of the process (handles deliberately leaked: releasing
 // them during static destruction would race with the dispatcher's own teardown).
+// A custom op's schema can go away (its torch.library Library is destroyed) while our kernel stays
+// registered, and its name can be defined again with another schema. Every classification is
+// therefore tagged with schema_epoch(), which the listener bumps on each deregistration: a kernel
+// whose tag is old classifies again on its next call (a process that never deregisters pays one
+// relaxed atomic load per op), and drain() drops the old op from the candidate table. Redefining
+// an op while another thread is calling it is not supported (as in torch itself).
+// Before this, a redefined op ran with the old schema's plan (argument indices) and crashed.
 
 namespace {
 
@@ -41,29 +48,33 @@ class OpKernel final : public c10::OperatorKernel {
                   torch::jit::Stack* stack) {
     // Double-checked rather than std::call_once: libstdc++'s call_once writes two thread_locals
     // and calls pthread_once on every call, which showed up per op under callgrind.
-    if (!ready_.load(std::memory_order_acquire)) classify_once(op);
+    if (classified_at_.load(std::memory_order_acquire) != schema_epoch() + 1) classify(op);
     run_boxed_kernel(info_, op, stack);
   }
 
  private:
-  void classify_once(const c10::OperatorHandle& op) {
+  void classify(const c10::OperatorHandle& op) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (ready_.load(std::memory_order_relaxed)) return;
+    const uint64_t epoch = schema_epoch();
+    if (classified_at_.load(std::memory_order_relaxed) == epoch + 1) return;
     info_ = classify_for_kernel(op);
-    ready_.store(true, std::memory_order_release);
+    classified_at_.store(epoch + 1, std::memory_order_release);
   }
 
-  std::atomic<bool> ready_{false};
+  std::atomic<uint64_t> classified_at_{0};  // schema_epoch() + 1 when info_ was computed; 0: never
   std::mutex mutex_;
   OpInfo info_;
 };
+
+std::atomic<uint64_t> g_schema_epoch{0};
 
 struct Registry {
   std::mutex mutex;
   std::vector<c10::OperatorName> pending;  // filled by the listener, drained by drain()
   std::unordered_set<c10::OperatorName> registered;
   std::vector<c10::RegistrationHandleRAII> handles;
-  std::unordered_map<c10::OperatorName, OpInfo> fallback_infos;
+  std::vector<c10::OperatorName> deregistered;  // filled by the listener, drained by drain()
+  std::unordered_map<c10::OperatorName, std::pair<uint64_t, OpInfo>> fallback_infos;  // epoch, info
 };
 
 Registry& registry() {
@@ -78,7 +89,12 @@ class Listener final : public c10::OpRegistrationListener {
     std::lock_guard<std::mutex> lock(r.mutex);
     r.pending.push_back(op.operator_name());
   }
-  void onOperatorDeregistered(const c10::OperatorHandle& /*op*/) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle& op) override {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.deregistered.push_back(op.operator_name());
+    g_schema_epoch.fetch_add(1, std::memory_order_acq_rel);
+  }
 };
 
 // The fallback serves operators not (yet) registered per op, e.g. a custom op called before the
@@ -86,16 +102,21 @@ class Listener final : public c10::OpRegistrationListener {
 void fallback_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/,
                      torch::jit::Stack* stack) {
   auto& r = registry();
+  const uint64_t epoch = schema_epoch();
   const OpInfo* info = nullptr;
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     auto it = r.fallback_infos.find(op.operator_name());
-    if (it != r.fallback_infos.end()) info = &it->second;  // map nodes are stable
+    if (it != r.fallback_infos.end() && it->second.first == epoch) {
+      info = &it->second.second;  // map nodes are stable
+    }
   }
   if (info == nullptr) {
     OpInfo computed = classify_for_kernel(op);  // outside our lock, like every dispatcher call
     std::lock_guard<std::mutex> lock(r.mutex);
-    info = &r.fallback_infos.emplace(op.operator_name(), std::move(computed)).first->second;
+    auto& slot = r.fallback_infos[op.operator_name()];
+    slot = {epoch, std::move(computed)};
+    info = &slot.second;
   }
   run_boxed_kernel(*info, op, stack);
 }
@@ -130,12 +151,14 @@ void register_fallbacks_and_listener() {
 
 void drain() {
   auto& r = registry();
-  std::vector<c10::OperatorName> names;
+  std::vector<c10::OperatorName> names, gone;
   {
     std::lock_guard<std::mutex> lock(r.mutex);
-    if (r.pending.empty()) return;
+    if (r.pending.empty() && r.deregistered.empty()) return;
     names.swap(r.pending);
+    gone.swap(r.deregistered);
   }
+  for (const auto& name : gone) forget_functional_candidate(name);
   auto& d = c10::Dispatcher::singleton();
   std::vector<c10::OperatorHandle> ops;
   for (const auto& name : names) {
@@ -173,6 +196,10 @@ void drain() {
 }
 
 }  // namespace
+
+uint64_t schema_epoch() {
+  return g_schema_epoch.load(std::memory_order_acquire);
+}
 
 void ensure_registered() {
   static std::once_flag once;

@@ -136,3 +136,62 @@ def test_custom_op_returning_an_alias_is_refused():
     x = torch.randn(2, 2)
     with pytest.raises(NotImplementedError, match=r"tfz_test_custom_alias::view_of.*alias"):
         tfz.functionalize(lambda t: torch.ops.tfz_test_custom_alias.view_of(t) + 1)(x)
+
+
+_REDEFINE_SCRIPT = r"""
+import gc, torch
+from torch_functionalize import functionalize
+
+# One op name, defined four times with different schemas (each Library destroyed before the
+# next): kernels cached for the old schema must not be reused.
+def add1(x):
+    x.add_(1)
+
+def add12(x, y):
+    x.add_(1)
+    y.add_(2)
+
+def scale(x, k):
+    x.mul_(k)
+
+schemas = [
+    ("bump(Tensor(a!) x) -> ()", add1),
+    ("bump(Tensor(a!) x, Tensor(b!) y) -> ()", add12),
+    ("bump(Tensor x) -> Tensor", lambda x: x + 3),
+    ("bump(Tensor(a!) x, float k) -> ()", scale),
+]
+for schema, impl in schemas:
+    lib = torch.library.Library("tfz_redefine_test", "DEF")
+    lib.define(schema)
+    lib.impl("bump", impl, "CompositeExplicitAutograd")
+    op = torch.ops.tfz_redefine_test.bump
+    n = schema.count("Tensor") - schema.count("-> Tensor")
+
+    def f(x):
+        y, z = x.clone(), x.clone()
+        if "-> Tensor" in schema:
+            return op(y)
+        if "float" in schema:
+            op(y, 2.5)
+            return y
+        op(y, z) if n == 2 else op(y)
+        return y, z
+
+    x = torch.arange(3.0)
+    expected, actual = f(x.clone()), functionalize(f)(x.clone())
+    torch.testing.assert_close(actual, expected)
+    del lib, op
+    gc.collect()
+print("ok")
+"""
+
+
+def test_op_redefined_with_another_schema_uses_the_new_schema():
+    # A subprocess: the registrations are process-wide, and a regression here was a segfault.
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _REDEFINE_SCRIPT], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")
