@@ -91,7 +91,7 @@ LABELS = [
     ("tfz::detail::FunctionalTensorImpl::replace_(", "  replace_"),
     ("tfz::detail::FunctionalTensorImpl::commit_update_(", "  commit_update_"),
     ("tfz::detail::has_functional(", "  has_functional scans"),
-    ("check_same_layer(", "  check_same_layer scans"),
+    ("for_each_tensor<tfz::detail::run_boxed_kernel(", "  argument scan (one pass: ours? same layer?)"),
     ("tfz::detail::maybe_get_impl(", "  maybe_get_impl (all callers)"),
     ("__dynamic_cast", "    of which __dynamic_cast"),
     ("tfz::detail::InnerCallGuard::InnerCallGuard(", "  InnerCallGuard constructor (TLS write)"),
