@@ -359,6 +359,7 @@ OpInfo classify(const c10::OperatorHandle& op) {
     return info;
   }
   if (writes) {
+    info.foreach_inplace = name.rfind("aten::_foreach_", 0) == 0 && schema.returns().empty();
     plan_mutable(op, info);
     if (resize_like && info.kind == OpKind::Mutable) info.kind = OpKind::Resize;
     return info;

@@ -56,6 +56,10 @@ struct OpInfo {
   // A CompositeImplicitAutograd op we intercept whole instead of letting it decompose
   // (Note [Kernel: composites intercepted whole]).
   bool composite_whole = false;
+
+  // An in-place aten::_foreach_* op (returns nothing): applied one index at a time when its
+  // lists alias each other (Note [Kernel: _foreach_ ops on aliased lists]).
+  bool foreach_inplace = false;
 };
 
 /// Computes the OpInfo for `op` (slow: schema analysis and a table lookup; cache the result).

@@ -76,6 +76,9 @@ void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::
       c10::impl::TorchDispatchModeTLS::any_modes_set()) {
     return composite_kernel(op, stack);
   }
+  if (info.foreach_inplace && foreach_lists_alias(op, *stack)) {
+    return foreach_sequential_kernel(op, stack);
+  }
   switch (info.kind) {
     case OpKind::Functional:
       return functional_kernel(op, stack, *layer);

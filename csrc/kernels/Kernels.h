@@ -44,6 +44,11 @@ class PythonUnhiddenGuard {
 /// wrappers (under a TorchDispatchMode; see Note [Kernel: composites intercepted whole]).
 void composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+/// True if an in-place _foreach_ op's written elements alias another of its tensor arguments.
+bool foreach_lists_alias(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+/// Applies an in-place _foreach_ op one index at a time (single-element lists), in order.
+void foreach_sequential_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                    const Layer& layer);
 

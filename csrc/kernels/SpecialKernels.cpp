@@ -1,11 +1,14 @@
 // Ops with bespoke rules, each with its own Note: the hidden running-stat update of
-// aten::native_batch_norm, and resize_ / resize_as_, which change a tensor's storage.
+// aten::native_batch_norm, resize_ / resize_as_, which change a tensor's storage, and in-place
+// _foreach_ ops whose lists alias each other.
 #include "kernels/Kernels.h"
 
 #include "core/Conversions.h"
 
 #include <ATen/core/grad_mode.h>
 #include "core/ViewInverses.h"
+
+#include <algorithm>
 
 #include <ATen/Functions.h>
 #include <c10/util/Exception.h>
@@ -154,6 +157,108 @@ void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit
                       MetadataMutation{resize, {c10::IValue(size), args[2]}});
   torch::jit::drop(*stack, num_args);
   torch::jit::push(*stack, self);
+}
+
+// Note [Kernel: _foreach_ ops on aliased lists]
+// An in-place _foreach_ op's functional variant computes every element from the values before the
+// call. Eager's CPU kernel (the slow path, taken on CPU) loops over the elements instead, so in
+// _foreach_add_([x, y], [y, x]) the second element reads the x the first one already updated
+// (torch.func.functionalize gets this wrong). When some written element shares an alias storage
+// with a tensor argument at another position (or is itself another position of a list), the op
+// is applied one index at a time, in order: a single-element call per index (tensor lists and
+// scalar lists sliced, every other argument as given), each functionalized as usual. Aliasing is
+// judged by alias storage, so disjoint views of one base also take this path; they get the same
+// values, as a sequence of single-element foreach ops in the graph. The per-element scalars
+// tensor of _foreach_addcmul_/addcdiv_.Tensor is sliced too.
+// Rejected: always splitting (a graph with N ops where eager has one, and N times the dispatch
+// cost on the optimizer's hot path, for a case that only arises with aliased lists).
+
+namespace {
+
+const AliasStorage* alias_of(const at::Tensor& t) {
+  auto* impl = maybe_get_impl(t);
+  return impl != nullptr ? &impl->alias_storage() : nullptr;
+}
+
+}  // namespace
+
+bool foreach_lists_alias(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& args = op.schema().arguments();
+  const auto first = stack.end() - static_cast<std::ptrdiff_t>(args.size());
+  // (alias storage, argument, index) of every tensor argument; index -1 outside lists.
+  struct Use {
+    const AliasStorage* storage;
+    size_t arg;
+    int64_t index;
+    bool written;
+  };
+  std::vector<Use> uses;
+  // Lists of different lengths are an error the functional op reports in eager's words.
+  std::optional<size_t> length;
+  for (size_t j = 0; j < args.size(); ++j) {
+    const c10::IValue& v = *(first + static_cast<std::ptrdiff_t>(j));
+    if (!v.isList()) continue;
+    const size_t n = v.toListRef().size();
+    if (length && *length != n) return false;
+    length = n;
+  }
+  // One element has no order to respect (and a single-element call must not split again).
+  if (!length || *length < 2) return false;
+  for (size_t j = 0; j < args.size(); ++j) {
+    const bool written = args[j].alias_info() != nullptr && args[j].alias_info()->isWrite();
+    const c10::IValue& v = *(first + static_cast<std::ptrdiff_t>(j));
+    if (v.isTensorList()) {
+      int64_t i = 0;
+      for (const at::Tensor& t : v.toTensorList()) {
+        if (const auto* s = alias_of(t)) uses.push_back({s, j, i, written});
+        ++i;
+      }
+    } else if (v.isTensor()) {
+      if (const auto* s = alias_of(v.toTensor())) uses.push_back({s, j, -1, written});
+    }
+  }
+  for (const auto& w : uses) {
+    if (!w.written) continue;
+    for (const auto& u : uses) {
+      if (u.storage == w.storage && (u.index != w.index || u.index == -1) &&
+          !(u.arg == w.arg && u.index == w.index)) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+void foreach_sequential_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  std::vector<c10::IValue> call_args(stack->end() - static_cast<std::ptrdiff_t>(args.size()),
+                                     stack->end());
+  torch::jit::drop(*stack, args.size());
+  size_t n = 0;
+  for (const auto& v : call_args) {
+    if (v.isTensorList()) n = std::max(n, v.toTensorList().size());
+  }
+  for (size_t i = 0; i < n; ++i) {
+    torch::jit::Stack one;
+    one.reserve(call_args.size());
+    for (const auto& v : call_args) {
+      if (v.isTensorList()) {
+        one.emplace_back(c10::List<at::Tensor>({v.toTensorList().get(i)}));
+      } else if (v.isDoubleList() || v.isIntList() || v.isComplexDoubleList() ||
+                 (v.isList() && !v.toList().empty() && v.toList().get(0).isScalar())) {
+        auto list = v.toList();
+        c10::impl::GenericList elem(list.elementType());
+        elem.push_back(list.get(i));
+        one.emplace_back(std::move(elem));
+      } else if (v.isTensor() && args[&v - call_args.data()].name() == "scalars") {
+        // _foreach_addcmul_/addcdiv_.Tensor: one scalar per element, as a 1-D tensor.
+        one.emplace_back(v.toTensor().narrow(0, static_cast<int64_t>(i), 1));
+      } else {
+        one.push_back(v);
+      }
+    }
+    op.callBoxed(one);  // back through the dispatcher: each call is functionalized on its own
+  }
 }
 
 }  // namespace tfz::detail

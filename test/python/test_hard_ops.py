@@ -305,18 +305,51 @@ def test_foreach_graph_has_functional_foreach_ops_only(remove):
     assert ops.count("aten.copy_.default") == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: a _foreach_*_ whose later self element is an earlier element's operand "
-    "reads the pre-op value (eager CPU applies the elements in order; torch.func does the same)",
-)
-def test_foreach_inplace_element_used_as_operand_of_another(remove):
-    # _foreach_add_([x, y], [y, x]) in eager: x += y, then y += (updated) x.
-    def f(x, y):
-        torch._foreach_add_([x, y], [y, x])
-        return x, y
+# Lists that alias each other: eager's CPU kernel applies the elements in order, so a later
+# element reads what an earlier one wrote (Note [Kernel: _foreach_ ops on aliased lists]).
+_FOREACH_ALIASED = {
+    # x += y, then y += (updated) x
+    "operand_is_earlier_self": lambda x, y: torch._foreach_add_([x, y], [y, x]),
+    # the same tensor twice in self: written twice
+    "self_twice": lambda x, y: torch._foreach_mul_([x, y, x], 2.0),
+    # a view of an earlier element later in self
+    "self_view_of_earlier": lambda x, y: torch._foreach_add_([x, x[1:]], [y, y[1:]]),
+    # a tensor scalar sharing storage with a written element (eager refuses overlapping ones)
+    "tensor_scalar_of_self_base": lambda x, y: torch._foreach_mul_([x[:1], y], x[1]),
+    # per-element scalars tensor, with aliasing lists
+    "addcmul_scalars_tensor": lambda x, y: torch._foreach_addcmul_(
+        [x, y], [y, x], [x, y], torch.tensor([0.5, 2.0])),
+    "lerp_list": lambda x, y: torch._foreach_lerp_([x, y], [y, x], 0.25),
+    "scalar_list": lambda x, y: torch._foreach_add_([x, y, x], [1.0, 2.0, 3.0]) or
+    torch._foreach_sub_([y, x], [x, y]),
+}
 
-    assert_matches_eager(f, torch.randn(3), torch.randn(3), remove=remove)
+
+@pytest.mark.parametrize("name", sorted(_FOREACH_ALIASED))
+def test_foreach_inplace_on_aliased_lists_matches_eager(name, remove):
+    op = _FOREACH_ALIASED[name]
+
+    def on_inputs(x, y):
+        op(x, y)
+        return x + 0, y + 0
+
+    def on_intermediates(x, y):
+        a, b = x * 1, y * 1
+        op(a, b)
+        return a, b
+
+    assert_matches_eager(on_inputs, torch.randn(3), torch.randn(3), remove=remove)
+    assert_matches_eager(on_intermediates, torch.randn(3), torch.randn(3), remove=remove)
+
+
+def test_foreach_inplace_on_unaliased_lists_stays_one_op(remove):
+    # Splitting is only for aliased lists: the usual optimizer case keeps one foreach node.
+    def f(xs, ys):
+        torch._foreach_add_(xs, ys)
+        return xs[0] + 0
+
+    gm = trace(f, _three(), _three(), remove=remove)
+    assert call_targets(gm).count("aten._foreach_add.List") == 1
 
 
 # ---------------------------------------------------------------------------------------------
