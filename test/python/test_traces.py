@@ -12,33 +12,12 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_functionalize as tfz
+# The first four programs are also demo programs: one definition for both.
+from torch_functionalize._programs import clone_add as clone_then_add_
+from torch_functionalize._programs import input_mutated_through_view, view_of_mutated_intermediate
+from torch_functionalize._programs import slice_mutation as column_of_clone_mutated
 
 from reference import assert_functional_graph, assert_matches_eager, call_targets, trace
-
-
-def clone_then_add_(x):
-    y = x.clone()
-    y.add_(1)
-    return y
-
-
-def view_of_mutated_intermediate(x):
-    a = x + 1
-    b = a.view(-1)
-    a.add_(1)
-    return b
-
-
-def input_mutated_through_view(x):
-    y = x.view(-1)
-    y.add_(1)
-    return x
-
-
-def column_of_clone_mutated(x):
-    y = x.clone()
-    y[:, 1].add_(1)
-    return y
 
 
 def several_aliases_mutated_and_read(x):
