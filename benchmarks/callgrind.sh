@@ -90,7 +90,6 @@ LABELS = [
     ("tfz::detail::ViewMeta::inverse(", "  ViewMeta::inverse (scatter back)"),
     ("tfz::detail::FunctionalTensorImpl::replace_(", "  replace_"),
     ("tfz::detail::FunctionalTensorImpl::commit_update_(", "  commit_update_"),
-    ("tfz::detail::has_functional(", "  has_functional scans"),
     ("for_each_tensor<tfz::detail::run_boxed_kernel(", "  argument scan (one pass: ours? same layer?)"),
     ("tfz::detail::maybe_get_impl(", "  maybe_get_impl (all callers)"),
     ("__dynamic_cast", "    of which __dynamic_cast"),

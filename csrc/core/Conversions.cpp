@@ -3,12 +3,6 @@
 
 namespace tfz::detail {
 
-bool has_functional(const c10::IValue& v) {
-  bool found = false;
-  for_each_tensor(v, [&](const at::Tensor& t) { found |= maybe_get_impl(t) != nullptr; });
-  return found;
-}
-
 at::Tensor make_fresh_wrapper(const at::Tensor& value, int64_t layer_id) {
   return at::detail::make_tensor<FunctionalTensorImpl>(value, layer_id);
 }

@@ -68,9 +68,6 @@ void for_each_tensor(const c10::IValue& v, Fn&& fn) {
   }
 }
 
-/// True if any tensor in `v` is one of our wrappers.
-bool has_functional(const c10::IValue& v);
-
 /// A new base wrapper around plain `value` for layer `layer_id`.
 at::Tensor make_fresh_wrapper(const at::Tensor& value, int64_t layer_id);
 

@@ -9,6 +9,7 @@
 #include "core/ViewInverses.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include <ATen/Functions.h>
 #include <c10/util/Exception.h>
@@ -185,14 +186,6 @@ const AliasStorage* alias_of(const at::Tensor& t) {
 bool foreach_lists_alias(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   const auto& args = op.schema().arguments();
   const auto first = stack.end() - static_cast<std::ptrdiff_t>(args.size());
-  // (alias storage, argument, index) of every tensor argument; index -1 outside lists.
-  struct Use {
-    const AliasStorage* storage;
-    size_t arg;
-    int64_t index;
-    bool written;
-  };
-  std::vector<Use> uses;
   // Lists of different lengths are an error the functional op reports in eager's words.
   std::optional<size_t> length;
   for (size_t j = 0; j < args.size(); ++j) {
@@ -204,26 +197,35 @@ bool foreach_lists_alias(const c10::OperatorHandle& op, const torch::jit::Stack&
   }
   // One element has no order to respect (and a single-element call must not split again).
   if (!length || *length < 2) return false;
+  // Per alias storage: the list position it was first seen at (-1: a non-list argument), whether
+  // it is used at more than one position, and whether some use is written. One pass, so the
+  // optimizer's long lists cost O(n).
+  struct Seen {
+    int64_t position;
+    bool several = false;
+    bool written = false;
+  };
+  std::unordered_map<const AliasStorage*, Seen> seen;
+  seen.reserve(*length * args.size());
+  auto use = [&](const at::Tensor& t, int64_t position, bool written) {
+    const auto* storage = alias_of(t);
+    if (storage == nullptr) return false;
+    auto [it, fresh] = seen.try_emplace(storage, Seen{position});
+    Seen& s = it->second;
+    if (!fresh && (position == -1 || position != s.position)) s.several = true;
+    s.written |= written;
+    return s.several && s.written;
+  };
   for (size_t j = 0; j < args.size(); ++j) {
     const bool written = args[j].alias_info() != nullptr && args[j].alias_info()->isWrite();
     const c10::IValue& v = *(first + static_cast<std::ptrdiff_t>(j));
     if (v.isTensorList()) {
       int64_t i = 0;
       for (const at::Tensor& t : v.toTensorList()) {
-        if (const auto* s = alias_of(t)) uses.push_back({s, j, i, written});
-        ++i;
+        if (use(t, i++, written)) return true;
       }
-    } else if (v.isTensor()) {
-      if (const auto* s = alias_of(v.toTensor())) uses.push_back({s, j, -1, written});
-    }
-  }
-  for (const auto& w : uses) {
-    if (!w.written) continue;
-    for (const auto& u : uses) {
-      if (u.storage == w.storage && (u.index != w.index || u.index == -1) &&
-          !(u.arg == w.arg && u.index == w.index)) {
-        return true;
-      }
+    } else if (v.isTensor() && use(v.toTensor(), -1, written)) {
+      return true;
     }
   }
   return false;
@@ -244,8 +246,7 @@ void foreach_sequential_kernel(const c10::OperatorHandle& op, torch::jit::Stack*
     for (const auto& v : call_args) {
       if (v.isTensorList()) {
         one.emplace_back(c10::List<at::Tensor>({v.toTensorList().get(i)}));
-      } else if (v.isDoubleList() || v.isIntList() || v.isComplexDoubleList() ||
-                 (v.isList() && !v.toList().empty() && v.toList().get(0).isScalar())) {
+      } else if (v.isList()) {  // Scalar[]: one scalar per element
         auto list = v.toList();
         c10::impl::GenericList elem(list.elementType());
         elem.push_back(list.get(i));

@@ -28,24 +28,12 @@ def _params():
     return params
 
 
-# Known failures, kept visible (strict: they must fail until fixed) and listed in the issue note.
-# Empty since composite ops with raw fast paths (out= resize_output, max_pool1d, ctc_loss) are
-# intercepted whole (Note [Kernel: composites intercepted whole]); their cases stay in the subset
-# through opinfo_cases.REGRESSION_CASES.
-KNOWN_FAILURES: dict = {}
-
-
-def _mark_known(params):
-    return [
-        pytest.param(*p.values, id=p.id,
-                     marks=pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[p.id]))
-        if p.id in KNOWN_FAILURES else p
-        for p in params
-    ]
-
+# No known failures: a case that fails here is a finding (fix it, or mark it a strict xfail that
+# names the bug). Cases the full sweep once failed stay in the subset via
+# opinfo_cases.REGRESSION_CASES.
 
 SUBSET_TRIES = 4
-PARAMS = _mark_known(_params())
+PARAMS = _params()
 
 
 def test_subset_covers_every_placement():
