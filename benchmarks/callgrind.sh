@@ -3,7 +3,7 @@
 # Instruction counts are stable on shared, noisy machines, unlike wall time.
 #
 #   benchmarks/callgrind.sh                     # every case
-#   benchmarks/callgrind.sh add add_            # some of: add add_ view_mutate_read
+#   benchmarks/callgrind.sh add add_            # some of: add add_ mul_out view_mutate_read
 #                                               #          functionalize100
 #   ITERS=5000 benchmarks/callgrind.sh add      # more iterations (default 2000)
 #
@@ -31,7 +31,7 @@ if [ ! -x "$BIN" ]; then
 fi
 
 cases=("$@")
-[ ${#cases[@]} -eq 0 ] && cases=(add add_ view_mutate_read functionalize100)
+[ ${#cases[@]} -eq 0 ] && cases=(add add_ mul_out view_mutate_read functionalize100)
 mkdir -p "$OUT_DIR"
 
 # Ir collected between the client requests around the measured loop (the .1 dump).

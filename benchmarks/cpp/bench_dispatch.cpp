@@ -69,6 +69,11 @@ const std::vector<Case>& cases() {
          fx.tensors = {fx.input(at::ones({1})), fx.input(at::full({1}, 1e-6))};
          return [&fx] { fx.tensors[0].add_(fx.tensors[1]); };
        }},
+      {"mul_out", 1, "at::mul_out(out, a, b) on 1-element tensors (functional variant, write out)",
+       [](Fixture& fx, bool) -> Step {
+         fx.tensors = {fx.input(at::ones({1})), fx.input(at::ones({1})), fx.input(at::empty({1}))};
+         return [&fx] { at::mul_out(fx.tensors[2], fx.tensors[0], fx.tensors[1]); };
+       }},
       {"view_mutate_read", 3,
        "slice view of a 4-element base, add_ through it, then read the base (at::mul)",
        [](Fixture& fx, bool) -> Step {

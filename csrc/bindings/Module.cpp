@@ -50,6 +50,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_unwrap_output", &tfz::detail::unwrap_output, py::arg("out"), py::arg("originals"),
         py::arg("wrappers"), py::arg("alias_inputs"));
   m.def("_registered_op_count", &tfz::detail::registered_op_count);
+  m.def("_unboxed_listed_ops", &tfz::detail::unboxed_listed_ops);
+  m.def("_unboxed_registered_ops", &tfz::detail::unboxed_registered_ops);
   m.def("_classify", [](const std::string& name, const std::string& overload) {
     static const char* kinds[] = {"functional", "view", "inplace_view", "mutable", "unsupported"};
     auto info = tfz::detail::classify_by_name(name, overload);

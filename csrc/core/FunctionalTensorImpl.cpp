@@ -51,16 +51,41 @@ void FunctionalTensorImpl::set_value_(const at::Tensor& value) {
     return;
   }
   has_reference_metadata_ = false;
+  data_type_ = value.dtype();
+  const auto* inner = value.unsafeGetTensorImpl();
+  if (!inner->has_symbolic_sizes_strides() && !has_symbolic_sizes_strides_) {
+    copy_metadata_(*inner);
+    return;
+  }
   const bool allowed = allow_tensor_metadata_change();
   set_allow_tensor_metadata_change(true);
-  const auto* inner = value.unsafeGetTensorImpl();
   if (inner->has_symbolic_sizes_strides()) {
     set_sizes_and_strides(value.sym_sizes(), value.sym_strides(), value.sym_storage_offset());
   } else {
     set_sizes_and_strides(value.sizes(), value.strides(), value.storage_offset());
   }
-  data_type_ = value.dtype();
   set_allow_tensor_metadata_change(allowed);
+}
+
+// Note [Wrapper: metadata copied, not recomputed]
+// Every new wrapper and every write mirrors the inner value's sizes, strides and offset.
+// set_sizes_and_strides() would recompute numel and the six contiguity flags from them (a walk
+// over the dimensions per flag, ~175 instructions on a 1-d tensor, the largest part of making a
+// wrapper after the allocations); the inner TensorImpl already holds those answers for the same
+// sizes and strides, so they are copied through its public, policy-respecting getters (a
+// subclass with custom strides answers for itself). Symbolic shapes keep the recomputing path,
+// where the flags are symbolic expressions.
+void FunctionalTensorImpl::copy_metadata_(const c10::TensorImpl& inner) {
+  sizes_and_strides_.set_sizes(inner.sizes());
+  sizes_and_strides_.set_strides(inner.strides());
+  storage_offset_ = inner.storage_offset();
+  numel_ = inner.numel();
+  is_contiguous_ = inner.is_contiguous(at::MemoryFormat::Contiguous);
+  is_channels_last_contiguous_ = inner.is_contiguous(at::MemoryFormat::ChannelsLast);
+  is_channels_last_3d_contiguous_ = inner.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+  is_channels_last_ = inner.is_strides_like_channels_last();
+  is_channels_last_3d_ = inner.is_strides_like_channels_last_3d();
+  is_non_overlapping_and_dense_ = inner.is_non_overlapping_and_dense();
 }
 
 void FunctionalTensorImpl::set_reference_metadata_(const at::Tensor& reference) {

@@ -79,6 +79,7 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
  private:
   const char* tensorimpl_type_name() const override;
   void set_value_(const at::Tensor& value);  // value_ + mirrored metadata
+  void copy_metadata_(const c10::TensorImpl& inner);  // non-symbolic sizes/strides + flags
   void copy_fields_to_(FunctionalTensorImpl& dest) const;
 
   at::Tensor value_;

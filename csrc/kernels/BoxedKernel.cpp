@@ -24,28 +24,23 @@ void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id) {
   }
 }
 
-namespace {
-
-// A wrapper of another layer (or of none) reached the kernel: say why, then throw.
-[[noreturn]] void report_foreign_wrapper(const OpInfo& info, const FunctionalTensorImpl& impl,
-                                         const Layer* layer) {
+void report_foreign_wrapper(const std::string& op_name, const FunctionalTensorImpl& impl,
+                            const Layer* layer) {
   const Layer* suspended = suspended_layer();
   TORCH_CHECK_NOT_IMPLEMENTED(
       !functorch_transform_active() &&
           !(layer == nullptr && suspended != nullptr && impl.layer_id() == suspended->id),
-      "functionalize: ", info.name,
+      "functionalize: ", op_name,
       ": functional tensors were captured into an op the engine was already running, which "
       "is what a torch.func transform (grad, jacrev, ...) inside the functionalized function "
       "does; torch_functionalize does not compose with torch.func transforms yet. Use "
       "torch.func.functionalize for such programs.");
-  TORCH_CHECK(false, "functionalize: ", info.name,
+  TORCH_CHECK(false, "functionalize: ", op_name,
               ": got a functional tensor that escaped the functionalize call that made it "
               "(that call has finished, or this is another call). Return tensors from the "
               "function instead of storing them elsewhere; outputs are unwrapped for you.");
   TORCH_INTERNAL_ASSERT(false, "unreachable");
 }
-
-}  // namespace
 
 void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = op.schema().arguments().size();
@@ -59,7 +54,7 @@ void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::
       if (impl == nullptr) return;
       any_functional = true;
       if (layer == nullptr || impl->layer_id() != layer_id) {
-        report_foreign_wrapper(info, *impl, layer);
+        report_foreign_wrapper(info.name, *impl, layer);
       }
     });
   }

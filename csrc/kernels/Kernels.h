@@ -11,8 +11,23 @@
 
 namespace tfz::detail {
 
+class FunctionalTensorImpl;
+
 /// Entry point at every key we own: pass-through for plain arguments, else by OpInfo::kind.
 void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+/// A wrapper of another layer (or of none) reached op `op_name`'s kernel: throws the error that
+/// says why (a torch.func transform inside the function, or an escaped wrapper).
+[[noreturn]] void report_foreign_wrapper(const std::string& op_name,
+                                         const FunctionalTensorImpl& impl, const Layer* layer);
+
+/// The unboxed kernel of `op`, if it has one and its OpInfo is the plan that kernel implements;
+/// otherwise nullopt and the boxed kernel serves it. See Note [Kernel: unboxed fast path].
+std::optional<c10::KernelFunction> unboxed_functional_kernel(const c10::OperatorHandle& op);
+/// The ops listed for an unboxed kernel, as "name.overload" (for tests and diagnostics).
+std::vector<std::string> unboxed_listed_ops();
+/// The ops that got one (listed, registered, not CompositeImplicitAutograd, plan matched).
+std::vector<std::string> unboxed_registered_ops();
 
 // Handlers. Preconditions: some argument is a wrapper of `layer`.
 void functional_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Layer& layer);
@@ -22,6 +37,15 @@ void inplace_view_kernel(const OpInfo& info, const c10::OperatorHandle& op,
                          torch::jit::Stack* stack, const Layer& layer);
 void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                     const Layer& layer);
+
+// Pieces of mutable_kernel shared with the unboxed in-place/out= kernels.
+/// Eager's rules for writing `value` into `written` (Note [Kernel: eager errors of in-place ops]).
+void check_eager_rules(const std::string& op_name, const at::Tensor& written,
+                       const at::Tensor& value, bool resizes);
+/// `t`, passed as written argument `arg_name`, must be a wrapper without internal overlap.
+void check_writable(const std::string& op_name, const std::string& arg_name, const at::Tensor& t);
+/// The written wrapper now holds `value`: replace, commit to its alias storage, sync.
+void write_back(const at::Tensor& wrapper, const at::Tensor& value);
 
 void native_batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op,
                               torch::jit::Stack* stack, const Layer& layer);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 
 namespace tfz::detail {
 
@@ -44,16 +45,6 @@ void zip_written(const c10::IValue& target, const c10::IValue& new_value, Fn&& f
   for (size_t i = 0; i < olds.size(); ++i) fn(olds[i], news[i]);
 }
 
-void check_eager_rules(const OpInfo& info, const at::Tensor& written, const at::Tensor& value,
-                       bool resizes) {
-  TORCH_CHECK(resizes || written.sym_sizes() == value.sym_sizes(), "functionalize: ", info.name,
-              ": output with shape ", written.sym_sizes(),
-              " doesn't match the broadcast shape ", value.sym_sizes(),
-              " (an in-place op cannot change the shape of the tensor it writes to).");
-  TORCH_CHECK(c10::canCast(value.scalar_type(), written.scalar_type()), "functionalize: ",
-              info.name, ": result type ", value.scalar_type(),
-              " can't be cast to the desired output type ", written.scalar_type(), ".");
-}
 
 // Note [Kernel: internal overlap]
 // Writing to a tensor some of whose elements share memory (an expand, unfold with size > step,
@@ -64,7 +55,7 @@ void check_eager_rules(const OpInfo& info, const at::Tensor& written, const at::
 // everything the smaller ones reach. It is conservative for exotic interleavings (which eager
 // itself only handles as "too hard to tell").
 bool has_internal_overlap(const at::Tensor& t) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dimensions with size > 1
+  c10::SmallVector<std::pair<int64_t, int64_t>, 6> dims;  // (stride, size) of dims with size > 1
   for (int64_t d = 0; d < t.dim(); ++d) {
     if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
   }
@@ -98,6 +89,38 @@ c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg
 
 }  // namespace
 
+void check_eager_rules(const std::string& op_name, const at::Tensor& written,
+                       const at::Tensor& value, bool resizes) {
+  TORCH_CHECK(resizes || written.sym_sizes() == value.sym_sizes(), "functionalize: ", op_name,
+              ": output with shape ", written.sym_sizes(),
+              " doesn't match the broadcast shape ", value.sym_sizes(),
+              " (an in-place op cannot change the shape of the tensor it writes to).");
+  TORCH_CHECK(c10::canCast(value.scalar_type(), written.scalar_type()), "functionalize: ",
+              op_name, ": result type ", value.scalar_type(),
+              " can't be cast to the desired output type ", written.scalar_type(), ".");
+}
+
+void check_writable(const std::string& op_name, const std::string& arg_name,
+                    const at::Tensor& t) {
+  TORCH_CHECK(maybe_get_impl(t) != nullptr, "functionalize: ", op_name,
+              ": cannot write functional values into the plain tensor passed as '", arg_name,
+              "' (a tensor created outside the function, e.g. a global). Pass it to the "
+              "function as an input, or clone it inside the function first.");
+  TORCH_CHECK(t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || !has_internal_overlap(t),
+              "functionalize: ", op_name, ": the tensor passed as '", arg_name,
+              "' has internal overlap (more than one element refers to the same memory "
+              "location: sizes ", t.sizes(), ", strides ", t.strides(),
+              ", e.g. from expand, unfold with size > step or as_strided), so the result "
+              "of writing to it is not defined. Clone it before writing.");
+}
+
+void write_back(const at::Tensor& wrapper, const at::Tensor& value) {
+  auto* impl = unsafe_get_impl(wrapper);
+  impl->replace_(value);
+  impl->commit_update_();
+  impl->sync_();
+}
+
 void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                     const Layer& layer) {
   const auto& schema = op.schema();
@@ -112,17 +135,7 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* st
     const auto& a = schema.arguments()[j];
     if (a.alias_info() == nullptr || !a.alias_info()->isWrite()) continue;
     for_each_tensor(args[j], [&](const at::Tensor& t) {
-      TORCH_CHECK(maybe_get_impl(t) != nullptr, "functionalize: ", info.name,
-                  ": cannot write functional values into the plain tensor passed as '", a.name(),
-                  "' (a tensor created outside the function, e.g. a global). Pass it to the "
-                  "function as an input, or clone it inside the function first.");
-      TORCH_CHECK(t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-                      !has_internal_overlap(t),
-                  "functionalize: ", info.name, ": the tensor passed as '", a.name(),
-                  "' has internal overlap (more than one element refers to the same memory "
-                  "location: sizes ", t.sizes(), ", strides ", t.strides(),
-                  ", e.g. from expand, unfold with size > step or as_strided), so the result "
-                  "of writing to it is not defined. Clone it before writing.");
+      check_writable(info.name, a.name(), t);
       if (a.kwarg_only() && !first_out.defined()) first_out = t;
     });
   }
@@ -168,16 +181,11 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* st
   for (const auto& [arg, ret] : writes) {
     const bool resizes = schema.arguments()[arg].kwarg_only();
     zip_written(args[arg], fstack[ret], [&](const at::Tensor& w, const at::Tensor& v) {
-      check_eager_rules(info, w, v, resizes);
+      check_eager_rules(info.name, w, v, resizes);
     });
   }
   for (const auto& [arg, ret] : writes) {
-    zip_written(args[arg], fstack[ret], [&](const at::Tensor& w, const at::Tensor& v) {
-      auto* impl = unsafe_get_impl(w);
-      impl->replace_(v);
-      impl->commit_update_();
-      impl->sync_();
-    });
+    zip_written(args[arg], fstack[ret], write_back);
   }
 
   for (size_t i = 0; i < num_returns; ++i) {

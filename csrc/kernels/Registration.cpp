@@ -75,6 +75,7 @@ struct Registry {
   std::vector<c10::RegistrationHandleRAII> handles;
   std::vector<c10::OperatorName> deregistered;  // filled by the listener, drained by drain()
   std::unordered_map<c10::OperatorName, std::pair<uint64_t, OpInfo>> fallback_infos;  // epoch, info
+  std::vector<std::string> unboxed;  // ops registered with an unboxed kernel, "name.overload"
 };
 
 Registry& registry() {
@@ -181,18 +182,25 @@ void drain() {
     }
   }
   std::vector<c10::RegistrationHandleRAII> handles;
-  auto register_at = [&](const c10::OperatorHandle& op, c10::DispatchKey key) {
+  auto register_at = [&](const c10::OperatorHandle& op, c10::DispatchKey key,
+                         const std::optional<c10::KernelFunction>& unboxed) {
     handles.push_back(d.registerImpl(
         op.operator_name(), key,
-        c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>()), std::nullopt,
-        nullptr, "torch_functionalize per-op kernel"));
+        unboxed ? *unboxed
+                : c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>()),
+        std::nullopt, nullptr, "torch_functionalize per-op kernel"));
   };
+  std::vector<std::string> unboxed_names;
   for (const auto& op : fresh) {
-    for (auto key : kFallbackKeys) register_at(op, key);
-    if (!has_tensor_arguments(op.schema())) register_at(op, kFactoryKey);
+    // Frequent ops get an unboxed kernel (Note [Kernel: unboxed fast path]).
+    const auto unboxed = unboxed_functional_kernel(op);
+    if (unboxed) unboxed_names.push_back(toString(op.operator_name()));
+    for (auto key : kFallbackKeys) register_at(op, key, unboxed);
+    if (!has_tensor_arguments(op.schema())) register_at(op, kFactoryKey, std::nullopt);
   }
   std::lock_guard<std::mutex> lock(r.mutex);
   for (auto& h : handles) r.handles.push_back(std::move(h));
+  for (auto& n : unboxed_names) r.unboxed.push_back(std::move(n));
 }
 
 }  // namespace
@@ -212,6 +220,12 @@ OpInfo classify_by_name(const std::string& name, const std::string& overload) {
   auto op = c10::Dispatcher::singleton().findOp({name, overload});
   TORCH_CHECK(op.has_value(), "functionalize: no operator ", name, ".", overload);
   return classify_for_kernel(*op);
+}
+
+std::vector<std::string> unboxed_registered_ops() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.unboxed;
 }
 
 size_t registered_op_count() {

@@ -1,0 +1,330 @@
+// Unboxed kernels for the hottest functional ATen ops (pointwise math, reductions, matmuls, the
+// nn forward/backward ops of a training step). They do exactly what the boxed kernel does for a
+// Functional op, without boxing arguments into a stack. Which ops get one is decided at
+// registration (Registration.cpp) from the op's classification. See Note [Kernel: unboxed fast path].
+#include "kernels/Kernels.h"
+
+#include "core/Conversions.h"
+
+#include <ATen/Operators.h>
+
+#include <array>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+
+namespace tfz::detail {
+
+// Note [Kernel: unboxed fast path]
+// The boxed kernel serves every op, custom ops included, because it reads the arguments from an
+// IValue stack. That genericity has a price on every call: the dispatcher boxes the caller's
+// arguments into a heap-allocated stack for us, our redispatch on the inner tensors unboxes them
+// again for ATen's (unboxed) kernels, and the result makes the same trip back. Under callgrind
+// that is ~650 of the ~2840 instructions a functional `add` costs over plain dispatch, the
+// largest single item after the wrapper's own allocation (benchmarks/README.md).
+// So for a fixed list of frequent functional ops we register a kernel that takes the op's C++
+// signature directly (from the generated at::_ops::<op>::schema) and does, argument by argument,
+// what functional_kernel does over the stack:
+//   wrapper args:  check layer (else the escaped-wrapper error), sync, pass the inner value
+//   no wrapper:    pass-through under InnerCallGuard (functional ops never wrap plain inputs)
+//   results:       a result that *is* an argument's inner value returns that argument's wrapper,
+//                  any other defined result becomes a fresh base wrapper
+// Registration.cpp installs it only where the op's OpInfo says plain Functional: not a
+// composite taken whole, not lift/lift_fresh, not a _foreach_ op. Any other op, and any op not in
+// the list, keeps the boxed kernel, which stays the single source of truth for semantics; the
+// list only decides speed. The unboxed kernel is also reachable boxed (TorchScript, torch.ops):
+// the dispatcher then unboxes into it.
+// Only ops whose tensors are `Tensor` or `Tensor?` arguments qualify (a static_assert checks);
+// lists (cat, index.Tensor) stay boxed.
+// Rejected: generating a kernel per op from native_functions.yaml, as torch does. It needs a
+// code generator in our build tied to one torch version's yaml, for ops that are rare per call;
+// the boxed kernel already serves them. Rejected too: an unboxed kernel for in-place ops. Their
+// overhead is dominated by the functional variant's new buffer and the commit to the alias
+// storage, not by boxing, and they are already 0.08x torch.func's (benchmarks/results.md).
+
+namespace {
+
+template <class T>
+using Bare = std::remove_cv_t<std::remove_reference_t<T>>;
+
+template <class T>
+constexpr bool is_tensor_v = std::is_same_v<Bare<T>, at::Tensor>;
+template <class T>
+constexpr bool is_optional_tensor_v = std::is_same_v<Bare<T>, std::optional<at::Tensor>>;
+
+// Arguments that may hold tensors in forms the fast path does not unwrap.
+template <class T>
+constexpr bool is_unsupported_v =
+    std::is_same_v<Bare<T>, at::ITensorListRef> || std::is_same_v<Bare<T>, at::TensorList> ||
+    std::is_same_v<Bare<T>, c10::List<std::optional<at::Tensor>>> ||
+    std::is_same_v<Bare<T>, at::Tensor&>;
+
+// One call's view of its tensor arguments: the layer check, then unwrapping, remembering which
+// inner value came from which wrapper (for results that are an argument itself).
+template <size_t MaxTensors>
+class Call {
+ public:
+  explicit Call(Layer* layer) : layer_(layer) {}
+
+  void scan(const at::Tensor& t) {
+    auto* impl = maybe_get_impl(t);
+    if (impl == nullptr) return;
+    any_ = true;
+    if (foreign_ == nullptr && (layer_ == nullptr || impl->layer_id() != layer_->id)) {
+      foreign_ = impl;
+    }
+  }
+  void scan(const std::optional<at::Tensor>& t) {
+    if (t.has_value()) scan(*t);
+  }
+  template <class T, std::enable_if_t<!is_tensor_v<T> && !is_optional_tensor_v<T>, int> = 0>
+  void scan(const T& /*not a tensor*/) {}
+
+  bool any() const { return any_; }
+  const FunctionalTensorImpl* foreign() const { return foreign_; }
+
+  const at::Tensor& unwrap(const at::Tensor& t) {
+    auto* impl = maybe_get_impl(t);
+    if (impl == nullptr) return t;
+    impl->sync_();
+    seen_[count_++] = {impl->value().unsafeGetTensorImpl(), &t};
+    return impl->value();
+  }
+  std::optional<at::Tensor> unwrap(const std::optional<at::Tensor>& t) {
+    if (!t.has_value()) return t;
+    return unwrap(*t);
+  }
+  template <class T, std::enable_if_t<!is_tensor_v<T> && !is_optional_tensor_v<T>, int> = 0>
+  T&& unwrap(T&& x) {
+    return std::forward<T>(x);
+  }
+
+  at::Tensor wrap(at::Tensor&& out) const {
+    if (!out.defined()) return std::move(out);
+    for (size_t i = 0; i < count_; ++i) {
+      if (out.unsafeGetTensorImpl() == seen_[i].inner) return *seen_[i].wrapper;
+    }
+    return make_fresh_wrapper(out, layer_->id);
+  }
+  template <class... Ts>
+  std::tuple<Ts...> wrap(std::tuple<Ts...>&& outs) const {
+    return std::apply([&](auto&&... o) { return std::tuple<Ts...>(wrap(std::move(o))...); },
+                      std::move(outs));
+  }
+
+ private:
+  struct Seen {
+    const c10::TensorImpl* inner;
+    const at::Tensor* wrapper;
+  };
+  Layer* layer_;
+  bool any_ = false;
+  const FunctionalTensorImpl* foreign_ = nullptr;
+  std::array<Seen, MaxTensors> seen_{};
+  size_t count_ = 0;
+};
+
+template <class Op, class Sig = typename Op::schema>
+struct Unboxed;
+
+template <class Op, class Ret, class... Args>
+struct Unboxed<Op, Ret(Args...)> {
+  static_assert(!(is_unsupported_v<Args> || ...),
+                "the unboxed fast path only unwraps Tensor and Tensor? arguments");
+  static constexpr size_t kTensors =
+      ((is_tensor_v<Args> || is_optional_tensor_v<Args> ? 1 : 0) + ... + 0);
+  static_assert(kTensors > 0, "factories stay on the boxed kernel (their outputs are wrapped)");
+
+  static Ret call(c10::DispatchKeySet /*ks*/, Args... args) {
+    Call<kTensors> call(current_layer());
+    (call.scan(args), ...);
+    if (call.foreign() != nullptr) {
+      report_foreign_wrapper(std::string(Op::name) + "." + Op::overload_name, *call.foreign(),
+                             current_layer());
+    }
+    InnerCallGuard guard;
+    if (!call.any()) return Op::call(args...);
+    Ret out = Op::call(call.unwrap(args)...);
+    return call.wrap(std::move(out));
+  }
+
+  static c10::KernelFunction kernel() {
+    return c10::KernelFunction::makeFromUnboxedFunction(
+        TORCH_FN(Unboxed::call));
+  }
+};
+
+// In-place (`add_(Tensor(a!) self, ...)`, kOut = false) and out= (`mul.out(..., *, Tensor(a!)
+// out)`, kOut = true) ops whose functional variant FuncOp takes the same arguments minus `out`:
+// what mutable_kernel does for them, unboxed. Registration checks that the op's OpInfo has
+// exactly this plan.
+template <class MutOp, class FuncOp, bool kOut, class Sig = typename MutOp::schema>
+struct UnboxedMutable;
+
+template <class MutOp, class FuncOp, bool kOut, class... Args>
+struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
+  static constexpr size_t kArgs = sizeof...(Args);
+  static constexpr size_t kWritten = kOut ? kArgs - 1 : 0;
+  static constexpr size_t kFunctionalArgs = kOut ? kArgs - 1 : kArgs;
+  static_assert(std::is_same_v<std::tuple_element_t<kWritten, std::tuple<Args...>>, at::Tensor&>,
+                "the written argument must be Tensor(a!)");
+  static constexpr size_t kTensors =
+      ((is_tensor_v<Args> || is_optional_tensor_v<Args> ? 1 : 0) + ... + 0);
+
+  static const std::string& name() {
+    static const std::string n = std::string(MutOp::name) + "." + MutOp::overload_name;
+    return n;
+  }
+
+  template <class Refs, size_t... I>
+  static at::Tensor call_functional(Call<kTensors>& call, Refs& refs,
+                                    std::index_sequence<I...> /*functional args*/) {
+    return FuncOp::call(call.unwrap(std::get<I>(refs))...);
+  }
+
+  static at::Tensor& call(c10::DispatchKeySet /*ks*/, Args... args) {
+    auto refs = std::tie(args...);
+    at::Tensor& written = std::get<kWritten>(refs);
+    Call<kTensors> call(current_layer());
+    (call.scan(args), ...);
+    if (call.foreign() != nullptr) {
+      report_foreign_wrapper(name(), *call.foreign(), current_layer());
+    }
+    if (!call.any()) {
+      InnerCallGuard guard;
+      return MutOp::call(args...);
+    }
+    check_writable(name(), kOut ? "out" : "self", written);
+    InnerCallGuard guard;
+    at::Tensor value = call_functional(call, refs, std::make_index_sequence<kFunctionalArgs>());
+    check_eager_rules(name(), written, value, /*resizes=*/kOut);
+    write_back(written, value);
+    return written;
+  }
+
+  static c10::KernelFunction kernel() {
+    return c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(UnboxedMutable::call));
+  }
+
+  /// Does `info` (the op's classification) describe exactly what call() does?
+  static bool matches(const OpInfo& info) {
+    if (info.kind != OpKind::Mutable || info.composite_whole || info.foreach_inplace ||
+        info.is_out != kOut || !info.functional_op.has_value() ||
+        info.functional_op->operator_name() !=
+            c10::OperatorName(FuncOp::name, FuncOp::overload_name) ||
+        !info.mutated_args.empty() || info.return_aliases != std::vector<int>{int(kWritten)} ||
+        info.functional_args.size() != kFunctionalArgs) {
+      return false;
+    }
+    for (size_t i = 0; i < kFunctionalArgs; ++i) {
+      const auto& src = info.functional_args[i];
+      if (src.kind != ArgSource::FromMutableArg || src.index != static_cast<int>(i)) return false;
+    }
+    return true;
+  }
+};
+
+// The ops with an unboxed kernel. Order does not matter; a name that a torch version lacks is a
+// compile error, which is the point (the list is checked against the headers we build with).
+#define TFZ_UNBOXED_OPS(_)                                                                      \
+  /* pointwise binary */                                                                        \
+  _(add_Tensor) _(add_Scalar) _(sub_Tensor) _(sub_Scalar) _(rsub_Tensor) _(rsub_Scalar)         \
+  _(mul_Tensor) _(mul_Scalar) _(div_Tensor) _(div_Scalar) _(div_Tensor_mode)                    \
+  _(pow_Tensor_Tensor) _(pow_Tensor_Scalar) _(pow_Scalar) _(remainder_Tensor)                   \
+  _(remainder_Scalar) _(fmod_Tensor) _(maximum) _(minimum) _(atan2) _(eq_Tensor) _(eq_Scalar)   \
+  _(ne_Tensor) _(ne_Scalar) _(lt_Tensor) _(lt_Scalar) _(le_Tensor) _(le_Scalar) _(gt_Tensor)    \
+  _(gt_Scalar) _(ge_Tensor) _(ge_Scalar) _(logical_and) _(logical_or) _(bitwise_and_Tensor)     \
+  _(where_self) _(clamp) _(clamp_Tensor) _(clamp_min) _(clamp_max) _(lerp_Scalar)               \
+  _(lerp_Tensor) _(addcmul) _(addcdiv) _(masked_fill_Scalar) _(masked_fill_Tensor)              \
+  /* pointwise unary */                                                                         \
+  _(abs) _(neg) _(exp) _(exp2) _(log) _(log2) _(log1p) _(expm1) _(sqrt) _(rsqrt) _(reciprocal)  \
+  _(sin) _(cos) _(tan) _(tanh) _(sigmoid) _(erf) _(erfinv) _(floor) _(ceil) _(round) _(trunc)   \
+  _(sign) _(sgn) _(logical_not) _(isnan) _(nan_to_num)                                          \
+  /* activations and their backward */                                                          \
+  _(relu) _(gelu) _(silu) _(mish) _(hardtanh) _(leaky_relu) _(elu) _(softplus) _(hardswish)     \
+  _(hardsigmoid) _(gelu_backward) _(threshold_backward) _(sigmoid_backward) _(tanh_backward)    \
+  /* reductions */                                                                              \
+  _(sum) _(sum_dim_IntList) _(mean) _(mean_dim) _(prod) _(amax) _(amin) _(max) _(min)           \
+  _(max_dim) _(min_dim) _(argmax) _(argmin) _(var_correction) _(std_correction) _(cumsum)       \
+  _(all) _(any) _(all_dim) _(any_dim) _(linalg_vector_norm)                                     \
+  /* matmuls */                                                                                 \
+  _(mm) _(bmm) _(addmm) _(baddbmm) _(addmv) _(mv) _(dot)                                        \
+  /* nn */                                                                                      \
+  _(_softmax) _(_log_softmax) _(_softmax_backward_data) _(_log_softmax_backward_data)           \
+  _(native_layer_norm) _(native_layer_norm_backward) _(convolution) _(convolution_backward)     \
+  _(embedding) _(embedding_dense_backward) _(nll_loss_forward) _(nll_loss_backward)             \
+  _(mse_loss) _(index_select) _(gather) _(scatter_src)                                          \
+  /* copies */                                                                                  \
+  _(clone) _(_to_copy)
+
+// In-place and out= twins of functional ops above: (mutable op, its functional variant).
+#define TFZ_UNBOXED_INPLACE_OPS(_)                                                              \
+  _(add__Tensor, add_Tensor) _(add__Scalar, add_Scalar) _(sub__Tensor, sub_Tensor)              \
+  _(sub__Scalar, sub_Scalar) _(mul__Tensor, mul_Tensor) _(mul__Scalar, mul_Scalar)              \
+  _(div__Tensor, div_Tensor) _(div__Scalar, div_Scalar) _(pow__Scalar, pow_Tensor_Scalar)       \
+  _(clamp_, clamp) _(clamp_min_, clamp_min) _(clamp_max_, clamp_max) _(neg_, neg) _(exp_, exp)  \
+  _(sqrt_, sqrt) _(relu_, relu) _(sigmoid_, sigmoid) _(tanh_, tanh) _(addcmul_, addcmul)        \
+  _(addcdiv_, addcdiv) _(lerp__Scalar, lerp_Scalar) _(lerp__Tensor, lerp_Tensor)                \
+  _(masked_fill__Scalar, masked_fill_Scalar)
+#define TFZ_UNBOXED_OUT_OPS(_)                                                                  \
+  _(add_out, add_Tensor) _(sub_out, sub_Tensor) _(mul_out, mul_Tensor) _(div_out, div_Tensor)   \
+  _(neg_out, neg) _(exp_out, exp) _(sqrt_out, sqrt) _(tanh_out, tanh) _(sigmoid_out, sigmoid)   \
+  _(mm_out, mm) _(bmm_out, bmm) _(addmm_out, addmm) _(clamp_out, clamp)                         \
+  _(addcmul_out, addcmul) _(addcdiv_out, addcdiv) _(maximum_out, maximum)                       \
+  _(minimum_out, minimum) _(where_self_out, where_self)
+
+struct Entry {
+  c10::KernelFunction (*kernel)();
+  bool (*matches)(const OpInfo&);
+};
+
+bool is_plain_functional(const OpInfo& info) {
+  return info.kind == OpKind::Functional && info.has_tensor_args && !info.wraps_plain_input &&
+         !info.composite_whole && !info.foreach_inplace;
+}
+
+const std::unordered_map<c10::OperatorName, Entry>& unboxed_kernels() {
+  static const auto* table = [] {
+    auto* t = new std::unordered_map<c10::OperatorName, Entry>();
+#define TFZ_ADD(op)                                                              \
+  t->emplace(c10::OperatorName(at::_ops::op::name, at::_ops::op::overload_name), \
+             Entry{&Unboxed<at::_ops::op>::kernel, &is_plain_functional});
+#define TFZ_ADD_MUTABLE(op, functional, out)                                       \
+  t->emplace(c10::OperatorName(at::_ops::op::name, at::_ops::op::overload_name),   \
+             Entry{&UnboxedMutable<at::_ops::op, at::_ops::functional, out>::kernel, \
+                   &UnboxedMutable<at::_ops::op, at::_ops::functional, out>::matches});
+#define TFZ_ADD_INPLACE(op, functional) TFZ_ADD_MUTABLE(op, functional, false)
+#define TFZ_ADD_OUT(op, functional) TFZ_ADD_MUTABLE(op, functional, true)
+    TFZ_UNBOXED_OPS(TFZ_ADD)
+    TFZ_UNBOXED_INPLACE_OPS(TFZ_ADD_INPLACE)
+    TFZ_UNBOXED_OUT_OPS(TFZ_ADD_OUT)
+#undef TFZ_ADD_OUT
+#undef TFZ_ADD_INPLACE
+#undef TFZ_ADD_MUTABLE
+#undef TFZ_ADD
+    return t;
+  }();
+  return *table;
+}
+
+}  // namespace
+
+std::optional<c10::KernelFunction> unboxed_functional_kernel(const c10::OperatorHandle& op) {
+  const auto& table = unboxed_kernels();
+  auto it = table.find(op.operator_name());
+  if (it == table.end()) return std::nullopt;
+  if (!it->second.matches(classify_for_kernel(op))) return std::nullopt;
+  return it->second.kernel();
+}
+
+std::vector<std::string> unboxed_listed_ops() {
+  std::vector<std::string> names;
+  for (const auto& [name, entry] : unboxed_kernels()) {
+    names.push_back(name.overload_name.empty() ? name.name
+                                               : name.name + "." + name.overload_name);
+  }
+  return names;
+}
+
+}  // namespace tfz::detail
