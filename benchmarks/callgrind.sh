@@ -76,7 +76,13 @@ for line in sys.stdin:
     if m:
         rows[m.group(2)] = int(m.group(1).replace(",", ""))
 LABELS = [
-    ("tfz::detail::run_boxed_kernel(", "our kernel, all of it (run_boxed_kernel)"),
+    ("tfz::detail::run_boxed_kernel(", "our boxed kernel, all of it (run_boxed_kernel)"),
+    ("tfz::detail::(anonymous namespace)::Unboxed<", "our unboxed functional kernel, all of it"),
+    ("tfz::detail::(anonymous namespace)::UnboxedMutable<",
+     "our unboxed in-place / out= kernel, all of it"),
+    ("tfz::detail::write_back(", "  write_back (replace, commit, sync)"),
+    ("tfz::detail::FunctionalTensorImpl::copy_metadata_(", "  copy_metadata_ (mirror sizes, flags)"),
+    ("tfz::detail::make_fresh_wrapper(", "  make_fresh_wrapper (new output wrapper)"),
     ("c10::Dispatcher::callBoxed(*libtfz_core", "  the op itself, redispatched below our key"),
     ("tfz::detail::functional_kernel(", "  functional_kernel"),
     ("tfz::detail::mutable_kernel(", "  mutable_kernel (in-place / out=)"),

@@ -32,6 +32,33 @@ def test_pytree_inputs_and_outputs_keep_structure(remove):
     assert isinstance(out["out"][1], list) and out["out"][1][1] is None
 
 
+@pytest.mark.parametrize(
+    "make_out, out_type",
+    [
+        (lambda a, b: a, torch.Tensor),
+        (lambda a, b: (a, b), tuple),
+        (lambda a, b: [b, a, a], list),
+        (lambda a, b: torch.max(a.view(2, 2), dim=1), torch.return_types.max),
+        (lambda a, b: (a, [b]), tuple),
+        (lambda a, b: (a, 2), tuple),
+        (lambda a, b: (), tuple),
+    ],
+    ids=["tensor", "tuple", "list", "namedtuple", "nested", "non_tensor_leaf", "empty"],
+)
+def test_positional_tensor_calls_keep_output_structure(remove, make_out, out_type):
+    # Calls with positional tensors only skip pytree on the way in, and tensor / tuple / list
+    # results skip it on the way out; every other result shape still goes through pytree.
+    def f(x, y):
+        a = x.clone()
+        a.mul_(2)
+        y.add_(1)
+        return make_out(a, y)
+
+    out = assert_matches_eager(f, torch.randn(4), torch.randn(4), remove=remove)
+    assert type(out) is out_type
+    assert not any(tfz.is_functional(t) for t in _tensor_leaves(out))
+
+
 def test_kwargs_tensors_are_functionalized(remove):
     # Tensor keyword arguments are mutated and written back like positional ones.
     def f(x, *, y):
