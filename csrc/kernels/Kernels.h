@@ -23,7 +23,7 @@ void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::
 
 /// The unboxed kernel of `op`, if it has one and its OpInfo is the plan that kernel implements;
 /// otherwise nullopt and the boxed kernel serves it. See Note [Kernel: unboxed fast path].
-std::optional<c10::KernelFunction> unboxed_functional_kernel(const c10::OperatorHandle& op);
+std::optional<c10::KernelFunction> unboxed_kernel(const c10::OperatorHandle& op);
 /// The ops listed for an unboxed kernel, as "name.overload" (for tests and diagnostics).
 std::vector<std::string> unboxed_listed_ops();
 /// The ops that got one (listed, registered, not CompositeImplicitAutograd, plan matched).

@@ -193,7 +193,7 @@ void drain() {
   std::vector<std::string> unboxed_names;
   for (const auto& op : fresh) {
     // Frequent ops get an unboxed kernel (Note [Kernel: unboxed fast path]).
-    const auto unboxed = unboxed_functional_kernel(op);
+    const auto unboxed = unboxed_kernel(op);
     if (unboxed) unboxed_names.push_back(toString(op.operator_name()));
     for (auto key : kFallbackKeys) register_at(op, key, unboxed);
     if (!has_tensor_arguments(op.schema())) register_at(op, kFactoryKey, std::nullopt);

@@ -1,7 +1,7 @@
-// Unboxed kernels for the hottest functional ATen ops (pointwise math, reductions, matmuls, the
-// nn forward/backward ops of a training step). They do exactly what the boxed kernel does for a
-// Functional op, without boxing arguments into a stack. Which ops get one is decided at
-// registration (Registration.cpp) from the op's classification. See Note [Kernel: unboxed fast path].
+// Unboxed kernels for the most frequent ATen ops (pointwise math, reductions, matmuls, the nn
+// ops of a training step, and the in-place / out= twins of the pointwise ones). Each does what
+// the boxed kernel does for its op, without boxing arguments into a stack. Which ops get one is
+// decided at registration from the op's classification. See Note [Kernel: unboxed fast path].
 #include "kernels/Kernels.h"
 
 #include "core/Conversions.h"
@@ -21,27 +21,32 @@ namespace tfz::detail {
 // IValue stack. That genericity has a price on every call: the dispatcher boxes the caller's
 // arguments into a heap-allocated stack for us, our redispatch on the inner tensors unboxes them
 // again for ATen's (unboxed) kernels, and the result makes the same trip back. Under callgrind
-// that is ~650 of the ~2840 instructions a functional `add` costs over plain dispatch, the
-// largest single item after the wrapper's own allocation (benchmarks/README.md).
-// So for a fixed list of frequent functional ops we register a kernel that takes the op's C++
-// signature directly (from the generated at::_ops::<op>::schema) and does, argument by argument,
-// what functional_kernel does over the stack:
-//   wrapper args:  check layer (else the escaped-wrapper error), sync, pass the inner value
-//   no wrapper:    pass-through under InnerCallGuard (functional ops never wrap plain inputs)
-//   results:       a result that *is* an argument's inner value returns that argument's wrapper,
-//                  any other defined result becomes a fresh base wrapper
-// Registration.cpp installs it only where the op's OpInfo says plain Functional: not a
-// composite taken whole, not lift/lift_fresh, not a _foreach_ op. Any other op, and any op not in
-// the list, keeps the boxed kernel, which stays the single source of truth for semantics; the
-// list only decides speed. The unboxed kernel is also reachable boxed (TorchScript, torch.ops):
-// the dispatcher then unboxes into it.
-// Only ops whose tensors are `Tensor` or `Tensor?` arguments qualify (a static_assert checks);
-// lists (cat, index.Tensor) stay boxed.
+// that was ~650 of the ~2840 instructions a functional `add` cost over plain dispatch, and for
+// in-place / out= ops mutable_kernel's generic argument vectors and IValue walks cost ~1500 more
+// (benchmarks/README.md, "Where the per-op time goes").
+// So for a fixed list of frequent ops we register a kernel that takes the op's C++ signature
+// directly (from the generated at::_ops::<op>::schema) and does, argument by argument, what the
+// boxed kernel does over the stack:
+//   Functional (Unboxed):  wrapper args are checked for their layer (else the escaped-wrapper
+//       error), synced and passed as their inner value; a result that *is* an argument's inner
+//       value returns that argument's wrapper, any other defined result becomes a fresh base
+//       wrapper.
+//   In-place / out= (UnboxedMutable): the written argument must be a wrapper without internal
+//       overlap; the functional variant runs on the inner values; eager's shape and dtype rules
+//       are checked; the written wrapper gets the new value (write_back) and is returned.
+//   No wrapper among the arguments: the op runs as is under InnerCallGuard (pass-through).
+// Registration.cpp installs a listed op's unboxed kernel only where its OpInfo is exactly the
+// plan the kernel implements (`matches`): plain Functional (not a composite taken whole, not
+// lift/lift_fresh, not _foreach_), or Mutable with that functional variant, its arguments in the
+// same order, and one written argument returned. Everything else, and every op not listed, keeps
+// the boxed kernel, which stays the single source of truth for semantics: the list only decides
+// speed, and test_unboxed.py checks that every listed op did get its kernel. The unboxed kernel
+// is also reachable boxed (TorchScript, torch.ops): the dispatcher then unboxes into it.
+// Only `Tensor`, `Tensor?` and the one written `Tensor(a!)` argument are unwrapped (a
+// static_assert checks); ops with tensor lists (cat, index.Tensor) stay boxed.
 // Rejected: generating a kernel per op from native_functions.yaml, as torch does. It needs a
-// code generator in our build tied to one torch version's yaml, for ops that are rare per call;
-// the boxed kernel already serves them. Rejected too: an unboxed kernel for in-place ops. Their
-// overhead is dominated by the functional variant's new buffer and the commit to the alias
-// storage, not by boxing, and they are already 0.08x torch.func's (benchmarks/results.md).
+// code generator in our build tied to one torch version's yaml, for ~2500 ops most of which are
+// rare per call; the boxed kernel already serves them correctly.
 
 namespace {
 
@@ -310,7 +315,7 @@ const std::unordered_map<c10::OperatorName, Entry>& unboxed_kernels() {
 
 }  // namespace
 
-std::optional<c10::KernelFunction> unboxed_functional_kernel(const c10::OperatorHandle& op) {
+std::optional<c10::KernelFunction> unboxed_kernel(const c10::OperatorHandle& op) {
   const auto& table = unboxed_kernels();
   auto it = table.find(op.operator_name());
   if (it == table.end()) return std::nullopt;
