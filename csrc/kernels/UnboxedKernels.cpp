@@ -58,12 +58,13 @@ constexpr bool is_tensor_v = std::is_same_v<Bare<T>, at::Tensor>;
 template <class T>
 constexpr bool is_optional_tensor_v = std::is_same_v<Bare<T>, std::optional<at::Tensor>>;
 
-// Arguments that may hold tensors in forms the fast path does not unwrap.
+// Arguments of a functional op that hold tensors in forms Unboxed does not unwrap (tensor lists),
+// or that it must not (a written Tensor(a!), which a functional op cannot have).
 template <class T>
 constexpr bool is_unsupported_v =
     std::is_same_v<Bare<T>, at::ITensorListRef> || std::is_same_v<Bare<T>, at::TensorList> ||
     std::is_same_v<Bare<T>, c10::List<std::optional<at::Tensor>>> ||
-    std::is_same_v<Bare<T>, at::Tensor&>;
+    std::is_same_v<T, at::Tensor&>;
 
 // One call's view of its tensor arguments: the layer check, then unwrapping, remembering which
 // inner value came from which wrapper (for results that are an argument itself).
@@ -155,8 +156,7 @@ struct Unboxed<Op, Ret(Args...)> {
   }
 
   static c10::KernelFunction kernel() {
-    return c10::KernelFunction::makeFromUnboxedFunction(
-        TORCH_FN(Unboxed::call));
+    return c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(Unboxed::call));
   }
 };
 
@@ -176,6 +176,8 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
                 "the written argument must be Tensor(a!)");
   static constexpr size_t kTensors =
       ((is_tensor_v<Args> || is_optional_tensor_v<Args> ? 1 : 0) + ... + 0);
+  static_assert(((is_unsupported_v<Args> && !std::is_same_v<Args, at::Tensor&>) || ...) == false,
+                "the unboxed fast path only unwraps Tensor, Tensor? and the written Tensor(a!)");
 
   static const std::string& name() {
     static const std::string n = std::string(MutOp::name) + "." + MutOp::overload_name;
