@@ -9,6 +9,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <string_view>
+
 namespace tfz::detail {
 
 class FunctionalTensorImpl;
@@ -40,10 +42,10 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::ji
 
 // Pieces of mutable_kernel shared with the unboxed in-place/out= kernels.
 /// Eager's rules for writing `value` into `written` (Note [Kernel: eager errors of in-place ops]).
-void check_eager_rules(const std::string& op_name, const at::Tensor& written,
+void check_eager_rules(std::string_view op_name, const at::Tensor& written,
                        const at::Tensor& value, bool resizes);
 /// `t`, passed as written argument `arg_name`, must be a wrapper without internal overlap.
-void check_writable(const std::string& op_name, const std::string& arg_name, const at::Tensor& t);
+void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t);
 /// The written wrapper now holds `value`: replace, commit to its alias storage, sync.
 void write_back(const at::Tensor& wrapper, const at::Tensor& value);
 

@@ -45,7 +45,6 @@ void zip_written(const c10::IValue& target, const c10::IValue& new_value, Fn&& f
   for (size_t i = 0; i < olds.size(); ++i) fn(olds[i], news[i]);
 }
 
-
 // Note [Kernel: internal overlap]
 // Writing to a tensor some of whose elements share memory (an expand, unfold with size > step,
 // an overlapping as_strided) is refused by eager for stride-0 dimensions and unspecified
@@ -89,7 +88,7 @@ c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg
 
 }  // namespace
 
-void check_eager_rules(const std::string& op_name, const at::Tensor& written,
+void check_eager_rules(std::string_view op_name, const at::Tensor& written,
                        const at::Tensor& value, bool resizes) {
   TORCH_CHECK(resizes || written.sym_sizes() == value.sym_sizes(), "functionalize: ", op_name,
               ": output with shape ", written.sym_sizes(),
@@ -100,8 +99,7 @@ void check_eager_rules(const std::string& op_name, const at::Tensor& written,
               " can't be cast to the desired output type ", written.scalar_type(), ".");
 }
 
-void check_writable(const std::string& op_name, const std::string& arg_name,
-                    const at::Tensor& t) {
+void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t) {
   TORCH_CHECK(maybe_get_impl(t) != nullptr, "functionalize: ", op_name,
               ": cannot write functional values into the plain tensor passed as '", arg_name,
               "' (a tensor created outside the function, e.g. a global). Pass it to the "

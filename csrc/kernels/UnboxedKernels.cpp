@@ -9,6 +9,7 @@
 #include <ATen/Operators.h>
 
 #include <array>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
@@ -58,13 +59,11 @@ constexpr bool is_tensor_v = std::is_same_v<Bare<T>, at::Tensor>;
 template <class T>
 constexpr bool is_optional_tensor_v = std::is_same_v<Bare<T>, std::optional<at::Tensor>>;
 
-// Arguments of a functional op that hold tensors in forms Unboxed does not unwrap (tensor lists),
-// or that it must not (a written Tensor(a!), which a functional op cannot have).
+// Tensor lists: ops taking them stay on the boxed kernel (Call does not unwrap lists).
 template <class T>
-constexpr bool is_unsupported_v =
+constexpr bool is_tensor_list_v =
     std::is_same_v<Bare<T>, at::ITensorListRef> || std::is_same_v<Bare<T>, at::TensorList> ||
-    std::is_same_v<Bare<T>, c10::List<std::optional<at::Tensor>>> ||
-    std::is_same_v<T, at::Tensor&>;
+    std::is_same_v<Bare<T>, c10::List<std::optional<at::Tensor>>>;
 
 // One call's view of its tensor arguments: the layer check, then unwrapping, remembering which
 // inner value came from which wrapper (for results that are an argument itself).
@@ -136,8 +135,8 @@ struct Unboxed;
 
 template <class Op, class Ret, class... Args>
 struct Unboxed<Op, Ret(Args...)> {
-  static_assert(!(is_unsupported_v<Args> || ...),
-                "the unboxed fast path only unwraps Tensor and Tensor? arguments");
+  static_assert(!((is_tensor_list_v<Args> || std::is_same_v<Args, at::Tensor&>) || ...),
+                "Unboxed only unwraps Tensor and Tensor? arguments (a functional op writes none)");
   static constexpr size_t kTensors =
       ((is_tensor_v<Args> || is_optional_tensor_v<Args> ? 1 : 0) + ... + 0);
   static_assert(kTensors > 0, "factories stay on the boxed kernel (their outputs are wrapped)");
@@ -176,13 +175,16 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
                 "the written argument must be Tensor(a!)");
   static constexpr size_t kTensors =
       ((is_tensor_v<Args> || is_optional_tensor_v<Args> ? 1 : 0) + ... + 0);
-  static_assert(((is_unsupported_v<Args> && !std::is_same_v<Args, at::Tensor&>) || ...) == false,
-                "the unboxed fast path only unwraps Tensor, Tensor? and the written Tensor(a!)");
+  static_assert(!(is_tensor_list_v<Args> || ...),
+                "UnboxedMutable only unwraps Tensor, Tensor? and the written Tensor(a!)");
 
   static const std::string& name() {
     static const std::string n = std::string(MutOp::name) + "." + MutOp::overload_name;
     return n;
   }
+  // For messages: the written argument as the schema names it ("self" or "out" for every op
+  // listed; `matches` checks it at registration).
+  static constexpr std::string_view kWrittenName = kOut ? "out" : "self";
 
   template <class Refs, size_t... I>
   static at::Tensor call_functional(Call<kTensors>& call, Refs& refs,
@@ -202,7 +204,7 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
       InnerCallGuard guard;
       return MutOp::call(args...);
     }
-    check_writable(name(), kOut ? "out" : "self", written);
+    check_writable(name(), kWrittenName, written);
     InnerCallGuard guard;
     at::Tensor value = call_functional(call, refs, std::make_index_sequence<kFunctionalArgs>());
     check_eager_rules(name(), written, value, /*resizes=*/kOut);
@@ -215,8 +217,8 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
   }
 
   /// Does `info` (the op's classification) describe exactly what call() does?
-  static bool matches(const OpInfo& info) {
-    if (info.kind != OpKind::Mutable || info.composite_whole || info.foreach_inplace ||
+  static bool matches(const c10::OperatorHandle& op, const OpInfo& info) {
+    if (op.schema().arguments()[kWritten].name() != kWrittenName || info.kind != OpKind::Mutable || info.composite_whole || info.foreach_inplace ||
         info.is_out != kOut || !info.functional_op.has_value() ||
         info.functional_op->operator_name() !=
             c10::OperatorName(FuncOp::name, FuncOp::overload_name) ||
@@ -283,10 +285,10 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
 
 struct Entry {
   c10::KernelFunction (*kernel)();
-  bool (*matches)(const OpInfo&);
+  bool (*matches)(const c10::OperatorHandle&, const OpInfo&);
 };
 
-bool is_plain_functional(const OpInfo& info) {
+bool is_plain_functional(const c10::OperatorHandle& /*op*/, const OpInfo& info) {
   return info.kind == OpKind::Functional && info.has_tensor_args && !info.wraps_plain_input &&
          !info.composite_whole && !info.foreach_inplace;
 }
@@ -321,16 +323,13 @@ std::optional<c10::KernelFunction> unboxed_kernel(const c10::OperatorHandle& op)
   const auto& table = unboxed_kernels();
   auto it = table.find(op.operator_name());
   if (it == table.end()) return std::nullopt;
-  if (!it->second.matches(classify_for_kernel(op))) return std::nullopt;
+  if (!it->second.matches(op, classify_for_kernel(op))) return std::nullopt;
   return it->second.kernel();
 }
 
 std::vector<std::string> unboxed_listed_ops() {
   std::vector<std::string> names;
-  for (const auto& [name, entry] : unboxed_kernels()) {
-    names.push_back(name.overload_name.empty() ? name.name
-                                               : name.name + "." + name.overload_name);
-  }
+  for (const auto& [name, entry] : unboxed_kernels()) names.push_back(toString(name));
   return names;
 }
 
