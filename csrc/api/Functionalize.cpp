@@ -2,10 +2,11 @@
 // the guard, and the wrapper helpers, composed from core/ and the kernels' registration.
 #include <torch_functionalize/functionalize.h>
 
+#include "api/Call.h"
 #include "core/Conversions.h"
 #include "core/Inputs.h"
 #include "core/Layer.h"
-#include "kernels/Kernels.h"
+#include "kernels/Registration.h"
 
 #include <c10/util/Exception.h>
 
@@ -68,17 +69,7 @@ bool has_metadata_mutation(const at::Tensor& t) {
   return get_impl(t)->has_metadata_mutation();
 }
 
-// Note [API: input epilogue]
-// After the call, each input gets exactly what eager would have done to it, in the caller's
-// dispatch state (so make_fx records it at the end of the graph):
-//   1. its in-place view ops (t_, transpose_, squeeze_, ...) replayed as called, which gives
-//      eager's sizes *and strides* in both remove modes (replaying value.sizes()/strides() with
-//      as_strided_, as torch.func does, gets the strides of a *_copy wrong);
-//   2. if its size changed otherwise (resize_), a resize_ to the new size;
-//   3. if any data was written to its storage (through it or any alias), one copy_ of the new
-//      value; inputs sharing a storage are written once (Note [Inputs: aliased inputs]).
-//      Inputs that were only viewed or whose metadata alone changed get no copy_.
-// The work is done by detail::write_back_inputs (core/Inputs.cpp).
+// See Note [API: input epilogue] (api/Call.cpp).
 void propagate_input_mutation(const at::Tensor& original, const at::Tensor& wrapper) {
   detail::write_back_inputs({original}, {wrapper});
 }
@@ -110,56 +101,36 @@ at::Tensor wrap_fresh(const at::Tensor& t) {
   return is_functional(t) ? t : to_functional(t);
 }
 
-namespace {
-
-// Runs `fn` on wrapped inputs inside a guard and syncs what it touched; after the guard is gone,
-// writes input mutations back and only then unwraps the result (so outputs can alias inputs,
-// Note [Inputs: outputs that alias inputs]). Shared by both functionalize overloads.
-c10::IValue run_functionalized(const std::vector<at::Tensor>& inputs, Remove remove,
-                               const std::function<c10::IValue(const std::vector<at::Tensor>&)>& fn) {
-  std::vector<at::Tensor> wrapped;
-  c10::IValue result;
-  {
-    FunctionalizeGuard guard(remove);
-    wrapped = to_functional(inputs);
-    result = fn(wrapped);
-    detail::for_each_tensor(result, [](const at::Tensor& t) { sync(t); });
-    for (const auto& w : wrapped) sync(w);
-  }
-  propagate_input_mutations(inputs, wrapped);
-  const bool alias_inputs = remove == Remove::Mutations;
-  detail::transform_tensors(result, [&](const at::Tensor& t) {
-    return detail::unwrap_output(t, inputs, wrapped, alias_inputs);
-  });
-  return result;
-}
-
-}  // namespace
-
 TensorFn functionalize(TensorFn fn, Remove remove) {
   return [fn = std::move(fn), remove](const std::vector<at::Tensor>& inputs) {
-    c10::IValue out = run_functionalized(inputs, remove, [&](const std::vector<at::Tensor>& args) {
-      return c10::IValue(c10::List<at::Tensor>(fn(args)));
-    });
-    return out.toTensorVector();
+    return detail::call_functionalized(inputs, remove, remove == Remove::Mutations, fn);
   };
 }
 
 IValueFn functionalize(IValueFn fn, Remove remove) {
   return [fn = std::move(fn), remove](const std::vector<c10::IValue>& inputs) {
-    // The tensors of the inputs, in walk order, are wrapped as one batch (aliases grouped).
+    // The tensors of the inputs, in walk order, are wrapped as one batch (aliases grouped); the
+    // result's tensors, in walk order, are what the call unwraps.
     std::vector<at::Tensor> tensors;
     for (const auto& v : inputs) {
       detail::for_each_tensor(v, [&](const at::Tensor& t) { tensors.push_back(t); });
     }
-    return run_functionalized(tensors, remove, [&](const std::vector<at::Tensor>& wrapped) {
-      std::vector<c10::IValue> args = inputs;
-      size_t next = 0;
-      for (auto& v : args) {
-        detail::transform_tensors(v, [&](const at::Tensor&) { return wrapped[next++]; });
-      }
-      return fn(args);
-    });
+    c10::IValue result;
+    auto outputs = detail::call_functionalized(
+        tensors, remove, remove == Remove::Mutations, [&](const std::vector<at::Tensor>& wrapped) {
+          std::vector<c10::IValue> args = inputs;
+          size_t next = 0;
+          for (auto& v : args) {
+            detail::transform_tensors(v, [&](const at::Tensor&) { return wrapped[next++]; });
+          }
+          result = fn(args);
+          std::vector<at::Tensor> flat;
+          detail::for_each_tensor(result, [&](const at::Tensor& t) { flat.push_back(t); });
+          return flat;
+        });
+    size_t next = 0;
+    detail::transform_tensors(result, [&](const at::Tensor&) { return outputs[next++]; });
+    return result;
   };
 }
 

@@ -2,8 +2,8 @@
 #include "core/Inputs.h"
 
 #include "core/Conversions.h"
-#include "core/ViewInverses.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
 #include <c10/util/Exception.h>
 
@@ -35,12 +35,8 @@ struct Span {
 };
 
 Span span_of(const at::Tensor& t) {
-  int64_t end = t.storage_offset() + 1;
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) == 0) return {t.storage_offset(), t.storage_offset()};
-    end += (t.size(d) - 1) * t.stride(d);
-  }
-  return {t.storage_offset(), end};
+  const auto extent = at::detail::computeStorageNbytes(t.sizes(), t.strides(), 1);
+  return {t.storage_offset(), t.storage_offset() + static_cast<int64_t>(extent)};
 }
 
 bool can_group(const std::vector<at::Tensor>& members) {
@@ -54,9 +50,6 @@ bool can_group(const std::vector<at::Tensor>& members) {
 }
 
 std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const Layer& layer) {
-  auto& d = c10::Dispatcher::singleton();
-  static const auto as_strided = d.findSchemaOrThrow("aten::as_strided", "");
-  static const auto as_strided_copy = d.findOp({"aten::as_strided_copy", ""});
   const at::Tensor& first = members[0];
   const int64_t numel = static_cast<int64_t>(first.storage().nbytes() / first.itemsize());
   at::Tensor base_value;
@@ -68,11 +61,8 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
   const at::Tensor base = make_fresh_wrapper(base_value, layer.id);
   std::vector<at::Tensor> wrapped;
   for (const auto& m : members) {
-    std::vector<c10::IValue> args{c10::IValue(m.sym_sizes()), c10::IValue(m.sym_strides()),
-                                  c10::IValue(m.sym_storage_offset())};
-    auto step = std::make_shared<const ViewMeta>(as_strided, as_strided_copy, std::move(args), -1,
-                                                 layer.reapply_views,
-                                                 find_inverse(as_strided.operator_name()));
+    auto step = ViewMeta::as_strided(m.sym_sizes(), m.sym_strides(), m.sym_storage_offset(),
+                                     layer.reapply_views);
     at::Tensor value;
     {
       InnerCallGuard guard;

@@ -1,14 +1,13 @@
 // Schema analysis: op classification and the mutable -> functional pairing.
-// See Note [Schema: functional variants].
+// See Note [Schema: functional variants] and Note [Schema: argument plan].
 #include "core/OpSchemaInfo.h"
-
-#include <algorithm>
 
 #include "core/ViewInverses.h"
 
 #include <ATen/core/enum_tag.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -34,15 +33,55 @@ namespace tfz::detail {
 // Rejected: a hand-written or codegen'd table. It goes stale with every torch release and
 // cannot know custom ops; a test (test_schema_pairs.py) compares our pairs with torchgen's.
 
-namespace {
+// Note [Schema: argument plan]
+// A mutable op runs as its functional variant; OpInfo says how, once per operator, for every
+// kernel that runs mutable ops (the boxed mutable_kernel and the unboxed in-place/out= kernels,
+// which only install themselves where this plan is the one they implement):
+//   functional_args  per functional-variant argument, where its value comes from: the mutable
+//                    argument of the same name (never an out= argument, except for the functional
+//                    companions of custom ops, which keep them), the schema default, or, for the
+//                    TensorOptions of factory out= ops, the first out= tensor's dtype/layout/device;
+//   written          per written argument, the functional return holding its new value: the
+//                    returns the mutable op itself has come first, in order, then the appended
+//                    ones (appended_written_args); out= arguments may change shape (resized, as in
+//                    eager), others must keep it;
+//   return_aliases   per mutable-op return, the written argument it is (returned as the caller's
+//                    wrapper), or -1 for a fresh value.
+// Rejected: each kernel reading the schema itself (what the boxed and unboxed kernels used to do):
+// two readings of one rule drift apart, and the unboxed kernels could not prove they match.
 
-bool is_write(const c10::Argument& a) {
+const char* to_string(OpKind kind) {
+  switch (kind) {
+    case OpKind::Functional:
+      return "functional";
+    case OpKind::View:
+      return "view";
+    case OpKind::InplaceView:
+      return "inplace_view";
+    case OpKind::Mutable:
+      return "mutable";
+    case OpKind::Unsupported:
+      return "unsupported";
+  }
+  return "?";
+}
+
+bool is_written(const c10::Argument& a) {
   return a.alias_info() != nullptr && a.alias_info()->isWrite();
 }
 
-std::string full_name(const c10::OperatorName& n) {
-  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+bool is_out_argument(const c10::Argument& a) {
+  return a.kwarg_only() && is_written(a);
 }
+
+bool has_tensor_arguments(const c10::FunctionSchema& schema) {
+  for (const auto& a : schema.arguments()) {
+    if (a.type()->str().find("Tensor") != std::string::npos) return true;
+  }
+  return false;
+}
+
+namespace {
 
 // "aten::add_" -> "aten::add"; "aten::__iand__" -> "aten::__and__";
 // "aten::normal_functional" -> "aten::normal".
@@ -78,12 +117,8 @@ int tensor_options_start(const std::vector<c10::Argument>& args) {
   return -1;
 }
 
-bool is_out_arg(const c10::Argument& a) {
-  return a.kwarg_only() && is_write(a);
-}
-
 // Written arguments not already returned, in torchgen's order (self, out=, other positional).
-std::vector<int> appended_mutated_args_impl(const c10::FunctionSchema& s) {
+std::vector<int> appended_written_args_impl(const c10::FunctionSchema& s) {
   const auto& args = s.arguments();
   const auto& rets = s.returns();
   auto returned = [&](const c10::Argument& a) {
@@ -102,14 +137,14 @@ std::vector<int> appended_mutated_args_impl(const c10::FunctionSchema& s) {
   std::vector<int> order;
   if (self_ix >= 0) order.push_back(self_ix);
   for (size_t i = 0; i < args.size(); ++i) {
-    if (is_out_arg(args[i])) order.push_back(static_cast<int>(i));
+    if (is_out_argument(args[i])) order.push_back(static_cast<int>(i));
   }
   for (size_t i = self_ix + 1; i < args.size(); ++i) {
     if (!args[i].kwarg_only()) order.push_back(static_cast<int>(i));
   }
   std::vector<int> result;
   for (int i : order) {
-    if (is_write(args[i]) && !returned(args[i])) result.push_back(i);
+    if (is_written(args[i]) && !returned(args[i])) result.push_back(i);
   }
   return result;
 }
@@ -140,42 +175,40 @@ std::optional<c10::OperatorHandle> find_functional(const std::string& signature)
 }
 
 void plan_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional,
-                       OpInfo& info);
-
-void plan_mutable(const c10::OperatorHandle& op, OpInfo& info) {
-  auto functional = find_functional(normalized_signature(op.schema()));
-  if (!functional) {
-    info.kind = OpKind::Unsupported;
-    info.unsupported_reason =
-        "this op mutates its inputs and torch registers no functional variant for it (no "
-        "operator has its normalized signature). Rewrite the code to use an out-of-place op";
-    return;
-  }
-  plan_mutable_with(op, *functional, info);
-}
-
-void plan_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional,
                        OpInfo& info) {
   const auto& schema = op.schema();
   const auto& args = schema.arguments();
   info.kind = OpKind::Mutable;
+  info.unsupported_reason.clear();
   info.functional_op = functional;
-  for (const auto& a : args) info.is_out |= is_out_arg(a);
-  info.mutated_args = appended_mutated_args_impl(schema);
-  for (const auto& r : schema.returns()) {
+  info.functional_args.clear();
+  info.written.clear();
+  info.return_aliases.clear();
+  const auto& returns = schema.returns();
+  for (size_t i = 0; i < returns.size(); ++i) {
     int alias = -1;
-    for (size_t j = 0; r.alias_info() && j < args.size(); ++j) {
-      if (is_write(args[j]) && *args[j].alias_info() == *r.alias_info()) {
+    for (size_t j = 0; returns[i].alias_info() && j < args.size(); ++j) {
+      if (is_written(args[j]) && *args[j].alias_info() == *returns[i].alias_info()) {
         alias = static_cast<int>(j);
         break;
       }
     }
     info.return_aliases.push_back(alias);
+    if (alias >= 0) {
+      info.written.push_back(
+          {alias, static_cast<int>(i), is_out_argument(args[alias]), /*is_returned=*/true});
+    }
+  }
+  const auto appended = appended_written_args_impl(schema);
+  for (size_t k = 0; k < appended.size(); ++k) {
+    const int j = appended[k];
+    info.written.push_back({j, static_cast<int>(returns.size() + k), is_out_argument(args[j]),
+                            /*is_returned=*/false});
   }
   for (const auto& fa : functional.schema().arguments()) {
     ArgSource src{ArgSource::Default, -1};
     for (size_t j = 0; j < args.size(); ++j) {
-      if (!is_out_arg(args[j]) && args[j].name() == fa.name()) {
+      if (!is_out_argument(args[j]) && args[j].name() == fa.name()) {
         src = {ArgSource::FromMutableArg, static_cast<int>(j)};
         break;
       }
@@ -194,70 +227,17 @@ void plan_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle&
   }
 }
 
-void plan_view(const c10::OperatorHandle& view_op, OpInfo& info) {
+}  // namespace
+
+void set_view_plan(const c10::OperatorHandle& view_op, OpInfo& info) {
   const auto& n = view_op.operator_name();
   info.view_op = view_op;
   info.copy_op = c10::Dispatcher::singleton().findOp({n.name + "_copy", n.overload_name});
   info.inverse = find_inverse(n);
 }
 
-}  // namespace
-
-std::vector<int> appended_mutated_args(const c10::FunctionSchema& schema) {
-  return appended_mutated_args_impl(schema);
-}
-
-// Note [Kernel: composites intercepted whole]
-// CompositeImplicitAutograd (CIA) ops normally decompose above our key, so we only see the ops
-// they are made of. A few CIA kernels take a fast path that bypasses the dispatcher when their
-// tensors are not "subclass-like" (ATen's isTensorSubclassLike: Functionalize, Python, Batched,
-// Sparse, Meta keys... or an active TorchDispatchMode), and our wrappers are not:
-//  - out= ops resize `out` through at::native::resize_ on the TensorImpl (resize_output), which
-//    fails on a wrapper ("storage that is not resizable") or silently leaves its shape stale
-//    (matmul, linalg.matrix_power, linalg.multi_dot, quantile, linalg.norm, tensordot, ...);
-//  - max_pool1d and ctc_loss(Tensor lengths) read the input's data pointer directly.
-// We register our kernel for these ops (all CIA out= ops, plus the named ones) so that they are
-// handled whole: out= ops as Mutable (their functional variant, itself usually CIA, runs on the
-// inner tensors, where the fast path is legal) and the named ones as Functional. Autograd is
-// unaffected: it runs on the inner tensors during that call, as for every other op.
-// Under a TorchDispatchMode (make_fx), the inner call would hand the tracer the op's whole
-// decomposition, views included, which breaks remove="mutations_and_views". There the work is
-// done on the wrappers instead, with Python un-hidden so that ATen sees the active mode and takes
-// its dispatcher-only paths, and we see every op as usual: a functional op runs its CIA
-// decomposition (composite_kernel); an out= op calls its functional variant on the wrappers and
-// writes the result into out like any out= op (mutable_kernel). Not the out= op's own
-// decomposition: on subclass-like tensors some rebind their `out` reference to a new tensor
-// instead of writing it (linalg_matrix_rank.out), and the caller's out would keep its old value.
-// Rejected: marking wrappers subclass-like by adding one of those keys to their key set. Each has
-// a process-wide fallback that casts the TensorImpl to its own type (FunctionalTensorWrapper,
-// TensorWrapper, BatchedTensorImpl) or calls into Python, so a wrapper that escaped its call
-// would be undefined behaviour instead of our "escaped" error. Also rejected: intercepting every
-// CIA op whole (tried): dropout's RNG stream, batch_norm's hidden running-stat writes and
-// views in views-removed graphs all changed.
-bool intercepts_composite_whole(const c10::OperatorHandle& op) {
-  if (!is_cia(op)) return false;
-  const auto& schema = op.schema();
-  if (schema.name() == "aten::max_pool1d" && schema.overload_name().empty()) return true;
-  if (schema.name() == "aten::ctc_loss" && schema.overload_name() == "Tensor") return true;
-  if (schema.name().rfind("aten::", 0) != 0) return false;
-  // Their decomposition never resizes out natively, so it already works on wrappers; and it
-  // never writes out at all for some dims (eager leaves `out` untouched: torch 2.13's
-  // fft_ihfftn_symint_out passes (tmp, out) to conj_physical_out, which takes (out, self)). Only
-  // the decomposition reproduces that, and matching eager is the contract.
-  if (schema.name() == "aten::fft_ihfftn" || schema.name() == "aten::fft_ihfft2") return false;
-  bool has_out = false;
-  for (const auto& a : schema.arguments()) {
-    if (is_write(a) && !is_out_arg(a)) return false;
-    has_out |= is_out_arg(a);
-  }
-  return has_out;
-}
-
-bool has_tensor_arguments(const c10::FunctionSchema& schema) {
-  for (const auto& a : schema.arguments()) {
-    if (a.type()->str().find("Tensor") != std::string::npos) return true;
-  }
-  return false;
+std::vector<int> appended_written_args(const c10::FunctionSchema& schema) {
+  return appended_written_args_impl(schema);
 }
 
 OpInfo classify_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional) {
@@ -274,7 +254,7 @@ std::string normalized_signature(const c10::FunctionSchema& schema) {
   const bool is_bernoulli_p = schema.name() == "aten::bernoulli" && schema.overload_name() == "p";
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& a = args[i];
-    if (is_out_arg(a)) continue;
+    if (is_out_argument(a)) continue;
     if (opts >= 0 && static_cast<int>(i) >= opts && static_cast<int>(i) < opts + 4) continue;
     out << (a.kwarg_only() ? "*" : "") << a.type()->str() << " " << a.name();
     if (a.default_value()) {
@@ -286,7 +266,7 @@ std::string normalized_signature(const c10::FunctionSchema& schema) {
   }
   out << ")->(";
   for (const auto& r : schema.returns()) out << r.type()->str() << ",";
-  for (int i : appended_mutated_args_impl(schema)) out << args[i].type()->str() << ",";
+  for (int i : appended_written_args_impl(schema)) out << args[i].type()->str() << ",";
   out << ")";
   return out.str();
 }
@@ -294,7 +274,7 @@ std::string normalized_signature(const c10::FunctionSchema& schema) {
 void index_functional_candidate(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   for (const auto& a : schema.arguments()) {
-    if (is_write(a)) return;
+    if (is_written(a)) return;
   }
   auto sig = normalized_signature(schema);
   auto& table = candidates();
@@ -316,38 +296,16 @@ void forget_functional_candidate(const c10::OperatorName& name) {
 
 OpInfo classify(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
-  const auto& args = schema.arguments();
   OpInfo info;
-  info.name = full_name(op.operator_name());
-  info.has_tensor_args = has_tensor_arguments(schema);
-  const std::string& name = schema.name();
-  info.wraps_plain_input =
-      name == "aten::lift" || name == "aten::lift_fresh" || name == "aten::lift_fresh_copy";
-  info.composite_whole = intercepts_composite_whole(op);
+  info.name = c10::toString(op.operator_name());
+  info.wraps_plain_outputs = !has_tensor_arguments(schema);  // a factory (Note [Kernel: factories])
 
   bool writes = false;
-  for (const auto& a : args) writes |= is_write(a);
+  for (const auto& a : schema.arguments()) writes |= is_written(a);
   bool returns_alias = false;
   for (const auto& r : schema.returns()) returns_alias |= r.alias_info() != nullptr;
 
-  if (name == "aten::set_") {
-    info.kind = OpKind::Unsupported;
-    info.unsupported_reason =
-        "set_ swaps the storage of a tensor, which functionalize does not support yet. Use "
-        "the source tensor directly, or copy_ into the destination";
-    return info;
-  }
-  if (name == "aten::native_batch_norm" && schema.overload_name().empty()) {
-    // See Note [Kernel: native_batch_norm].
-    info.kind = OpKind::BatchNorm;
-    info.functional_op =
-        c10::Dispatcher::singleton().findOp({"aten::_native_batch_norm_legit_functional", ""});
-    TORCH_INTERNAL_ASSERT(info.functional_op.has_value(),
-                          "aten::_native_batch_norm_legit_functional is not registered");
-    return info;
-  }
-  const bool resize_like = name == "aten::resize_" || name == "aten::resize_as_";
-  if (writes && op.hasTag(at::Tag::inplace_view) && !resize_like) {
+  if (writes && op.hasTag(at::Tag::inplace_view)) {
     auto view = find_functional(normalized_signature(schema));
     if (!view) {
       info.kind = OpKind::Unsupported;
@@ -355,45 +313,24 @@ OpInfo classify(const c10::OperatorHandle& op) {
       return info;
     }
     info.kind = OpKind::InplaceView;
-    plan_view(*view, info);
+    set_view_plan(*view, info);
     return info;
   }
   if (writes) {
-    info.foreach_inplace = name.rfind("aten::_foreach_", 0) == 0 && schema.returns().empty();
-    plan_mutable(op, info);
-    if (resize_like && info.kind == OpKind::Mutable) info.kind = OpKind::Resize;
+    auto functional = find_functional(normalized_signature(schema));
+    if (!functional) {
+      info.kind = OpKind::Unsupported;
+      info.unsupported_reason =
+          "this op mutates its inputs and torch registers no functional variant for it (no "
+          "operator has its normalized signature). Rewrite the code to use an out-of-place op";
+      return info;
+    }
+    plan_mutable_with(op, *functional, info);
     return info;
   }
   if (returns_alias) {
-    if (schema.name().rfind("aten::", 0) != 0) {
-      info.kind = OpKind::Unsupported;
-      info.unsupported_reason =
-          "the op returns an alias of an input, and functionalize only knows how to replay "
-          "and invert ATen's own view ops. Make the custom op return a new tensor (clone)";
-      return info;
-    }
     info.kind = OpKind::View;
-    if (name == "aten::_reshape_alias") {
-      // reshape emits _reshape_alias(size, stride) only where view(size) is legal; its stride
-      // argument is eager's, which a *_copy value does not have. Replay it as view(size).
-      auto view = c10::Dispatcher::singleton().findOp({"aten::view", ""});
-      TORCH_INTERNAL_ASSERT(view.has_value(), "aten::view is not registered");
-      plan_view(*view, info);
-      info.replay_arg_count = 1;
-      return info;
-    }
-    plan_view(op, info);
-    return info;
-  }
-  if (name == "aten::_unsafe_view") {
-    // Its schema says "fresh tensor", but composite out= kernels (kron, matmul, ...) write into
-    // out through _unsafe_view(out, shape): it must stay an alias or those writes are lost.
-    // Replayed as itself in both modes (no alias annotation, so not a view op to tracers) and
-    // inverted like view. torch's own functionalization treats it the same way.
-    info.kind = OpKind::View;
-    info.view_op = op;
-    info.copy_op = op;
-    info.inverse = find_inverse({"aten::view", ""});
+    set_view_plan(op, info);
     return info;
   }
   info.kind = OpKind::Functional;

@@ -1,6 +1,7 @@
-// Classifies an operator from its FunctionSchema (functional / view / inplace-view / mutable /
-// unsupported) and, for mutable ops, finds the functional variant and how arguments and returns
-// map onto it. Pure schema analysis over the dispatcher's op table; no registration.
+// Classifies an operator from its FunctionSchema alone (functional / view / in-place view /
+// mutable / unsupported) and, for mutable ops, finds the functional variant and the argument plan
+// that maps the mutable op onto it. Pure schema analysis over the dispatcher's op table: operators
+// whose behaviour their schema does not tell are rows of kernels/SpecialOps.cpp, not cases here.
 #pragma once
 
 #include "core/ViewMeta.h"
@@ -14,14 +15,24 @@
 namespace tfz::detail {
 
 enum class OpKind {
-  Functional,   // no alias annotations: sync + unwrap, call, wrap
-  View,         // a return aliases self, nothing is written: record a ViewMeta
+  Functional,   // no argument is written and no return aliases one: sync + unwrap, call, wrap
+  View,         // a return aliases an argument, nothing is written: record a ViewMeta
   InplaceView,  // tag inplace_view (t_, transpose_, squeeze_, ...): change self's view chain
   Mutable,      // some argument is written: call the functional variant, then commit
-  Unsupported,  // mutable with no functional variant, or an op we refuse (reason says why)
-  BatchNorm,    // aten::native_batch_norm: writes running stats its schema does not annotate
-  Resize,       // aten::resize_ / resize_as_: a view of the storage, or a new storage
+  Unsupported,  // no plan (reason says why)
 };
+
+/// "functional", "view", "inplace_view", "mutable", "unsupported": the only spelling of the names.
+const char* to_string(OpKind kind);
+
+/// True if the argument's alias annotation says the op writes it (`Tensor(a!)`).
+bool is_written(const c10::Argument& a);
+
+/// True for an out= argument: a written, keyword-only argument.
+bool is_out_argument(const c10::Argument& a);
+
+/// True if any argument is or contains a Tensor (Tensor, Tensor?, Tensor[], Tensor?[]).
+bool has_tensor_arguments(const c10::FunctionSchema& schema);
 
 /// Where a functional-variant argument comes from.
 struct ArgSource {
@@ -29,41 +40,47 @@ struct ArgSource {
   int index = -1;  // FromMutableArg: index into the mutable op's arguments
 };
 
+/// A written argument of a mutable op, and where its new value comes from.
+struct WrittenArg {
+  int index = -1;             // argument index in the mutable op
+  int functional_return = -1;  // index of its new value among the functional variant's returns
+  bool is_out = false;        // an out= argument: resized to the value, not held to its shape
+  bool is_returned = false;   // the mutable op returns it (its return aliases the argument)
+};
+
+/// What the kernel does for an operator: its kind and the plan of that kind.
 struct OpInfo {
   OpKind kind = OpKind::Functional;
-  std::string name;            // "aten::add_.Tensor", for messages
+  std::string name;  // "aten::add_.Tensor", for messages (c10::toString of the operator name)
   std::string unsupported_reason;
-  bool has_tensor_args = false;  // false: a factory; its outputs are wrapped inside a layer
-  bool wraps_plain_input = false;  // lift / lift_fresh / lift_fresh_copy: wrap even plain inputs
+  // Wrap the outputs of a call whose arguments are all plain, inside a layer: true for factories
+  // (no tensor arguments); special rows set it for ops like lift_fresh.
+  bool wraps_plain_outputs = false;
 
   // View and InplaceView: the out-of-place view op, its *_copy twin, the inverse.
   std::optional<c10::OperatorHandle> view_op;
   std::optional<c10::OperatorHandle> copy_op;
   InverseFn inverse = nullptr;
-  // View ops replayed as another view op (only _reshape_alias -> view): keep this many leading
-  // arguments after self. -1: the op itself with all its arguments.
+  // Views replayed as another view op keep this many leading arguments after self (-1: all).
   int replay_arg_count = -1;
 
-  // Mutable: the functional variant and the argument/return plan.
+  // Mutable: the functional variant and the argument plan (Note [Schema: argument plan]).
   std::optional<c10::OperatorHandle> functional_op;
-  std::vector<ArgSource> functional_args;  // one per functional-op argument
-  std::vector<int> mutated_args;           // mutable-op argument indices, functional-return order
-                                           // after the mutable op's own returns
-  std::vector<int> return_aliases;         // per mutable-op return: written argument it aliases,
-                                           // or -1 for a fresh return
-  bool is_out = false;                     // an out= op (written kwarg-only arguments)
-
-  // A CompositeImplicitAutograd op we intercept whole instead of letting it decompose
-  // (Note [Kernel: composites intercepted whole]).
-  bool composite_whole = false;
-
-  // An in-place aten::_foreach_* op (returns nothing): applied one index at a time when its
-  // lists alias each other (Note [Kernel: _foreach_ ops on aliased lists]).
-  bool foreach_inplace = false;
+  std::vector<ArgSource> functional_args;  // one per functional-variant argument
+  std::vector<WrittenArg> written;         // returned ones in return order, then the others
+  std::vector<int> return_aliases;         // per mutable-op return: the written argument it
+                                           // aliases, or -1 for a fresh return
 };
 
-/// Computes the OpInfo for `op` (slow: schema analysis and a table lookup; cache the result).
+/// Computes the OpInfo of `op` from its schema (slow: schema analysis and a table lookup; cache
+/// the result). Special operators get their final plan in kernels/SpecialOps.cpp.
 OpInfo classify(const c10::OperatorHandle& op);
+
+/// classify() for a mutable op, with its functional variant given instead of looked up.
+OpInfo classify_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional);
+
+/// Makes `info` a View plan replaying `view_op` (its *_copy twin and inverse looked up by name).
+void set_view_plan(const c10::OperatorHandle& view_op, OpInfo& info);
 
 /// Adds a non-mutable op to the table of functional-variant candidates. Call for every op
 /// before classifying mutable ones; later ops (custom ops) may be added at any time.
@@ -73,20 +90,9 @@ void index_functional_candidate(const c10::OperatorHandle& op);
 /// schema, and the handle would then carry the new one under the old signature).
 void forget_functional_candidate(const c10::OperatorName& name);
 
-/// Like classify() for a mutable op, with its functional variant given (a functional companion
-/// of a custom op: same arguments without alias annotations, returns as normalized_signature).
-OpInfo classify_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional);
-
 /// Written arguments that the op does not return, in torchgen's order (self, out=, positional):
 /// the new values a functional variant appends to its returns.
-std::vector<int> appended_mutated_args(const c10::FunctionSchema& schema);
-
-/// True for the CompositeImplicitAutograd ops we register a kernel for, instead of letting them
-/// decompose (Note [Kernel: composites intercepted whole]).
-bool intercepts_composite_whole(const c10::OperatorHandle& op);
-
-/// True if any argument is or contains a Tensor (Tensor, Tensor?, Tensor[], Tensor?[]).
-bool has_tensor_arguments(const c10::FunctionSchema& schema);
+std::vector<int> appended_written_args(const c10::FunctionSchema& schema);
 
 /// The torchgen-style normalized signature of a schema (exposed for tests).
 std::string normalized_signature(const c10::FunctionSchema& schema);

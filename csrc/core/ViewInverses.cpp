@@ -1,5 +1,5 @@
-// The view-inverse table (DESIGN.md section 5.4). Each <op>_inverse rebuilds the base that, viewed
-// through <op> with the recorded arguments, gives the mutated view. With views kept (reapply) an
+// The view-inverse table. Each <op>_inverse rebuilds the base that, viewed through <op> with the
+// recorded arguments, gives the mutated view. With views kept (reapply) an
 // inverse may return a view; with views removed it must return a fresh tensor (the *_copy ops).
 #include "core/ViewInverses.h"
 
@@ -7,7 +7,6 @@
 #include <ATen/Functions.h>
 #include <ATen/WrapDimUtils.h>
 
-#include <string>
 #include <unordered_map>
 
 namespace tfz::detail {
@@ -154,35 +153,35 @@ Tensor slice_inverse_inverse(const Tensor& base, const Tensor& mv, const ViewMet
                    : at::slice_copy_symint(mv, dim, start, end, step);
 }
 
-const std::unordered_map<std::string, InverseFn>& table() {
-  static const std::unordered_map<std::string, InverseFn> t = {
-      {"aten::as_strided", &as_strided_inverse},
-      {"aten::diagonal", &diagonal_inverse},
-      {"aten::expand", &expand_inverse},
-      {"aten::permute", &permute_inverse},
-      {"aten::_reshape_alias", &view_like_inverse},
-      {"aten::view", &view_like_inverse},
-      {"aten::view.dtype", &view_dtype_inverse},
-      {"aten::squeeze", &view_like_inverse},
-      {"aten::squeeze.dim", &view_like_inverse},
-      {"aten::squeeze.dims", &view_like_inverse},
-      {"aten::unsqueeze", &unsqueeze_inverse},
-      {"aten::select.int", &select_inverse},
-      {"aten::slice.Tensor", &slice_inverse},
-      {"aten::split.Tensor", &split_inverse},
-      {"aten::split_with_sizes", &split_with_sizes_inverse},
-      {"aten::unbind.int", &unbind_inverse},
-      {"aten::t", &t_inverse},
-      {"aten::transpose.int", &transpose_inverse},
-      {"aten::unfold", &unfold_inverse},
-      {"aten::alias", &identity_inverse},
-      {"aten::detach", &identity_inverse},
-      {"aten::lift_fresh", &identity_inverse},
-      {"aten::view_as_real", &view_as_real_inverse},
-      {"aten::view_as_complex", &view_as_complex_inverse},
-      {"aten::_conj", &conj_inverse},
-      {"aten::_neg_view", &neg_view_inverse},
-      {"aten::slice_inverse", &slice_inverse_inverse},
+const std::unordered_map<c10::OperatorName, InverseFn>& table() {
+  static const std::unordered_map<c10::OperatorName, InverseFn> t = {
+      {{"aten::as_strided", ""}, &as_strided_inverse},
+      {{"aten::diagonal", ""}, &diagonal_inverse},
+      {{"aten::expand", ""}, &expand_inverse},
+      {{"aten::permute", ""}, &permute_inverse},
+      {{"aten::_reshape_alias", ""}, &view_like_inverse},
+      {{"aten::view", ""}, &view_like_inverse},
+      {{"aten::view", "dtype"}, &view_dtype_inverse},
+      {{"aten::squeeze", ""}, &view_like_inverse},
+      {{"aten::squeeze", "dim"}, &view_like_inverse},
+      {{"aten::squeeze", "dims"}, &view_like_inverse},
+      {{"aten::unsqueeze", ""}, &unsqueeze_inverse},
+      {{"aten::select", "int"}, &select_inverse},
+      {{"aten::slice", "Tensor"}, &slice_inverse},
+      {{"aten::split", "Tensor"}, &split_inverse},
+      {{"aten::split_with_sizes", ""}, &split_with_sizes_inverse},
+      {{"aten::unbind", "int"}, &unbind_inverse},
+      {{"aten::t", ""}, &t_inverse},
+      {{"aten::transpose", "int"}, &transpose_inverse},
+      {{"aten::unfold", ""}, &unfold_inverse},
+      {{"aten::alias", ""}, &identity_inverse},
+      {{"aten::detach", ""}, &identity_inverse},
+      {{"aten::lift_fresh", ""}, &identity_inverse},
+      {{"aten::view_as_real", ""}, &view_as_real_inverse},
+      {{"aten::view_as_complex", ""}, &view_as_complex_inverse},
+      {{"aten::_conj", ""}, &conj_inverse},
+      {{"aten::_neg_view", ""}, &neg_view_inverse},
+      {{"aten::slice_inverse", ""}, &slice_inverse_inverse},
   };
   return t;
 }
@@ -190,10 +189,14 @@ const std::unordered_map<std::string, InverseFn>& table() {
 }  // namespace
 
 InverseFn find_inverse(const c10::OperatorName& view_op) {
-  std::string key = view_op.name;
-  if (!view_op.overload_name.empty()) key += "." + view_op.overload_name;
-  auto it = table().find(key);
+  auto it = table().find(view_op);
   return it == table().end() ? nullptr : it->second;
+}
+
+std::vector<c10::OperatorName> view_ops_with_inverse() {
+  std::vector<c10::OperatorName> names;
+  for (const auto& [name, fn] : table()) names.push_back(name);
+  return names;
 }
 
 }  // namespace tfz::detail

@@ -6,9 +6,14 @@
 
 #include <ATen/core/operator_name.h>
 
+#include <vector>
+
 namespace tfz::detail {
 
 /// The inverse for a view op ("aten::slice" overload "Tensor"), or nullptr if it has none.
 InverseFn find_inverse(const c10::OperatorName& view_op);
+
+/// Every view op with an inverse (the table's rows; tests check each against eager).
+std::vector<c10::OperatorName> view_ops_with_inverse();
 
 }  // namespace tfz::detail

@@ -1,13 +1,21 @@
 // Forward replay and inversion of one recorded view step.
 #include "core/ViewMeta.h"
 
+#include "core/ViewInverses.h"
+
 #include <c10/util/Exception.h>
 
 namespace tfz::detail {
 
-std::string ViewMeta::name() const {
-  const auto& n = op.operator_name();
-  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+std::shared_ptr<const ViewMeta> ViewMeta::as_strided(c10::SymIntArrayRef sizes,
+                                                     c10::SymIntArrayRef strides,
+                                                     const c10::SymInt& offset, bool reapply) {
+  auto& d = c10::Dispatcher::singleton();
+  static const auto view = d.findSchemaOrThrow("aten::as_strided", "");
+  static const auto copy = d.findOp({"aten::as_strided_copy", ""});
+  static const auto inverse = find_inverse(view.operator_name());
+  std::vector<c10::IValue> args{c10::IValue(sizes), c10::IValue(strides), c10::IValue(offset)};
+  return std::make_shared<const ViewMeta>(view, copy, std::move(args), -1, reapply, inverse);
 }
 
 at::Tensor ViewMeta::forward(const at::Tensor& base) const {

@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,13 +37,20 @@ struct ViewMeta {
   bool reapply;                                // true: replay with `op`; false: with `copy_op`
   InverseFn inverse_fn;                        // nullptr: mutation through this view unsupported
 
+  /// A step as_strided(sizes, strides, offset) over a storage's flat base (aliased inputs,
+  /// resize_), replayed with as_strided (reapply) or as_strided_copy, inverted by
+  /// as_strided_scatter.
+  static std::shared_ptr<const ViewMeta> as_strided(c10::SymIntArrayRef sizes,
+                                                    c10::SymIntArrayRef strides,
+                                                    const c10::SymInt& offset, bool reapply);
+
   /// Replays this step on `base`. Call inside an InnerCallGuard.
   at::Tensor forward(const at::Tensor& base) const;
   /// Returns the new base after `mutated_view` was written through this step. Throws
   /// NotImplementedError naming the op if it has no inverse.
   at::Tensor inverse(const at::Tensor& base, const at::Tensor& mutated_view) const;
   /// "aten::slice.Tensor"
-  std::string name() const;
+  std::string name() const { return c10::toString(op.operator_name()); }
   /// Argument i (after self) as the given type.
   const c10::IValue& arg(size_t i) const { return args.at(i); }
 };

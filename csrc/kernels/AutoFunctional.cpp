@@ -1,7 +1,8 @@
 // Functional companions for custom ops that mutate their arguments: registers, on first use, an
 // op tfz_functional::<ns>__<name> that clones the written arguments, runs the original op on the
-// clones and returns them. See Note [Kernel: custom mutable ops].
-#include "kernels/Kernels.h"
+// clones and returns them. The row that uses it is in SpecialOps.cpp; see Note
+// [Kernel: custom mutable ops].
+#include "kernels/SpecialOps.h"
 
 #include "core/Conversions.h"
 
@@ -13,21 +14,6 @@
 
 namespace tfz::detail {
 
-// Note [Kernel: custom mutable ops]
-// An ATen in-place op has a functional twin in the schema table; a custom op that mutates its
-// arguments (torch.library, schema with Tensor(a!), Tensor(a!)? or Tensor(a!)[]) has none, and
-// torch.func.functionalize rejects it. On its first call on wrappers we register a companion:
-//   mylib::scale_(Tensor(a!) x, float k) -> ()
-//   tfz_functional::mylib__scale_(Tensor x, float k) -> Tensor       (new value of x)
-// Its schema has the original's arguments without alias annotations and returns the original's
-// returns followed by the new value of every written argument it does not return (the order of
-// appended_mutated_args). Its CompositeExplicitAutograd kernel clones the written arguments (one
-// clone per distinct tensor, so x passed twice is mutated twice, as in eager), calls the original
-// op on the clones and returns them. The mutation kernel then treats the pair like add_/add: the
-// traced graph shows one functional node, and the original's fake kernel serves fake tracing.
-// Rejected: clone-and-mutate inline in the graph (clone + mylib::scale_ on the clone) — correct,
-// but the graph would keep a mutable op, which is what functionalization must remove.
-
 namespace {
 
 class CompanionKernel final : public c10::OperatorKernel {
@@ -35,9 +21,9 @@ class CompanionKernel final : public c10::OperatorKernel {
   explicit CompanionKernel(c10::OperatorHandle original) : original_(std::move(original)) {
     const auto& args = original_.schema().arguments();
     for (size_t j = 0; j < args.size(); ++j) {
-      if (args[j].alias_info() && args[j].alias_info()->isWrite()) written_.push_back(j);
+      if (is_written(args[j])) written_.push_back(j);
     }
-    appended_ = appended_mutated_args(original_.schema());
+    appended_ = appended_written_args(original_.schema());
   }
 
   void operator()(const c10::OperatorHandle& /*op*/, c10::DispatchKeySet /*ks*/,
@@ -79,7 +65,7 @@ c10::FunctionSchema companion_schema(const c10::FunctionSchema& s, int version) 
   for (const auto& r : s.returns()) {
     returns.emplace_back("", r.type(), r.real_type(), std::nullopt, std::nullopt, false);
   }
-  for (int j : appended_mutated_args(s)) {
+  for (int j : appended_written_args(s)) {
     const auto& a = s.arguments()[j];
     returns.emplace_back("", a.type(), a.real_type(), std::nullopt, std::nullopt, false);
   }
@@ -105,7 +91,7 @@ Companions& companions() {
 
 }  // namespace
 
-std::optional<c10::OperatorHandle> functional_companion(const c10::OperatorHandle& op) {
+c10::OperatorHandle functional_companion(const c10::OperatorHandle& op) {
   auto& c = companions();
   const std::string original_schema = c10::toString(op.schema());
   int version = 1;
@@ -134,19 +120,6 @@ std::optional<c10::OperatorHandle> functional_companion(const c10::OperatorHandl
   for (auto& h : handles) c.handles.push_back(std::move(h));
   c.by_original.insert_or_assign(op.operator_name(), Companion{original_schema, *handle, version});
   return *handle;
-}
-
-OpInfo classify_for_kernel(const c10::OperatorHandle& op) {
-  OpInfo info = classify(op);
-  const bool custom = op.schema().name().rfind("aten::", 0) != 0;
-  bool writes = false;
-  for (const auto& a : op.schema().arguments()) {
-    writes |= a.alias_info() != nullptr && a.alias_info()->isWrite();
-  }
-  if (info.kind == OpKind::Unsupported && custom && writes) {
-    return classify_mutable_with(op, *functional_companion(op));
-  }
-  return info;
 }
 
 }  // namespace tfz::detail

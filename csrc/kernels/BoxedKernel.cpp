@@ -1,6 +1,7 @@
-// The boxed kernel every operator reaches on wrappers: the pass-through and factory cases, the
-// escaped-wrapper check, and the functional-op handler. Views and mutations have their own files.
-#include "kernels/Kernels.h"
+// The boxed kernel every operator reaches on wrappers: the escaped-wrapper check, the
+// pass-through and factory cases, the dispatch to the special row's or the generic handler, and
+// the functional-op handler. Views and mutations have their own files.
+#include "kernels/Registration.h"
 
 #include "core/Conversions.h"
 
@@ -24,7 +25,7 @@ void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id) {
   }
 }
 
-void report_foreign_wrapper(const std::string& op_name, const FunctionalTensorImpl& impl,
+void report_foreign_wrapper(std::string_view op_name, const FunctionalTensorImpl& impl,
                             const Layer* layer) {
   const Layer* suspended = suspended_layer();
   TORCH_CHECK_NOT_IMPLEMENTED(
@@ -42,7 +43,9 @@ void report_foreign_wrapper(const std::string& op_name, const FunctionalTensorIm
   TORCH_INTERNAL_ASSERT(false, "unreachable");
 }
 
-void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op,
+                      torch::jit::Stack* stack) {
+  const OpInfo& info = plan.info;
   const size_t num_args = op.schema().arguments().size();
   Layer* layer = current_layer();
   const int64_t layer_id = layer != nullptr ? layer->id : 0;
@@ -59,7 +62,7 @@ void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::
     });
   }
   if (!any_functional) {
-    const bool wrap = layer != nullptr && (!info.has_tensor_args || info.wraps_plain_input);
+    const bool wrap = layer != nullptr && info.wraps_plain_outputs;
     {
       InnerCallGuard guard;
       op.callBoxed(stack);
@@ -67,34 +70,31 @@ void run_boxed_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::
     if (wrap) wrap_outputs(stack, op.schema().returns().size(), layer_id);
     return;
   }
-  if (info.composite_whole && info.kind != OpKind::Mutable &&
-      c10::impl::TorchDispatchModeTLS::any_modes_set()) {
-    return composite_kernel(op, stack);
+  if (plan.special != nullptr && plan.special->handle != nullptr) {
+    return plan.special->handle(info, op, stack, *layer);
   }
-  if (info.foreach_inplace && foreach_lists_alias(op, *stack)) {
-    return foreach_sequential_kernel(op, stack);
-  }
+  generic_kernel(info, op, stack, *layer);
+}
+
+void generic_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                    const Layer& layer) {
   switch (info.kind) {
     case OpKind::Functional:
-      return functional_kernel(op, stack, *layer);
+      return functional_kernel(info, op, stack, layer);
     case OpKind::View:
-      return view_kernel(info, op, stack, *layer);
+      return view_kernel(info, op, stack, layer);
     case OpKind::InplaceView:
-      return inplace_view_kernel(info, op, stack, *layer);
+      return inplace_view_kernel(info, op, stack, layer);
     case OpKind::Mutable:
-      return mutable_kernel(info, op, stack, *layer);
-    case OpKind::BatchNorm:
-      return native_batch_norm_kernel(info, op, stack, *layer);
-    case OpKind::Resize:
-      return resize_kernel(info, op, stack, *layer);
+      return mutable_kernel(info, op, stack, layer);
     case OpKind::Unsupported:
       TORCH_CHECK_NOT_IMPLEMENTED(false, "functionalize: ", info.name, ": ",
                                   info.unsupported_reason, ".");
   }
 }
 
-void functional_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                       const Layer& layer) {
+void functional_kernel(const OpInfo& /*info*/, const c10::OperatorHandle& op,
+                       torch::jit::Stack* stack, const Layer& layer) {
   const size_t num_args = op.schema().arguments().size();
   InnerCallGuard guard;
   // Some ops declared functional return an argument itself (dropout with p=0): such an output
@@ -125,11 +125,6 @@ c10::impl::LocalDispatchKeySet PythonUnhiddenGuard::unhidden() {
   auto tls = c10::impl::tls_local_dispatch_key_set();
   tls.excluded_ = tls.excluded_.remove(c10::DispatchKey::Python);
   return tls;
-}
-
-void composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  PythonUnhiddenGuard guard;
-  op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
 }
 
 }  // namespace tfz::detail

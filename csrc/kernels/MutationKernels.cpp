@@ -1,11 +1,10 @@
 // In-place, out= and mutable ops on wrappers: call the functional variant on inner values, then
 // replace each written wrapper's value, commit it to its alias storage and sync it.
-#include "kernels/Kernels.h"
+#include "kernels/Handlers.h"
 
 #include "core/Conversions.h"
 
 #include <c10/core/ScalarType.h>
-#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <algorithm>
 #include <c10/util/Exception.h>
@@ -119,8 +118,11 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value) {
   impl->sync_();
 }
 
-void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
-                    const Layer& layer) {
+namespace {
+
+// See Note [Schema: argument plan] for the plan this follows.
+void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack, const Layer& layer,
+                 bool on_wrappers) {
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const size_t num_returns = schema.returns().size();
@@ -129,20 +131,13 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* st
 
   // Every written tensor must be ours: a plain tensor cannot receive a functional value.
   at::Tensor first_out;
-  for (size_t j = 0; j < num_args; ++j) {
-    const auto& a = schema.arguments()[j];
-    if (a.alias_info() == nullptr || !a.alias_info()->isWrite()) continue;
-    for_each_tensor(args[j], [&](const at::Tensor& t) {
-      check_writable(info.name, a.name(), t);
-      if (a.kwarg_only() && !first_out.defined()) first_out = t;
+  for (const auto& w : info.written) {
+    for_each_tensor(args[w.index], [&](const at::Tensor& t) {
+      check_writable(info.name, schema.arguments()[w.index].name(), t);
+      if (w.is_out && !first_out.defined()) first_out = t;
     });
   }
 
-  // A composite out= op under a TorchDispatchMode calls its functional variant on the wrappers, so
-  // that it decomposes above us (Note [Kernel: composites intercepted whole]); everything else
-  // calls it on the inner values.
-  const bool on_wrappers =
-      info.composite_whole && c10::impl::TorchDispatchModeTLS::any_modes_set();
   const auto& fschema = info.functional_op->schema();
   Stack fstack;
   fstack.reserve(info.functional_args.size());
@@ -168,22 +163,15 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* st
     info.functional_op->callBoxed(fstack);
   }
 
-  // Pair every written argument with its new value; check all before changing anything.
-  std::vector<std::pair<int, size_t>> writes;  // (argument index, functional return index)
-  for (size_t i = 0; i < num_returns; ++i) {
-    if (info.return_aliases[i] >= 0) writes.emplace_back(info.return_aliases[i], i);
+  // Check every write before changing anything, so a failing one leaves all inputs untouched.
+  for (const auto& w : info.written) {
+    zip_written(args[w.index], fstack[w.functional_return],
+                [&](const at::Tensor& t, const at::Tensor& v) {
+                  check_eager_rules(info.name, t, v, /*resizes=*/w.is_out);
+                });
   }
-  for (size_t k = 0; k < info.mutated_args.size(); ++k) {
-    writes.emplace_back(info.mutated_args[k], num_returns + k);
-  }
-  for (const auto& [arg, ret] : writes) {
-    const bool resizes = schema.arguments()[arg].kwarg_only();
-    zip_written(args[arg], fstack[ret], [&](const at::Tensor& w, const at::Tensor& v) {
-      check_eager_rules(info.name, w, v, resizes);
-    });
-  }
-  for (const auto& [arg, ret] : writes) {
-    zip_written(args[arg], fstack[ret], write_back);
+  for (const auto& w : info.written) {
+    zip_written(args[w.index], fstack[w.functional_return], write_back);
   }
 
   for (size_t i = 0; i < num_returns; ++i) {
@@ -195,6 +183,18 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* st
       torch::jit::push(*stack, std::move(fresh));
     }
   }
+}
+
+}  // namespace
+
+void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
+                    const Layer& layer) {
+  run_mutable(info, op, stack, layer, /*on_wrappers=*/false);
+}
+
+void mutable_kernel_on_wrappers(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
+                                const Layer& layer) {
+  run_mutable(info, op, stack, layer, /*on_wrappers=*/true);
 }
 
 }  // namespace tfz::detail

@@ -2,7 +2,7 @@
 // CompositeExplicitAutograd kernels) and as the fallback of every PrivateUse3 runtime key.
 // Operators registered later (torch.library custom ops) are queued by a listener and registered
 // on the next layer entry. See Note [Kernel: registration].
-#include "kernels/Kernels.h"
+#include "kernels/Registration.h"
 
 #include "core/DispatchKey.h"
 
@@ -23,8 +23,8 @@ namespace tfz::detail {
 // plain sparse tensor inside the function dispatches there, and a CompositeExplicitAutograd
 // kernel must not run in place of its sparse kernel), which always wins
 // (OperatorEntry::computeDispatchTableEntry, step 1), except CompositeImplicitAutograd ops: we
-// leave those alone so they decompose into ops we do see (the few taken whole are explained in
-// Note [Kernel: composites intercepted whole]).
+// leave those alone so they decompose into ops we do see (the few taken whole are rows of the
+// special-op table, Note [Kernel: composites intercepted whole]).
 // Tensor-free operators (factories) are also registered at the factory key, which every other op
 // falls through (Note [Which dispatch key]).
 // Operators registered after us arrive through an OpRegistrationListener. The dispatcher calls
@@ -49,7 +49,7 @@ class OpKernel final : public c10::OperatorKernel {
     // Double-checked rather than std::call_once: libstdc++'s call_once writes two thread_locals
     // and calls pthread_once on every call, which showed up per op under callgrind.
     if (classified_at_.load(std::memory_order_acquire) != schema_epoch() + 1) classify(op);
-    run_boxed_kernel(info_, op, stack);
+    run_boxed_kernel(plan_, op, stack);
   }
 
  private:
@@ -57,13 +57,13 @@ class OpKernel final : public c10::OperatorKernel {
     std::lock_guard<std::mutex> lock(mutex_);
     const uint64_t epoch = schema_epoch();
     if (classified_at_.load(std::memory_order_relaxed) == epoch + 1) return;
-    info_ = classify_for_kernel(op);
+    plan_ = plan_for_kernel(op);
     classified_at_.store(epoch + 1, std::memory_order_release);
   }
 
-  std::atomic<uint64_t> classified_at_{0};  // schema_epoch() + 1 when info_ was computed; 0: never
+  std::atomic<uint64_t> classified_at_{0};  // schema_epoch() + 1 when plan_ was computed; 0: never
   std::mutex mutex_;
-  OpInfo info_;
+  KernelPlan plan_;
 };
 
 std::atomic<uint64_t> g_schema_epoch{0};
@@ -74,7 +74,7 @@ struct Registry {
   std::unordered_set<c10::OperatorName> registered;
   std::vector<c10::RegistrationHandleRAII> handles;
   std::vector<c10::OperatorName> deregistered;  // filled by the listener, drained by drain()
-  std::unordered_map<c10::OperatorName, std::pair<uint64_t, OpInfo>> fallback_infos;  // epoch, info
+  std::unordered_map<c10::OperatorName, std::pair<uint64_t, KernelPlan>> fallback_plans;  // epoch, plan
   std::vector<std::string> unboxed;  // ops registered with an unboxed kernel, "name.overload"
 };
 
@@ -104,22 +104,22 @@ void fallback_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/,
                      torch::jit::Stack* stack) {
   auto& r = registry();
   const uint64_t epoch = schema_epoch();
-  const OpInfo* info = nullptr;
+  const KernelPlan* plan = nullptr;
   {
     std::lock_guard<std::mutex> lock(r.mutex);
-    auto it = r.fallback_infos.find(op.operator_name());
-    if (it != r.fallback_infos.end() && it->second.first == epoch) {
-      info = &it->second.second;  // map nodes are stable
+    auto it = r.fallback_plans.find(op.operator_name());
+    if (it != r.fallback_plans.end() && it->second.first == epoch) {
+      plan = &it->second.second;  // map nodes are stable
     }
   }
-  if (info == nullptr) {
-    OpInfo computed = classify_for_kernel(op);  // outside our lock, like every dispatcher call
+  if (plan == nullptr) {
+    KernelPlan computed = plan_for_kernel(op);  // outside our lock, like every dispatcher call
     std::lock_guard<std::mutex> lock(r.mutex);
-    auto& slot = r.fallback_infos[op.operator_name()];
+    auto& slot = r.fallback_plans[op.operator_name()];
     slot = {epoch, std::move(computed)};
-    info = &slot.second;
+    plan = &slot.second;
   }
-  run_boxed_kernel(*info, op, stack);
+  run_boxed_kernel(*plan, op, stack);
 }
 
 void check_keys_are_free() {
@@ -128,9 +128,9 @@ void check_keys_are_free() {
     auto taken = d.getRegistrationsForDispatchKey(key);
     TORCH_CHECK(taken.empty(), "functionalize: dispatch key ", key,
                 " is already used by another library (e.g. kernel for ", taken.front(),
-                "). torch-functionalize borrows AutogradPrivateUse3 + PrivateUse3 (see Note "
-                "[Which dispatch key] in csrc/core/DispatchKey.h); load only one library that "
-                "uses them.");
+                "). torch-functionalize borrows AutogradPrivateUse3, PrivateUse3 and DeferredInit "
+                "(see Note [Which dispatch key] in csrc/core/DispatchKey.h); load only one "
+                "library that uses them.");
   }
 }
 
@@ -174,10 +174,7 @@ void drain() {
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     for (const auto& op : ops) {
-      if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
-          !intercepts_composite_whole(op)) {
-        continue;
-      }
+      if (!is_intercepted(op)) continue;
       if (r.registered.insert(op.operator_name()).second) fresh.push_back(op);
     }
   }
@@ -215,11 +212,12 @@ void ensure_registered() {
   drain();
 }
 
-OpInfo classify_by_name(const std::string& name, const std::string& overload) {
+KernelPlan plan_by_name(const std::string& name, const std::string& overload) {
   ensure_registered();
   auto op = c10::Dispatcher::singleton().findOp({name, overload});
-  TORCH_CHECK(op.has_value(), "functionalize: no operator ", name, ".", overload);
-  return classify_for_kernel(*op);
+  TORCH_CHECK(op.has_value(), "functionalize: no operator ",
+              c10::toString(c10::OperatorName(name, overload)), " is registered.");
+  return plan_for_kernel(*op);
 }
 
 std::vector<std::string> unboxed_registered_ops() {

@@ -2,7 +2,7 @@
 // ops of a training step, and the in-place / out= twins of the pointwise ones). Each does what
 // the boxed kernel does for its op, without boxing arguments into a stack. Which ops get one is
 // decided at registration from the op's classification. See Note [Kernel: unboxed fast path].
-#include "kernels/Kernels.h"
+#include "kernels/Registration.h"
 
 #include "core/Conversions.h"
 
@@ -36,10 +36,10 @@ namespace tfz::detail {
 //       overlap; the functional variant runs on the inner values; eager's shape and dtype rules
 //       are checked; the written wrapper gets the new value (write_back) and is returned.
 //   No wrapper among the arguments: the op runs as is under InnerCallGuard (pass-through).
-// Registration.cpp installs a listed op's unboxed kernel only where its OpInfo is exactly the
-// plan the kernel implements (`matches`): plain Functional (not a composite taken whole, not
-// lift/lift_fresh, not _foreach_), or Mutable with that functional variant, its arguments in the
-// same order, and one written argument returned. Everything else, and every op not listed, keeps
+// Registration.cpp installs a listed op's unboxed kernel only where its KernelPlan is exactly the
+// plan the kernel implements (`matches`): no special row (Note [Kernel: special ops]) and either
+// plain Functional, or Mutable with that functional variant, its arguments in the same order, and
+// one written argument returned (Note [Schema: argument plan]). Everything else, and every op not listed, keeps
 // the boxed kernel, which stays the single source of truth for semantics: the list only decides
 // speed, and test_unboxed.py checks that every listed op did get its kernel. The unboxed kernel
 // is also reachable boxed (TorchScript, torch.ops): the dispatcher then unboxes into it.
@@ -145,8 +145,8 @@ struct Unboxed<Op, Ret(Args...)> {
     Call<kTensors> call(current_layer());
     (call.scan(args), ...);
     if (call.foreign() != nullptr) {
-      report_foreign_wrapper(std::string(Op::name) + "." + Op::overload_name, *call.foreign(),
-                             current_layer());
+      report_foreign_wrapper(c10::toString(c10::OperatorName(Op::name, Op::overload_name)),
+                             *call.foreign(), current_layer());
     }
     InnerCallGuard guard;
     if (!call.any()) return Op::call(args...);
@@ -161,8 +161,8 @@ struct Unboxed<Op, Ret(Args...)> {
 
 // In-place (`add_(Tensor(a!) self, ...)`, kOut = false) and out= (`mul.out(..., *, Tensor(a!)
 // out)`, kOut = true) ops whose functional variant FuncOp takes the same arguments minus `out`:
-// what mutable_kernel does for them, unboxed. Registration checks that the op's OpInfo has
-// exactly this plan.
+// what mutable_kernel does for them, unboxed. Registration checks that the op's plan is exactly
+// this one (`matches`).
 template <class MutOp, class FuncOp, bool kOut, class Sig = typename MutOp::schema>
 struct UnboxedMutable;
 
@@ -179,7 +179,7 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
                 "UnboxedMutable only unwraps Tensor, Tensor? and the written Tensor(a!)");
 
   static const std::string& name() {
-    static const std::string n = std::string(MutOp::name) + "." + MutOp::overload_name;
+    static const std::string n = c10::toString(c10::OperatorName(MutOp::name, MutOp::overload_name));
     return n;
   }
   // For messages: the written argument as the schema names it ("self" or "out" for every op
@@ -216,13 +216,19 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     return c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(UnboxedMutable::call));
   }
 
-  /// Does `info` (the op's classification) describe exactly what call() does?
-  static bool matches(const c10::OperatorHandle& op, const OpInfo& info) {
-    if (op.schema().arguments()[kWritten].name() != kWrittenName || info.kind != OpKind::Mutable || info.composite_whole || info.foreach_inplace ||
-        info.is_out != kOut || !info.functional_op.has_value() ||
+  /// Is `plan` exactly what call() does? See Note [Schema: argument plan].
+  static bool matches(const c10::OperatorHandle& op, const KernelPlan& plan) {
+    const OpInfo& info = plan.info;
+    const WrittenArg expected{static_cast<int>(kWritten), /*functional_return=*/0, kOut,
+                              /*is_returned=*/true};
+    if (plan.special != nullptr || info.kind != OpKind::Mutable ||
+        op.schema().arguments()[kWritten].name() != kWrittenName ||
         info.functional_op->operator_name() !=
             c10::OperatorName(FuncOp::name, FuncOp::overload_name) ||
-        !info.mutated_args.empty() || info.return_aliases != std::vector<int>{int(kWritten)} ||
+        info.written.size() != 1 || info.written[0].index != expected.index ||
+        info.written[0].functional_return != expected.functional_return ||
+        info.written[0].is_out != expected.is_out || !info.written[0].is_returned ||
+        info.return_aliases != std::vector<int>{expected.index} ||
         info.functional_args.size() != kFunctionalArgs) {
       return false;
     }
@@ -285,12 +291,12 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
 
 struct Entry {
   c10::KernelFunction (*kernel)();
-  bool (*matches)(const c10::OperatorHandle&, const OpInfo&);
+  bool (*matches)(const c10::OperatorHandle&, const KernelPlan&);
 };
 
-bool is_plain_functional(const c10::OperatorHandle& /*op*/, const OpInfo& info) {
-  return info.kind == OpKind::Functional && info.has_tensor_args && !info.wraps_plain_input &&
-         !info.composite_whole && !info.foreach_inplace;
+bool is_plain_functional(const c10::OperatorHandle& /*op*/, const KernelPlan& plan) {
+  return plan.special == nullptr && plan.info.kind == OpKind::Functional &&
+         !plan.info.wraps_plain_outputs;
 }
 
 const std::unordered_map<c10::OperatorName, Entry>& unboxed_kernels() {
@@ -323,7 +329,7 @@ std::optional<c10::KernelFunction> unboxed_kernel(const c10::OperatorHandle& op)
   const auto& table = unboxed_kernels();
   auto it = table.find(op.operator_name());
   if (it == table.end()) return std::nullopt;
-  if (!it->second.matches(op, classify_for_kernel(op))) return std::nullopt;
+  if (!it->second.matches(op, plan_for_kernel(op))) return std::nullopt;
   return it->second.kernel();
 }
 

@@ -1,9 +1,10 @@
 // View ops and in-place view ops on wrappers: run the view (or its *_copy twin) on the inner
 // value and record a ViewMeta so the view can be regenerated from, and written back to, its base.
-#include "kernels/Kernels.h"
+#include "kernels/Handlers.h"
 
 #include "core/Conversions.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
 #include <c10/util/Exception.h>
 
@@ -31,15 +32,9 @@ std::optional<c10::IValue> meta_reference(const c10::OperatorHandle& op, const a
                                           const std::vector<c10::IValue>& extra) {
   if (self.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return std::nullopt;
   MetaComputeGuard guard;
-  int64_t extent = self.storage_offset() + 1;
-  for (int64_t d = 0; d < self.dim(); ++d) {
-    if (self.size(d) == 0) {
-      extent = self.storage_offset() + 1;
-      break;
-    }
-    extent += (self.size(d) - 1) * self.stride(d);
-  }
-  auto storage = at::empty({extent}, self.options().device(c10::kMeta));
+  const auto nbytes = at::detail::computeStorageNbytes(self.sizes(), self.strides(), 1,
+                                                      self.storage_offset());
+  auto storage = at::empty({static_cast<int64_t>(nbytes)}, self.options().device(c10::kMeta));
   torch::jit::Stack stack{storage.as_strided(self.sizes(), self.strides(), self.storage_offset())};
   stack.insert(stack.end(), extra.begin(), extra.end());
   op.callBoxed(stack);

@@ -1,6 +1,6 @@
-"""functionalize(f, remove=...): enter a layer, wrap inputs, run f, unwrap outputs, exit the layer,
-then write input mutations back. Also the manual-use helpers (enable, to/from_functional, sync).
-All state changes happen in C++ (torch_functionalize._C); this file only composes them.
+"""functionalize(f, remove=...), and the manual-use helpers (enable, to/from_functional, sync).
+The functionalized call itself is C++'s (csrc/api/Call.h, shared with the C++ API); this file
+handles what is Python's: pytrees in and out, argument checks, tracer detection.
 """
 import contextlib
 import functools
@@ -14,20 +14,15 @@ from . import _C
 Remove = Literal["mutations", "mutations_and_views"]
 F = TypeVar("F", bound=Callable[..., Any])
 
-_REMOVE_VALUES = ("mutations", "mutations_and_views")
 
-
-def _check_remove(remove: str) -> None:
-    if remove not in _REMOVE_VALUES:
-        raise ValueError(
-            f'functionalize: remove must be "mutations" or "mutations_and_views"; got {remove!r}.'
-        )
+def check_remove(remove: str) -> None:
+    """Raises ValueError unless ``remove`` is "mutations" or "mutations_and_views"."""
+    _C._parse_remove(remove if isinstance(remove, str) else repr(remove))
 
 
 @contextlib.contextmanager
 def enable(remove: Remove = "mutations") -> Iterator[None]:
     """Functionalize ops on wrappers made by ``to_functional`` inside this block (manual use)."""
-    _check_remove(remove)
     guard = _C._Guard(remove)
     try:
         yield
@@ -65,22 +60,22 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
     ``torch.func.functionalize``: same outputs as plain tensors, input mutations written back."""
     if not callable(func):
         raise TypeError(f"functionalize: expected a callable, got {type(func).__name__}.")
-    _check_remove(remove)
+    check_remove(remove)
 
     @functools.wraps(func)
     def wrapped(*args, **kwargs):
-        # Positional tensors only, the common call, skip the pytree round trip (about 13 us of
-        # a 20 us call); anything else (kwargs, containers, non-tensors) goes through pytree.
+        # The call itself is C++'s (api/Call.h); here: pytrees in and out. Positional tensors
+        # only, the common call, skip the pytree round trip (about 13 us of a 20 us call).
         plain_args = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
         if plain_args:
-            originals = list(args)
+            inputs = list(args)
         else:
             flat, spec = pytree.tree_flatten((args, kwargs))
             positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
-            originals = [flat[i] for i in positions]
-        guard = _C._Guard(remove)
-        try:
-            wrappers = _C._to_functional_list(originals)
+            inputs = [flat[i] for i in positions]
+        result = []  # [output, its tensor leaves' rebuild function]
+
+        def run(wrappers):
             if plain_args:
                 out = func(*wrappers)
             else:
@@ -88,37 +83,33 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
                     flat[i] = w
                 f_args, f_kwargs = pytree.tree_unflatten(flat, spec)
                 out = func(*f_args, **f_kwargs)
-            out_tensors = _tensor_sequence(out)
-            leaves = out_tensors if out_tensors is not None else pytree.tree_leaves(out)
-            for t in [*leaves, *wrappers]:
-                if isinstance(t, torch.Tensor):
-                    _C._sync(t)
-        finally:
-            guard.close()
-        # The epilogue runs in the caller's dispatch state, so tracers record it last. Outputs
-        # are unwrapped after it, so that with views kept they can alias the updated inputs
-        # (Note [Inputs: outputs that alias inputs]); never under a tracer (graph outputs do not
-        # alias graph inputs).
-        _C._propagate_input_mutations(originals, wrappers)
+            tensors, rebuild = _tensor_leaves(out)
+            result.append(rebuild)
+            return tensors
+
+        # Outputs alias inputs only outside tracers: graph outputs never alias graph inputs
+        # (Note [Inputs: outputs that alias inputs]).
         alias = remove == "mutations" and not _tracing()
-
-        def unwrap(t: torch.Tensor) -> torch.Tensor:
-            return _C._unwrap_output(t, originals, wrappers, alias)
-
-        if isinstance(out, torch.Tensor):
-            return unwrap(out)
-        if out_tensors is not None:
-            return type(out)(unwrap(t) for t in out)
-        return pytree.tree_map_only(torch.Tensor, unwrap, out)
+        outputs = _C._call(inputs, remove, alias, run)
+        return result[0](outputs)
 
     return wrapped  # type: ignore[return-value]
 
 
-def _tensor_sequence(out: object) -> Any:
-    """`out` as its own list of tensor leaves when it is a tensor or a plain tuple / list of
-    tensors (what pytree would return, without its cost); None for any other structure."""
+def _tensor_leaves(out: object) -> tuple[list, Callable[[list], Any]]:
+    """The tensors in ``out`` and a function that rebuilds ``out`` with other tensors in their
+    places. A tensor and a plain tuple / list of tensors skip pytree (what it would return,
+    without its cost)."""
     if isinstance(out, torch.Tensor):
-        return [out]
+        return [out], lambda ts: ts[0]
     if type(out) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in out):
-        return out
-    return None
+        return list(out), type(out)
+    leaves, spec = pytree.tree_flatten(out)
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+    def rebuild(tensors):
+        for i, t in zip(positions, tensors):
+            leaves[i] = t
+        return pytree.tree_unflatten(leaves, spec)
+
+    return [leaves[i] for i in positions], rebuild

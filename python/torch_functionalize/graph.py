@@ -16,8 +16,6 @@ from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 if TYPE_CHECKING:
     from .api import Remove
 
-_REMOVE_OPTIONS = ("mutations", "mutations_and_views")
-
 # Placeholder meta keys that hold an example value: make_fx and torch.export write "val",
 # dynamo writes "example_value".
 _META_KEYS = ("val", "example_value")
@@ -37,14 +35,10 @@ def functionalize_graph(
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from .api import functionalize
+    from .api import check_remove, functionalize
 
     module = _as_graph_module(gm)
-    if remove not in _REMOVE_OPTIONS:
-        raise ValueError(
-            'functionalize_graph: remove must be "mutations" or "mutations_and_views"; '
-            f"got {remove!r}."
-        )
+    check_remove(remove)
 
     tracing_mode: Literal["real", "fake"]
     if example_inputs:

@@ -1,0 +1,43 @@
+// call_functionalized: wrap, run, sync, epilogue, unwrap. See api/Call.h.
+#include "api/Call.h"
+
+#include "core/Conversions.h"
+#include "core/Inputs.h"
+#include "core/Layer.h"
+#include "kernels/Registration.h"
+
+namespace tfz::detail {
+
+// Note [API: input epilogue]
+// After the call, each input gets exactly what eager would have done to it, in the caller's
+// dispatch state (so make_fx records it at the end of the graph):
+//   1. its in-place view ops (t_, transpose_, squeeze_, ...) replayed as called, which gives
+//      eager's sizes *and strides* in both remove modes (replaying value.sizes()/strides() with
+//      as_strided_, as torch.func does, gets the strides of a *_copy wrong);
+//   2. if its size changed otherwise (resize_), a resize_ to the new size;
+//   3. if any data was written to its storage (through it or any alias), one copy_ of the new
+//      value; inputs sharing a storage are written once (Note [Inputs: aliased inputs]).
+//      Inputs that were only viewed or whose metadata alone changed get no copy_.
+// call_functionalized runs it; the work is done by write_back_inputs (core/Inputs.cpp).
+
+std::vector<at::Tensor> call_functionalized(const std::vector<at::Tensor>& inputs, Remove remove,
+                                            bool alias_outputs, const FlatFn& fn) {
+  ensure_registered();
+  std::vector<at::Tensor> wrapped, outputs;
+  {
+    LayerGuard layer(remove == Remove::Mutations);
+    wrapped = wrap_inputs(inputs, layer.layer());
+    outputs = fn(wrapped);
+    for (const auto& t : outputs) {
+      if (auto* impl = maybe_get_impl(t)) impl->sync_();
+    }
+    for (const auto& t : wrapped) {
+      if (auto* impl = maybe_get_impl(t)) impl->sync_();
+    }
+  }
+  write_back_inputs(inputs, wrapped);
+  for (auto& t : outputs) t = unwrap_output(t, inputs, wrapped, alias_outputs);
+  return outputs;
+}
+
+}  // namespace tfz::detail

@@ -1,0 +1,75 @@
+// What the kernel files share: the handler signature, the generic handler of each OpKind, the
+// pieces of the mutation plan that the unboxed kernels reuse, and output wrapping. Registration
+// and the table of special operators have headers of their own (Registration.h, SpecialOps.h).
+#pragma once
+
+#include "core/Layer.h"
+#include "core/OpSchemaInfo.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <string>
+#include <string_view>
+
+namespace tfz::detail {
+
+class FunctionalTensorImpl;
+
+/// Handles one call of `op` whose arguments (on top of `stack`) include a wrapper of `layer`,
+/// and leaves the op's returns on the stack.
+using Handler = void (*)(const OpInfo& info, const c10::OperatorHandle& op,
+                         torch::jit::Stack* stack, const Layer& layer);
+
+// The generic handlers: what an op's schema (OpKind) asks for.
+void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                       const Layer& layer);
+void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                 const Layer& layer);
+void inplace_view_kernel(const OpInfo& info, const c10::OperatorHandle& op,
+                         torch::jit::Stack* stack, const Layer& layer);
+void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                    const Layer& layer);
+/// The generic handler of info.kind (Unsupported raises NotImplementedError with the reason).
+void generic_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                    const Layer& layer);
+
+/// mutable_kernel with the functional variant called on the wrappers instead of their inner
+/// values, Python un-hidden, so a composite variant decomposes above our key (under a
+/// TorchDispatchMode only; see Note [Kernel: composites intercepted whole]).
+void mutable_kernel_on_wrappers(const OpInfo& info, const c10::OperatorHandle& op,
+                                torch::jit::Stack* stack, const Layer& layer);
+
+/// A wrapper of another layer (or of none) reached op `op_name`'s kernel: throws the error that
+/// says why (a torch.func transform inside the function, or an escaped wrapper).
+[[noreturn]] void report_foreign_wrapper(std::string_view op_name, const FunctionalTensorImpl& impl,
+                                         const Layer* layer);
+
+// Pieces of mutable_kernel shared with the unboxed in-place/out= kernels.
+/// Eager's rules for writing `value` into `written` (Note [Kernel: eager errors of in-place ops]).
+void check_eager_rules(std::string_view op_name, const at::Tensor& written,
+                       const at::Tensor& value, bool resizes);
+/// `t`, passed as written argument `arg_name`, must be a wrapper without internal overlap.
+void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t);
+/// The written wrapper now holds `value`: replace, commit to its alias storage, sync.
+void write_back(const at::Tensor& wrapper, const at::Tensor& value);
+
+/// Wraps every tensor among the last `count` stack entries as a fresh base wrapper.
+void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id);
+
+/// Un-hides the Python key (but not PythonTLSSnapshot) for a composite op's work on wrappers under
+/// a TorchDispatchMode: ATen's dispatch_mode_enabled() then holds, so CIA kernels take their
+/// dispatcher-only paths. Every op they call still reaches our key first (it is in the included
+/// set and above Python), so nothing reaches the mode except through an inner call. See Note
+/// [Kernel: composites intercepted whole].
+class PythonUnhiddenGuard {
+ public:
+  PythonUnhiddenGuard() : guard_(unhidden()) {}
+
+ private:
+  static c10::impl::LocalDispatchKeySet unhidden();
+  c10::impl::ForceDispatchKeyGuard guard_;
+};
+
+}  // namespace tfz::detail

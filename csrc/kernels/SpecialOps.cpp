@@ -1,0 +1,543 @@
+// The special operators: every operator whose schema does not tell the whole story, as one row
+// of one table (matcher, plan adjustment, handler), each row with its Note saying what eager does
+// and why the generic path is not enough. Nothing else in the engine names an operator.
+// See Note [Kernel: special ops].
+#include "kernels/SpecialOps.h"
+
+#include "core/Conversions.h"
+#include "core/ViewInverses.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <string_view>
+#include <unordered_map>
+
+namespace tfz::detail {
+
+// Note [Kernel: special ops]
+// The generic kernel does what an operator's schema says (OpKind, core/OpSchemaInfo.cpp). A few
+// operators need more: their schema hides a write (native_batch_norm), changes storage (resize_,
+// set_), says "fresh tensor" for an alias (_unsafe_view), or their eager kernel bypasses the
+// dispatcher on our wrappers (composite ops with raw fast paths). Each is a row of kSpecialOps
+// below:
+//   matches   which operators the row takes (by name, or by a schema property);
+//   adjust    how the row changes the op's plan, once, at classification (optional);
+//   handle    what runs instead of the generic handler when a wrapper is among the arguments
+//             (optional; calls with plain arguments always pass through);
+//   intercepts_composite   register our kernel although the op is CompositeImplicitAutograd.
+// The first matching row wins. Adding a special operator is adding a row and its Note.
+// Rejected: special OpKinds (BatchNorm, Resize, ...) mixed into the schema's classification, with
+// their handling spread over the classifier, the dispatch switch and registration (what we had):
+// finding "the rule for native_batch_norm" took four files.
+
+namespace {
+
+using Stack = torch::jit::Stack;
+
+bool named(const c10::OperatorHandle& op, std::string_view name, std::string_view overload) {
+  const auto& n = op.operator_name();
+  return n.name == name && n.overload_name == overload;
+}
+
+bool is_aten(const c10::OperatorHandle& op) {
+  return op.operator_name().name.rfind("aten::", 0) == 0;
+}
+
+bool writes_an_argument(const c10::OperatorHandle& op) {
+  const auto& args = op.schema().arguments();
+  return std::any_of(args.begin(), args.end(), [](const c10::Argument& a) { return is_written(a); });
+}
+
+bool returns_an_alias(const c10::OperatorHandle& op) {
+  const auto& rets = op.schema().returns();
+  return std::any_of(rets.begin(), rets.end(),
+                     [](const c10::Argument& r) { return r.alias_info() != nullptr; });
+}
+
+void unsupported(OpInfo& info, std::string reason) {
+  info.kind = OpKind::Unsupported;
+  info.unsupported_reason = std::move(reason);
+}
+
+// --- set_ ------------------------------------------------------------------------------------
+
+// Note [Kernel: set_]
+// x.set_(source) makes x share source's storage (or a given storage): after it, writes through
+// either are seen by the other, and x's old aliases stop seeing x. torchgen gives it a functional
+// variant (aten::set.source_Tensor, ...), so the generic plan would replace x's value with a copy
+// and keep x in its old alias storage: silently wrong aliasing. Refused with a clear error until
+// alias storages can be merged.
+bool is_set(const c10::OperatorHandle& op) {
+  return op.operator_name().name == "aten::set_";
+}
+
+void refuse_set(const c10::OperatorHandle& /*op*/, OpInfo& info) {
+  unsupported(info,
+              "set_ swaps the storage of a tensor, which functionalize does not support yet. Use "
+              "the source tensor directly, or copy_ into the destination");
+}
+
+// --- native_batch_norm -------------------------------------------------------------------------
+
+// Note [Kernel: native_batch_norm]
+// native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps) is
+// declared functional, yet with training=True it updates running_mean/running_var in place.
+// Run generically, it would write straight into the inner tensors (for inputs: the user's own
+// buffers) and the traced graph would show a "functional" op with a side effect and no
+// write-back; torch.func.functionalize has exactly that hole. Here, in training mode with both
+// running stats given, we call _native_batch_norm_legit_functional, which returns the new stats,
+// and commit them like any mutation, so the graph shows the functional op and the input epilogue
+// writes the buffers back. Its outputs (out, save_mean, save_invstd) match native_batch_norm's.
+// Everything else (eval mode, missing stats) has no hidden write and goes the functional path.
+// When autograd records the call (grad mode on, and input, weight or bias requires grad), the
+// functional op's backward node saves its running-stat arguments; for inputs those are the
+// caller's buffers, which the epilogue's copy_ then bumps, and backward would fail its version
+// check (eager never bumps them: its write is hidden). So in that case only, the node gets clones
+// of the stats; a forward-only trace stays clone-free.
+
+bool is_native_batch_norm(const c10::OperatorHandle& op) {
+  return named(op, "aten::native_batch_norm", "");
+}
+
+void plan_native_batch_norm(const c10::OperatorHandle& /*op*/, OpInfo& info) {
+  info.functional_op =
+      c10::Dispatcher::singleton().findOp({"aten::_native_batch_norm_legit_functional", ""});
+  TORCH_INTERNAL_ASSERT(info.functional_op.has_value(),
+                        "aten::_native_batch_norm_legit_functional is not registered");
+}
+
+void native_batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op,
+                              torch::jit::Stack* stack, const Layer& layer) {
+  constexpr size_t kNumArgs = 8, kRunningMean = 3, kRunningVar = 4, kTraining = 5;
+  auto args = torch::jit::last(*stack, kNumArgs);
+  const bool training = args[kTraining].toBool();
+  const auto& mean = args[kRunningMean];
+  const auto& var = args[kRunningVar];
+  const bool has_stats = mean.isTensor() && mean.toTensor().defined() && var.isTensor() &&
+                         var.toTensor().defined();
+  if (!training || !has_stats) return functional_kernel(info, op, stack, layer);
+  for (const auto* stat : {&mean, &var}) {
+    TORCH_CHECK(maybe_get_impl(stat->toTensor()) != nullptr, "functionalize: ", info.name,
+                ": training-mode batch norm updates its running stats in place, and they are "
+                "plain tensors (created outside the function). Pass them to the function as "
+                "inputs (e.g. functionalize the module call with its buffers as arguments).");
+  }
+  std::vector<c10::IValue> inner(args.begin(), args.end());
+  const at::Tensor mean_wrapper = mean.toTensor(), var_wrapper = var.toTensor();
+  torch::jit::drop(*stack, kNumArgs);
+
+  InnerCallGuard guard;
+  for (auto& v : inner) transform_tensors(v, sync_and_unwrap);
+  bool records_autograd = false;
+  for (size_t i = 0; i < 3 && at::GradMode::is_enabled(); ++i) {
+    for_each_tensor(inner[i], [&](const at::Tensor& t) { records_autograd |= t.requires_grad(); });
+  }
+  if (records_autograd) {
+    inner[kRunningMean] = inner[kRunningMean].toTensor().clone();
+    inner[kRunningVar] = inner[kRunningVar].toTensor().clone();
+  }
+  torch::jit::Stack fstack(inner.begin(), inner.end());
+  info.functional_op->callBoxed(fstack);  // out, save_mean, save_invstd, new_mean, new_var
+  for (const auto& [wrapper, index] : {std::pair{mean_wrapper, 3}, std::pair{var_wrapper, 4}}) {
+    auto* impl = unsafe_get_impl(wrapper);
+    impl->replace_(fstack[index].toTensor());
+    impl->commit_update_();
+    impl->sync_();
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    torch::jit::push(*stack, make_fresh_wrapper(fstack[i].toTensor(), layer.id));
+  }
+}
+
+// --- resize_ / resize_as_ -----------------------------------------------------------------------
+
+// Note [Kernel: resize_]
+// Eager resize_ keeps the storage while the new size fits in it (shrinking, or growing back into
+// elements the storage still holds) and only reallocates, copying the old storage, past its end.
+// Program:                         Functionalized:
+//   x = torch.arange(4.)             x0 = arange(4)
+//   x.resize_(2); x.resize_(4)       x1 = as_strided(x0, [2], [1], 0); x2 = as_strided(x0, [4], [1], 0)
+//   return x + 1                     add(x2, 1)          (eager: [1, 2, 3, 4], old elements back)
+// So a resize_ that fits is a view step: as_strided(size, strides, base offset) of the alias
+// storage's base at the tensor's own offset, replacing the wrapper's chain (views included: the
+// step restates the view over the storage). Past the end of
+// the storage, a non-view wrapper (the storage's only user: other live aliases would diverge
+// from eager, so they are refused) moves to a new storage whose base is aten::resize of the whole
+// old storage. Either way the input epilogue replays the resize_ call on the caller's tensor.
+// Rejected: the functional aten::resize of the current value alone: it drops the elements past
+// the current size that eager keeps, so a shrink followed by a grow gave garbage.
+bool is_resize(const c10::OperatorHandle& op) {
+  return named(op, "aten::resize_", "") || named(op, "aten::resize_as_", "");
+}
+
+void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                   const Layer& layer) {
+  const size_t num_args = op.schema().arguments().size();
+  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
+  const at::Tensor self = args[0].toTensor();
+  auto* impl = maybe_get_impl(self);
+  TORCH_CHECK(impl != nullptr, "functionalize: ", info.name,
+              ": cannot resize a plain tensor (created outside the function) inside it. Pass it "
+              "to the function as an input.");
+  TORCH_CHECK_NOT_IMPLEMENTED(!self.unsafeGetTensorImpl()->has_symbolic_sizes_strides(),
+                              "functionalize: ", info.name, ": symbolic sizes are not supported.");
+  const bool is_resize_as = op.schema().name() == "aten::resize_as_";
+  const std::vector<int64_t> size =
+      is_resize_as ? args[1].toTensor().sizes().vec() : args[1].toIntVector();
+  const auto format = args[2].isNone() ? c10::MemoryFormat::Contiguous : args[2].toMemoryFormat();
+  if (self.sizes() == c10::IntArrayRef(size) && args[2].isNone()) {
+    torch::jit::drop(*stack, num_args);  // same size: eager changes nothing, strides included
+    torch::jit::push(*stack, self);
+    return;
+  }
+  std::vector<int64_t> strides;
+  {
+    MetaComputeGuard guard;  // eager's strides for this size and memory format
+    strides = at::empty(size, self.options().device(c10::kMeta).memory_format(format)).strides().vec();
+  }
+  const auto needed = static_cast<int64_t>(at::detail::computeStorageNbytes(size, strides, 1));
+
+  impl->sync_();
+  const at::Tensor base = impl->alias_storage().base();
+  // The wrapper's own offset is eager's (mirrored, or the reference metadata without views), and
+  // the storage's base starts where eager's storage does, so it is an offset into the base.
+  const int64_t offset = self.storage_offset();
+  const int64_t capacity = static_cast<int64_t>(base.storage().nbytes() / base.itemsize()) - offset;
+  int64_t view_offset = offset;
+  if (needed > capacity) {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        impl->is_resizable_base(), "functionalize: ", info.name,
+        ": growing a view past the end of its storage is not supported (eager would reallocate "
+        "the storage it shares). Resize the base tensor, or clone the view first.");
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        impl->storage().use_count() == 1, "functionalize: ", info.name,
+        ": growing a tensor past its storage while views of it are alive is not supported (the "
+        "views would no longer match eager). Resize before taking views, or clone first.");
+    at::Tensor grown;
+    {
+      InnerCallGuard guard;
+      const at::Tensor old = layer.reapply_views ? base.as_strided({capacity}, {1}, offset)
+                                                 : at::as_strided_copy(base, {capacity}, {1}, offset);
+      grown = at::resize(old, {needed});
+    }
+    impl->replace_storage_(grown);
+    view_offset = 0;
+  }
+  auto step = ViewMeta::as_strided(c10::fromIntArrayRefSlow(size), c10::fromIntArrayRefSlow(strides),
+                                   view_offset, layer.reapply_views);
+  // Replayed on the caller's tensor as resize_(size, memory_format): resize_as_'s template may be
+  // a wrapper, which must not reach the epilogue.
+  static const auto resize = c10::Dispatcher::singleton().findSchemaOrThrow("aten::resize_", "");
+  impl->resize_chain_(std::move(step),
+                      MetadataMutation{resize, {c10::IValue(size), args[2]}});
+  torch::jit::drop(*stack, num_args);
+  torch::jit::push(*stack, self);
+}
+
+// --- lift / lift_fresh / lift_fresh_copy ---------------------------------------------------------
+
+// Note [Kernel: lift_fresh]
+// torch.tensor(data) inside the function builds a plain tensor from Python data, then calls
+// lift_fresh (or lift_fresh_copy) on it: the constant enters the program there. Its argument is
+// plain, so the generic rule would pass it through and later mutations of the constant would stay
+// in the program as in-place ops. The row marks its outputs for wrapping, as for factories
+// (Note [Kernel: factories]); torch's own functionalization lifts them the same way.
+bool is_lift(const c10::OperatorHandle& op) {
+  const auto& name = op.operator_name().name;
+  return name == "aten::lift" || name == "aten::lift_fresh" || name == "aten::lift_fresh_copy";
+}
+
+void wrap_lifted(const c10::OperatorHandle& /*op*/, OpInfo& info) {
+  info.wraps_plain_outputs = true;
+}
+
+// --- _unsafe_view -----------------------------------------------------------------------------
+
+// Note [Kernel: _unsafe_view]
+// Its schema says "fresh tensor" (no alias annotation), but composite out= kernels (kron, matmul,
+// ...) write into out through _unsafe_view(out, shape): treated as functional, those writes would
+// be lost. So it is a view: replayed as itself in both modes (no *_copy twin is needed, and to
+// tracers it is not a view op) and inverted like view. torch's own functionalization treats it the
+// same way.
+bool is_unsafe_view(const c10::OperatorHandle& op) {
+  return named(op, "aten::_unsafe_view", "");
+}
+
+void plan_unsafe_view(const c10::OperatorHandle& op, OpInfo& info) {
+  info.kind = OpKind::View;
+  info.view_op = op;
+  info.copy_op = op;
+  info.inverse = find_inverse({"aten::view", ""});
+}
+
+// --- _reshape_alias ---------------------------------------------------------------------------
+
+// Note [Kernel: _reshape_alias]
+// reshape emits _reshape_alias(size, stride) only where view(size) is legal; its stride argument
+// is eager's, which a *_copy value (remove="mutations_and_views") does not have, and it has no
+// *_copy twin. It is replayed as view(size): the same elements, and a view_copy when views go.
+bool is_reshape_alias(const c10::OperatorHandle& op) {
+  return named(op, "aten::_reshape_alias", "");
+}
+
+void plan_reshape_alias(const c10::OperatorHandle& /*op*/, OpInfo& info) {
+  auto view = c10::Dispatcher::singleton().findOp({"aten::view", ""});
+  TORCH_INTERNAL_ASSERT(view.has_value(), "aten::view is not registered");
+  set_view_plan(*view, info);
+  info.replay_arg_count = 1;
+}
+
+// --- composite ops with raw fast paths ------------------------------------------------------------
+
+// Note [Kernel: composites intercepted whole]
+// CompositeImplicitAutograd (CIA) ops normally decompose above our key, so we only see the ops
+// they are made of. A few CIA kernels take a fast path that bypasses the dispatcher when their
+// tensors are not "subclass-like" (ATen's isTensorSubclassLike: Functionalize, Python, Batched,
+// Sparse, Meta keys... or an active TorchDispatchMode), and our wrappers are not:
+//  - out= ops resize `out` through at::native::resize_ on the TensorImpl (resize_output), which
+//    fails on a wrapper ("storage that is not resizable") or silently leaves its shape stale
+//    (matmul, linalg.matrix_power, linalg.multi_dot, quantile, linalg.norm, tensordot, ...);
+//  - max_pool1d and ctc_loss(Tensor lengths) read the input's data pointer directly.
+// We register our kernel for these ops (all CIA out= ops, plus the named ones) so that they are
+// handled whole: out= ops as Mutable (their functional variant, itself usually CIA, runs on the
+// inner tensors, where the fast path is legal) and the named ones as Functional. Autograd is
+// unaffected: it runs on the inner tensors during that call, as for every other op.
+// Under a TorchDispatchMode (make_fx), the inner call would hand the tracer the op's whole
+// decomposition, views included, which breaks remove="mutations_and_views". There the work is
+// done on the wrappers instead, with Python un-hidden so that ATen sees the active mode and takes
+// its dispatcher-only paths, and we see every op as usual: a functional op runs its CIA
+// decomposition (composite_kernel); an out= op calls its functional variant on the wrappers and
+// writes the result into out like any out= op (mutable_kernel). Not the out= op's own
+// decomposition: on subclass-like tensors some rebind their `out` reference to a new tensor
+// instead of writing it (linalg_matrix_rank.out), and the caller's out would keep its old value.
+// Rejected: marking wrappers subclass-like by adding one of those keys to their key set. Each has
+// a process-wide fallback that casts the TensorImpl to its own type (FunctionalTensorWrapper,
+// TensorWrapper, BatchedTensorImpl) or calls into Python, so a wrapper that escaped its call
+// would be undefined behaviour instead of our "escaped" error. Also rejected: intercepting every
+// CIA op whole (tried): dropout's RNG stream, batch_norm's hidden running-stat writes and
+// views in views-removed graphs all changed.
+bool has_raw_fast_path(const c10::OperatorHandle& op) {
+  if (!op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return false;
+  const auto& schema = op.schema();
+  if (schema.name() == "aten::max_pool1d" && schema.overload_name().empty()) return true;
+  if (schema.name() == "aten::ctc_loss" && schema.overload_name() == "Tensor") return true;
+  if (schema.name().rfind("aten::", 0) != 0) return false;
+  // Their decomposition never resizes out natively, so it already works on wrappers; and it
+  // never writes out at all for some dims (eager leaves `out` untouched: torch 2.13's
+  // fft_ihfftn_symint_out passes (tmp, out) to conj_physical_out, which takes (out, self)). Only
+  // the decomposition reproduces that, and matching eager is the contract.
+  if (schema.name() == "aten::fft_ihfftn" || schema.name() == "aten::fft_ihfft2") return false;
+  bool has_out = false;
+  for (const auto& a : schema.arguments()) {
+    if (is_written(a) && !is_out_argument(a)) return false;
+    has_out |= is_out_argument(a);
+  }
+  return has_out;
+}
+
+
+void composite_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
+                      const Layer& layer) {
+  if (!c10::impl::TorchDispatchModeTLS::any_modes_set()) {
+    return generic_kernel(info, op, stack, layer);
+  }
+  if (info.kind == OpKind::Mutable) return mutable_kernel_on_wrappers(info, op, stack, layer);
+  PythonUnhiddenGuard guard;
+  op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
+}
+
+// --- in-place _foreach_ ops -------------------------------------------------------------------------
+
+// Note [Kernel: _foreach_ ops on aliased lists]
+// An in-place _foreach_ op's functional variant computes every element from the values before the
+// call. Eager's CPU kernel (the slow path, taken on CPU) loops over the elements instead, so in
+// _foreach_add_([x, y], [y, x]) the second element reads the x the first one already updated
+// (torch.func.functionalize gets this wrong). When some written element shares an alias storage
+// with a tensor argument at another position (or is itself another position of a list), the op
+// is applied one index at a time, in order: a single-element call per index (tensor lists and
+// scalar lists sliced, every other argument as given), each functionalized as usual. Aliasing is
+// judged by alias storage, so disjoint views of one base also take this path; they get the same
+// values, as a sequence of single-element foreach ops in the graph. The per-element scalars
+// tensor of _foreach_addcmul_/addcdiv_.Tensor is sliced too.
+// Rejected: always splitting (a graph with N ops where eager has one, and N times the dispatch
+// cost on the optimizer's hot path, for a case that only arises with aliased lists).
+
+bool is_inplace_foreach(const c10::OperatorHandle& op) {
+  return op.operator_name().name.rfind("aten::_foreach_", 0) == 0 && writes_an_argument(op) &&
+         op.schema().returns().empty();
+}
+
+const AliasStorage* alias_of(const at::Tensor& t) {
+  auto* impl = maybe_get_impl(t);
+  return impl != nullptr ? &impl->alias_storage() : nullptr;
+}
+
+bool foreach_lists_alias(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& args = op.schema().arguments();
+  const auto first = stack.end() - static_cast<std::ptrdiff_t>(args.size());
+  // Lists of different lengths are an error the functional op reports in eager's words.
+  std::optional<size_t> length;
+  for (size_t j = 0; j < args.size(); ++j) {
+    const c10::IValue& v = *(first + static_cast<std::ptrdiff_t>(j));
+    if (!v.isList()) continue;
+    const size_t n = v.toListRef().size();
+    if (length && *length != n) return false;
+    length = n;
+  }
+  // One element has no order to respect (and a single-element call must not split again).
+  if (!length || *length < 2) return false;
+  // Per alias storage: the list position it was first seen at (-1: a non-list argument), whether
+  // it is used at more than one position, and whether some use is written. One pass, so the
+  // optimizer's long lists cost O(n).
+  struct Seen {
+    int64_t position;
+    bool several = false;
+    bool written = false;
+  };
+  std::unordered_map<const AliasStorage*, Seen> seen;
+  seen.reserve(*length * args.size());
+  auto use = [&](const at::Tensor& t, int64_t position, bool written) {
+    const auto* storage = alias_of(t);
+    if (storage == nullptr) return false;
+    auto [it, fresh] = seen.try_emplace(storage, Seen{position});
+    Seen& s = it->second;
+    if (!fresh && (position == -1 || position != s.position)) s.several = true;
+    s.written |= written;
+    return s.several && s.written;
+  };
+  for (size_t j = 0; j < args.size(); ++j) {
+    const bool written = is_written(args[j]);
+    const c10::IValue& v = *(first + static_cast<std::ptrdiff_t>(j));
+    if (v.isTensorList()) {
+      int64_t i = 0;
+      for (const at::Tensor& t : v.toTensorList()) {
+        if (use(t, i++, written)) return true;
+      }
+    } else if (v.isTensor() && use(v.toTensor(), -1, written)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void foreach_sequential_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  std::vector<c10::IValue> call_args(stack->end() - static_cast<std::ptrdiff_t>(args.size()),
+                                     stack->end());
+  torch::jit::drop(*stack, args.size());
+  size_t n = 0;
+  for (const auto& v : call_args) {
+    if (v.isTensorList()) n = std::max(n, v.toTensorList().size());
+  }
+  for (size_t i = 0; i < n; ++i) {
+    torch::jit::Stack one;
+    one.reserve(call_args.size());
+    for (const auto& v : call_args) {
+      if (v.isTensorList()) {
+        one.emplace_back(c10::List<at::Tensor>({v.toTensorList().get(i)}));
+      } else if (v.isList()) {  // Scalar[]: one scalar per element
+        auto list = v.toList();
+        c10::impl::GenericList elem(list.elementType());
+        elem.push_back(list.get(i));
+        one.emplace_back(std::move(elem));
+      } else if (v.isTensor() && args[&v - call_args.data()].name() == "scalars") {
+        // _foreach_addcmul_/addcdiv_.Tensor: one scalar per element, as a 1-D tensor.
+        one.emplace_back(v.toTensor().narrow(0, static_cast<int64_t>(i), 1));
+      } else {
+        one.push_back(v);
+      }
+    }
+    op.callBoxed(one);  // back through the dispatcher: each call is functionalized on its own
+  }
+}
+
+void foreach_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
+                    const Layer& layer) {
+  if (foreach_lists_alias(op, *stack)) return foreach_sequential_kernel(op, stack);
+  generic_kernel(info, op, stack, layer);
+}
+
+// --- custom ops --------------------------------------------------------------------------------
+
+// Note [Kernel: custom mutable ops]
+// An ATen in-place op has a functional twin in the schema table; a custom op that mutates its
+// arguments (torch.library, schema with Tensor(a!), Tensor(a!)? or Tensor(a!)[]) has none, and
+// torch.func.functionalize rejects it. On its first call on wrappers we register a companion:
+//   mylib::scale_(Tensor(a!) x, float k) -> ()
+//   tfz_functional::mylib__scale_(Tensor x, float k) -> Tensor       (new value of x)
+// Its schema has the original's arguments without alias annotations and returns the original's
+// returns followed by the new value of every written argument it does not return (the order of
+// appended_mutated_args). Its CompositeExplicitAutograd kernel clones the written arguments (one
+// clone per distinct tensor, so x passed twice is mutated twice, as in eager), calls the original
+// op on the clones and returns them. The mutation kernel then treats the pair like add_/add: the
+// traced graph shows one functional node, and the original's fake kernel serves fake tracing.
+// Rejected: clone-and-mutate inline in the graph (clone + mylib::scale_ on the clone) — correct,
+// but the graph would keep a mutable op, which is what functionalization must remove.
+
+bool is_custom_mutable(const c10::OperatorHandle& op) {
+  return !is_aten(op) && writes_an_argument(op);
+}
+
+void plan_custom_mutable(const c10::OperatorHandle& op, OpInfo& info) {
+  if (info.kind == OpKind::Unsupported) info = classify_mutable_with(op, functional_companion(op));
+}
+
+// Note [Kernel: custom view ops]
+// A custom op whose return aliases an argument is a view op the engine cannot replay or invert:
+// ViewMeta replays by calling the op again (fine), but writing through its output needs an
+// inverse, which only ATen's view ops have (core/ViewInverses.cpp). Refused with a clear error
+// instead of a View plan that would fail at the first write.
+bool is_custom_view(const c10::OperatorHandle& op) {
+  return !is_aten(op) && !writes_an_argument(op) && returns_an_alias(op);
+}
+
+void refuse_custom_view(const c10::OperatorHandle& /*op*/, OpInfo& info) {
+  unsupported(info,
+              "the op returns an alias of an input, and functionalize only knows how to replay "
+              "and invert ATen's own view ops. Make the custom op return a new tensor (clone)");
+}
+
+// --- the table ------------------------------------------------------------------------------
+
+constexpr std::array<SpecialOp, 10> kSpecialOps{{
+    // name                      matches               adjust                handle                   composite
+    {"set_", &is_set, &refuse_set, nullptr, false},
+    {"native_batch_norm", &is_native_batch_norm, &plan_native_batch_norm, &native_batch_norm_kernel, false},
+    {"resize_", &is_resize, nullptr, &resize_kernel, false},
+    {"lift_fresh", &is_lift, &wrap_lifted, nullptr, false},
+    {"_unsafe_view", &is_unsafe_view, &plan_unsafe_view, nullptr, false},
+    {"_reshape_alias", &is_reshape_alias, &plan_reshape_alias, nullptr, false},
+    {"composite with raw fast path", &has_raw_fast_path, nullptr, &composite_kernel, true},
+    {"in-place _foreach_", &is_inplace_foreach, nullptr, &foreach_kernel, false},
+    {"custom mutable op", &is_custom_mutable, &plan_custom_mutable, nullptr, false},
+    {"custom view op", &is_custom_view, &refuse_custom_view, nullptr, false},
+}};
+
+}  // namespace
+
+const SpecialOp* find_special_op(const c10::OperatorHandle& op) {
+  for (const auto& row : kSpecialOps) {
+    if (row.matches(op)) return &row;
+  }
+  return nullptr;
+}
+
+KernelPlan plan_for_kernel(const c10::OperatorHandle& op) {
+  KernelPlan plan{classify(op), find_special_op(op)};
+  if (plan.special != nullptr && plan.special->adjust != nullptr) plan.special->adjust(op, plan.info);
+  return plan;
+}
+
+bool is_intercepted(const c10::OperatorHandle& op) {
+  if (!op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return true;
+  const auto* row = find_special_op(op);
+  return row != nullptr && row->intercepts_composite;
+}
+
+}  // namespace tfz::detail
