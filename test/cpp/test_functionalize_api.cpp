@@ -3,6 +3,8 @@
 // compares outputs and the final state of the inputs. Errors and thread dispatch state are checked too.
 #include <torch_functionalize/functionalize.h>
 
+#include "TestUtils.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -17,60 +19,7 @@
 
 namespace {
 
-constexpr std::array<tfz::Remove, 2> kBothModes = {
-    tfz::Remove::Mutations, tfz::Remove::MutationsAndViews};
-
-std::string mode_name(tfz::Remove remove) {
-  return remove == tfz::Remove::Mutations ? "mutations" : "mutations_and_views";
-}
-
-// Raw bits of the thread's local dispatch key set, so before/after can be compared exactly.
-struct DispatchTls {
-  uint64_t included;
-  uint64_t excluded;
-};
-
-DispatchTls dispatch_tls() {
-  const c10::impl::LocalDispatchKeySet tls = c10::impl::tls_local_dispatch_key_set();
-  return {tls.included_.raw_repr(), tls.excluded_.raw_repr()};
-}
-
-void expect_same_dispatch_tls(const DispatchTls& before) {
-  const DispatchTls after = dispatch_tls();
-  EXPECT_EQ(after.included, before.included) << "TLS included_ set changed";
-  EXPECT_EQ(after.excluded, before.excluded) << "TLS excluded_ set changed";
-}
-
-// Values, dtype and sizes always; strides only when asked, since `*_copy` outputs may be contiguous.
-void expect_same_tensor(
-    const at::Tensor& actual,
-    const at::Tensor& expected,
-    const std::string& what,
-    bool check_strides) {
-  SCOPED_TRACE(what);
-  ASSERT_TRUE(actual.defined());
-  ASSERT_TRUE(expected.defined());
-  EXPECT_FALSE(tfz::is_functional(actual)) << "a functional wrapper reached the caller";
-  ASSERT_EQ(actual.scalar_type(), expected.scalar_type());
-  ASSERT_EQ(actual.sizes(), expected.sizes());
-  if (check_strides) {
-    EXPECT_EQ(actual.strides(), expected.strides());
-  }
-  if (c10::isFloatingType(expected.scalar_type())) {
-    EXPECT_TRUE(at::allclose(actual, expected)) << "got\n" << actual << "\neager\n" << expected;
-  } else {
-    EXPECT_TRUE(at::equal(actual, expected)) << "got\n" << actual << "\neager\n" << expected;
-  }
-}
-
-std::vector<at::Tensor> clone_all(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> out;
-  out.reserve(ts.size());
-  for (const at::Tensor& t : ts) {
-    out.push_back(t.clone());
-  }
-  return out;
-}
+using namespace tfz::test;
 
 // Runs `fn` eagerly on clones and functionalized on other clones; outputs and final inputs must agree.
 void expect_matches_eager(
@@ -108,29 +57,6 @@ void expect_matches_eager_in_both_modes(
 }
 
 // Checks that `f` throws exactly an `E` (or subclass) whose message contains `fragment`.
-template <typename E, typename F>
-void expect_throws_with(F&& f, const std::string& fragment) {
-  try {
-    f();
-  } catch (const E& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(fragment), std::string::npos)
-        << "message does not mention \"" << fragment << "\": " << msg;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a different exception type: " << e.what();
-    return;
-  } catch (...) {
-    ADD_FAILURE() << "threw a non-std exception";
-    return;
-  }
-  ADD_FAILURE() << "did not throw";
-}
-
-at::Tensor float_grid(int64_t rows, int64_t cols, double offset = 0.0) {
-  return (at::arange(rows * cols, at::kFloat) + offset).view({rows, cols});
-}
-
 // Deep copy of an IValue: every tensor inside lists, tuples and dicts is cloned.
 c10::IValue deep_clone(const c10::IValue& v) {
   if (v.isTensor()) {
@@ -607,7 +533,7 @@ TEST(FunctionalizeApiTest, ExceptionInsideFnPropagatesAndRestoresDispatchState) 
   };
   expect_throws_with<std::runtime_error>([&] { tfz::functionalize(fn)({x}); }, "boom from fn");
   expect_same_dispatch_tls(before);
-  // No epilogue runs on exception (DESIGN.md 2.2), so the write before the throw is lost.
+  // No epilogue runs on exception (api/Call.h), so the write before the throw is lost.
   expect_same_tensor(x, original, "input after the exception", true);
   // And no layer is left behind: a later call is not refused as nested.
   tfz::TensorFn ok = [](const std::vector<at::Tensor>& xs) -> std::vector<at::Tensor> {

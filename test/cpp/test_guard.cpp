@@ -3,6 +3,8 @@
 // Also checks that the guard restores the thread's dispatch state and leaves plain tensors alone.
 #include <torch_functionalize/functionalize.h>
 
+#include "TestUtils.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -14,62 +16,7 @@
 #include <thread>
 #include <vector>
 
-namespace {
-
-struct DispatchTls {
-  uint64_t included;
-  uint64_t excluded;
-};
-
-DispatchTls dispatch_tls() {
-  const c10::impl::LocalDispatchKeySet tls = c10::impl::tls_local_dispatch_key_set();
-  return {tls.included_.raw_repr(), tls.excluded_.raw_repr()};
-}
-
-void expect_same_dispatch_tls(const DispatchTls& before) {
-  const DispatchTls after = dispatch_tls();
-  EXPECT_EQ(after.included, before.included) << "TLS included_ set changed";
-  EXPECT_EQ(after.excluded, before.excluded) << "TLS excluded_ set changed";
-}
-
-// Values, dtype and sizes always; strides only when asked, since `*_copy` results may be contiguous.
-void expect_same_tensor(
-    const at::Tensor& actual,
-    const at::Tensor& expected,
-    const std::string& what,
-    bool check_strides) {
-  SCOPED_TRACE(what);
-  ASSERT_TRUE(actual.defined());
-  EXPECT_FALSE(tfz::is_functional(actual)) << "expected a plain tensor";
-  ASSERT_EQ(actual.scalar_type(), expected.scalar_type());
-  ASSERT_EQ(actual.sizes(), expected.sizes());
-  if (check_strides) {
-    EXPECT_EQ(actual.strides(), expected.strides());
-  }
-  EXPECT_TRUE(at::allclose(actual, expected)) << "got\n" << actual << "\neager\n" << expected;
-}
-
-template <typename E, typename F>
-void expect_throws_with(F&& f, const std::string& fragment) {
-  try {
-    f();
-  } catch (const E& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(fragment), std::string::npos)
-        << "message does not mention \"" << fragment << "\": " << msg;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a different exception type: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "did not throw";
-}
-
-at::Tensor float_grid(int64_t rows, int64_t cols, double offset = 0.0) {
-  return (at::arange(rows * cols, at::kFloat) + offset).view({rows, cols});
-}
-
-}  // namespace
+using namespace tfz::test;
 
 TEST(FunctionalizeGuardTest, ManualInPlaceAddReachesTheInputOnlyThroughPropagate) {
   at::Tensor x = float_grid(2, 3);
