@@ -87,24 +87,11 @@ def _error_text(e: BaseException) -> str:
 
 
 def mismatch(expected: Any, actual: Any) -> str | None:
-    """None if the two pytrees agree (tensors by value, within float tolerance), else why not."""
-    e_leaves, e_spec = pytree.tree_flatten(expected)
-    a_leaves, a_spec = pytree.tree_flatten(actual)
-    if e_spec != a_spec:
-        return f"structure differs: {a_spec} vs {e_spec}"
-    for i, (e, a) in enumerate(zip(e_leaves, a_leaves)):
-        if isinstance(e, torch.Tensor):
-            if not isinstance(a, torch.Tensor):
-                return f"leaf {i}: got {type(a).__name__}, expected a tensor"
-            if type(a) is not torch.Tensor and not isinstance(a, torch.nn.Parameter):
-                return f"leaf {i}: got a {type(a).__name__}, expected a plain tensor"
-            try:
-                torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4, equal_nan=True)
-            except AssertionError as err:
-                return f"leaf {i}: " + " ".join(str(err).split())[:150]
-        elif e != a:
-            return f"leaf {i}: {a!r} != {e!r}"
-    return None
+    """None if the two pytrees agree (torch_functionalize.testing.compare, float tolerance 1e-4),
+    else why not."""
+    from torch_functionalize.testing import compare
+
+    return compare(actual, expected, "leaf", rtol=1e-4, atol=1e-4)
 
 
 def run_and_check(impl: str, w: workloads.Workload, reference: tuple[Any, Any]) -> str | None:

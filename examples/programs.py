@@ -2,10 +2,10 @@
 
 A programs file defines PROGRAMS = {name: (function, input shapes)}, one shape per positional
 argument. The six programs here are the demo's built-in ones; they are defined in the package
-(torch_functionalize/_programs.py) so the demo also runs from an installed wheel.
+(torch_functionalize/cli/programs.py) so the demo also runs from an installed wheel.
 """
 
-from torch_functionalize._programs import (  # noqa: F401  (re-exported for `FILE.py:FUNCTION`)
+from torch_functionalize.cli.programs import (  # noqa: F401  (re-exported for `FILE.py:FUNCTION`)
     PROGRAMS as _BUILTIN_PROGRAMS,
     clone_add,
     diagonal_add,

@@ -1,5 +1,5 @@
-"""Entry point of `python -m torch_functionalize`: the functionalization demo (see _demo.py)."""
+"""Entry point of `python -m torch_functionalize`: the functionalization demo (see cli/command.py)."""
 
-from ._demo import main
+from .cli import main
 
 raise SystemExit(main())

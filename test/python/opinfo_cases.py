@@ -8,7 +8,7 @@ mode, and returns one `RunResult` per (implementation, mode): the outputs and th
 the inputs must match eager, the make_fx graph must be functional, and that graph, run again on
 fresh inputs, must match eager too. Cases that cannot be compared (eager raises, eager is not
 deterministic, uninitialized outputs) are kept with a "not applicable" reason, never dropped.
-This module knows nothing of pytest or reports: test_opinfo.py and opinfo_sweep.py drive it.
+This module knows nothing of pytest or reports: test_opinfo.py and tools/opinfo_sweep.py drive it.
 """
 
 import contextlib
@@ -27,6 +27,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import reference
+from torch_functionalize.testing import clone_inputs
 
 DEVICE = "cpu"
 # Random OpInfos call torch.manual_seed(42) inside the op (wrapper_set_seed), which a make_fx
@@ -288,8 +289,7 @@ def _seed():
 
 def _clone(tensors):
     """Fresh copies; strided tensors keep their strides, sparse ones are cloned."""
-    return [reference.clone_preserving_strides(t) if t.layout == torch.strided else t.clone()
-            for t in tensors]
+    return list(clone_inputs(tuple(tensors)))
 
 
 def _tensor_leaves(tree):

@@ -10,6 +10,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from torch_functionalize.testing import clone_inputs, compare
+
 REMOVE_MODES = ("mutations", "mutations_and_views")
 
 # Ops the input write-back epilogue may apply to placeholders: data write-back plus the
@@ -36,50 +38,11 @@ def default_impl():
     return torch_functionalize.functionalize
 
 
-def clone_preserving_strides(t):
-    """A fresh tensor equal to `t` with the same sizes, strides and requires_grad."""
-    with torch.no_grad():
-        if torch._debug_has_internal_overlap(t) == 0 and t.numel() > 0:
-            # Non-overlapping: keep the exact strides (transposed, sliced-looking layouts).
-            out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
-            out.copy_(t)
-        else:
-            out = t.clone()
-    out.requires_grad_(t.requires_grad)
-    return out
-
-
-def clone_inputs(tree):
-    """Clones every tensor leaf of a pytree, leaving non-tensor leaves as they are."""
-    return pytree.tree_map(
-        lambda v: clone_preserving_strides(v) if isinstance(v, torch.Tensor) else v, tree
-    )
-
-
-def _assert_tensor_equal(actual, expected, what, check_strides):
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    if check_strides:
-        assert actual.stride() == expected.stride(), (
-            f"{what}: stride {actual.stride()} != {expected.stride()}"
-        )
-    torch.testing.assert_close(
-        actual.detach(), expected.detach(), equal_nan=True, msg=lambda m: f"{what}: {m}"
-    )
-
-
 def assert_trees_match(actual, expected, what, check_strides=False):
-    """Same pytree structure; tensors equal (dtype, shape, values, NaNs); other leaves ==."""
-    actual_leaves, actual_spec = pytree.tree_flatten(actual)
-    expected_leaves, expected_spec = pytree.tree_flatten(expected)
-    assert actual_spec == expected_spec, f"{what}: structure {actual_spec} != {expected_spec}"
-    for i, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
-        where = f"{what} leaf {i}"
-        if isinstance(e, torch.Tensor):
-            assert isinstance(a, torch.Tensor), f"{where}: expected a tensor, got {type(a)}"
-            _assert_tensor_equal(a, e, where, check_strides)
-        else:
-            assert a == e, f"{where}: {a!r} != {e!r}"
+    """Same pytree structure; tensors equal (type, dtype, shape, values, NaNs); other leaves ==.
+    The rule is torch_functionalize.testing.compare's (shared with the benchmarks and the CLI)."""
+    problem = compare(actual, expected, what, check_strides=check_strides)
+    assert problem is None, problem
 
 
 def assert_matches_eager(
@@ -118,12 +81,12 @@ def assert_matches_eager(
     for i, (a, e) in enumerate(zip(func_leaves, eager_leaves)):
         if not isinstance(e, torch.Tensor):
             continue
-        _assert_tensor_equal(a, e, f"input {i}", check_input_strides)
+        assert_trees_match(a, e, f"input {i}", check_input_strides)
         if check_input_strides:
             assert a.storage_offset() == e.storage_offset(), f"input {i}: storage offset"
         if e._base is not None:
             assert a._base is not None, f"input {i}: lost its base"
-            _assert_tensor_equal(a._base, e._base, f"base of input {i}", check_input_strides)
+            assert_trees_match(a._base, e._base, f"base of input {i}", check_input_strides)
 
     if check_graph:
         graph_args = tuple(make_inputs()) if make_inputs is not None else clone_inputs(inputs)

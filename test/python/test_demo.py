@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from torch_functionalize import _demo
+from torch_functionalize.cli import command as _demo
 
 PROGRAM_NAMES = (
     "clone_add",

@@ -13,9 +13,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_functionalize as tfz
 # The first four programs are also demo programs: one definition for both.
-from torch_functionalize._programs import clone_add as clone_then_add_
-from torch_functionalize._programs import input_mutated_through_view, view_of_mutated_intermediate
-from torch_functionalize._programs import slice_mutation as column_of_clone_mutated
+from torch_functionalize.cli.programs import clone_add as clone_then_add_
+from torch_functionalize.cli.programs import input_mutated_through_view, view_of_mutated_intermediate
+from torch_functionalize.cli.programs import slice_mutation as column_of_clone_mutated
 
 from reference import assert_functional_graph, assert_matches_eager, call_targets, trace
 

@@ -1,10 +1,10 @@
 """OpInfo differential sweep: runs the cases of opinfo_cases.py and writes docs/coverage.md.
 
-    python test/python/opinfo_sweep.py --full --out docs/coverage.md     # every op, every sample
-    python test/python/opinfo_sweep.py --subset                          # the CI subset
-    python test/python/opinfo_sweep.py --ops add,view --out /tmp/c.md    # a few ops
-    python test/python/opinfo_sweep.py --full --json r.json              # also keep raw results
-    python test/python/opinfo_sweep.py --from-json r.json --out c.md     # re-render, run nothing
+    python tools/opinfo_sweep.py --full --out docs/coverage.md     # every op, every sample
+    python tools/opinfo_sweep.py --subset                          # the CI subset
+    python tools/opinfo_sweep.py --ops add,view --out /tmp/c.md    # a few ops
+    python tools/opinfo_sweep.py --full --json r.json              # also keep raw results
+    python tools/opinfo_sweep.py --from-json r.json --out c.md     # re-render, run nothing
 
 The ops are split into chunks; each chunk runs in its own process (`--jobs` at a time), which
 appends one JSON line per event to its own file. A process that dies (a crash) or stops making
@@ -29,12 +29,16 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+REPO = os.path.dirname(HERE)
+# The cases live with the tests (test/python/test_opinfo.py runs their fast subset); a snapshot
+# harness (snapshot_engine below) carries copies of them beside this file.
+CASES = HERE if os.path.exists(os.path.join(HERE, "opinfo_cases.py")) else os.path.join(
+    REPO, "test", "python")
+sys.path.insert(0, CASES)
 
-import opinfo_cases as oc  # noqa: E402  (imports torch and reference, not the engine)
+import opinfo_cases as oc  # noqa: E402
 
-FULL_COMMAND = "python test/python/opinfo_sweep.py --full --out docs/coverage.md"
+FULL_COMMAND = "python tools/opinfo_sweep.py --full --out docs/coverage.md"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,8 +193,9 @@ def snapshot(workdir):
                     ignore=shutil.ignore_patterns("__pycache__"))
     harness = os.path.join(workdir, "harness")
     os.makedirs(harness)
-    for name in ("opinfo_sweep.py", "opinfo_cases.py", "reference.py"):
-        shutil.copy2(os.path.join(HERE, name), harness)
+    shutil.copy2(os.path.abspath(__file__), harness)
+    for name in ("opinfo_cases.py", "reference.py"):
+        shutil.copy2(os.path.join(CASES, name), harness)
     return target, os.path.join(harness, "opinfo_sweep.py")
 
 
@@ -568,7 +573,7 @@ def main(argv=None):
     if "--json" in shown:  # an extra output; the report does not depend on it
         i = shown.index("--json")
         del shown[i:i + 2]
-    command = "python test/python/opinfo_sweep.py " + " ".join(shown)
+    command = "python tools/opinfo_sweep.py " + " ".join(shown)
     results, duration = run_sweep(args, keys)
     meta = {
         "command": command.strip(),

@@ -2,29 +2,36 @@
 
 For each program it prints the source, the make_fx graph before and after side by side, how many
 mutations (and views) were removed, and an equivalence check against eager on random inputs.
-It owns the command line only; the built-in programs live in _programs.py, the transform in api.py.
+This module owns the command line and the run of one program; rendering is in render.py, the
+built-in programs in programs.py, the check against eager in torch_functionalize.testing.
 """
 
 import argparse
 import importlib.util
 import inspect
-import itertools
 import os
 import sys
-import textwrap
+import typing
 from pathlib import Path
 
 import torch
-import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .api import functionalize
+from ..api import Remove, functionalize
+from ..testing import check_against_eager
+from .render import (
+    WIDTH,
+    count_mutations,
+    count_views,
+    dtype_name,
+    epilogue_nodes,
+    graph_lines,
+    side_by_side,
+    source,
+    truncate,
+)
 
-WIDTH = 120
-_SEPARATOR = " | "
-_COLUMN = (WIDTH - len(_SEPARATOR)) // 2
-_MAX_SOURCE_LINES = 16
-_REMOVE_OPTIONS = ("mutations", "mutations_and_views")
+_REMOVE_OPTIONS = typing.get_args(Remove)
 # Seeds of the random inputs: one set to trace on, a different one to check the traced graph.
 _TRACE_SEED, _CHECK_SEED = 0, 1
 
@@ -116,7 +123,7 @@ def _select_programs(target, program, shapes):
     if target is None:
         path = _default_programs_file()
         if path is None:
-            from ._programs import PROGRAMS as programs
+            from .programs import PROGRAMS as programs
         else:
             programs = _programs_of(_load_module(path), path)
     else:
@@ -145,7 +152,7 @@ def _select_programs(target, program, shapes):
 
 def _default_programs_file():
     """examples/programs.py of the source tree this package runs from, if there is one."""
-    path = Path(__file__).resolve().parents[2] / "examples" / "programs.py"
+    path = Path(__file__).resolve().parents[3] / "examples" / "programs.py"
     return path if path.is_file() else None
 
 
@@ -248,10 +255,10 @@ def _parse_dtype(name):
 def _demo_program(name, fn, shapes, dtype, remove):
     """Print the demo of one program; return whether it matches eager."""
     print(f"\n{(' ' + name + ' ').center(WIDTH, '=')}")
-    print(_source(fn))
+    print(source(fn))
     names = _arg_names(fn, shapes)
     print(
-        "inputs: " + ", ".join(f"{a}: {_dtype_name(dtype)}{list(s)}" for a, s in zip(names, shapes))
+        "inputs: " + ", ".join(f"{a}: {dtype_name(dtype)}{list(s)}" for a, s in zip(names, shapes))
     )
     trace_inputs = _random_inputs(shapes, dtype, _TRACE_SEED)
     try:
@@ -265,19 +272,19 @@ def _demo_program(name, fn, shapes, dtype, remove):
         return False
 
     print(
-        _side_by_side(
-            _graph_lines(before, with_epilogue=False), _graph_lines(after, with_epilogue=True)
+        side_by_side(
+            graph_lines(before, with_epilogue=False), graph_lines(after, with_epilogue=True)
         )
     )
-    before_mut, after_mut = _count_mutations(before), _count_mutations(after)
-    epilogue = len(_epilogue_nodes(after))
+    before_mut, after_mut = count_mutations(before), count_mutations(after)
+    epilogue = len(epilogue_nodes(after))
     left = after_mut - epilogue
     print(
         f"mutations removed: {before_mut - left} ({before_mut} traced, {left} left); "
         f"epilogue: {epilogue} write-back(s) into inputs"
     )
     if remove == "mutations_and_views":
-        before_views, after_views = _count_views(before), _count_views(after)
+        before_views, after_views = count_views(before), count_views(after)
         print(
             f"views removed: {before_views - after_views} "
             f"({before_views} traced, {after_views} left)"
@@ -289,29 +296,12 @@ def _demo_program(name, fn, shapes, dtype, remove):
     return problem is None
 
 
-def _source(fn):
-    """The function's source, indented, at most _MAX_SOURCE_LINES lines of at most WIDTH columns."""
-    try:
-        lines = textwrap.dedent(inspect.getsource(fn)).rstrip().splitlines()
-    except (OSError, TypeError):
-        return f"    <no source for {fn!r}>"
-    if len(lines) > _MAX_SOURCE_LINES:
-        lines = lines[: _MAX_SOURCE_LINES - 1] + [
-            f"... ({len(lines) - _MAX_SOURCE_LINES + 1} more lines)"
-        ]
-    return "\n".join(_truncate("    " + line, WIDTH) for line in lines)
-
-
 def _arg_names(fn, shapes):
     try:
         names = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         names = []
     return names[: len(shapes)] + [f"arg{i}" for i in range(len(names), len(shapes))]
-
-
-def _dtype_name(dtype):
-    return str(dtype).replace("torch.", "")
 
 
 def _random_inputs(shapes, dtype, seed):
@@ -333,108 +323,7 @@ def _clone(inputs):
 
 def _first_line(error):
     text = str(error).strip().splitlines()
-    return _truncate(text[0] if text else "", 80)
-
-
-# --- graphs ------------------------------------------------------------------------------------
-
-
-def _is_mutable(node):
-    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-    return schema is not None and schema.is_mutable
-
-
-def _is_view(node):
-    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-    if schema is None:
-        return False
-    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-
-
-def _epilogue_nodes(gm):
-    """The trailing mutable ops that write into inputs (directly or via earlier epilogue ops)."""
-    epilogue = set()
-    for node in reversed(gm.graph.nodes):
-        if not _is_mutable(node):
-            continue
-        written = node.args[0] if node.args else None
-        if not isinstance(written, torch.fx.Node) or written.op not in ("placeholder", "get_attr"):
-            break
-        epilogue.add(node)
-    return epilogue
-
-
-def _count_mutations(gm):
-    return sum(_is_mutable(n) for n in gm.graph.nodes)
-
-
-def _count_views(gm):
-    return sum(_is_view(n) for n in gm.graph.nodes)
-
-
-def _graph_lines(gm, with_epilogue):
-    """One line per node, e.g. 'M %add_ = aten.add_.Tensor(%clone, 1)'."""
-    epilogue = _epilogue_nodes(gm) if with_epilogue else set()
-    lines = []
-    for node in gm.graph.nodes:
-        mark = (
-            "E"
-            if node in epilogue
-            else "M"
-            if _is_mutable(node)
-            else "V"
-            if _is_view(node)
-            else " "
-        )
-        lines.append(f"{mark} {_format_node(node)}")
-    return lines
-
-
-def _format_node(node):
-    if node.op == "placeholder":
-        return f"%{node.name} = input"
-    if node.op == "get_attr":
-        return f"%{node.name} = self.{node.target}"
-    if node.op == "output":
-        return f"return {_format_arg(node.args[0])}"
-    args = [_format_arg(a) for a in node.args]
-    args += [f"{k}={_format_arg(v)}" for k, v in node.kwargs.items() if k not in ("pin_memory",)]
-    return f"%{node.name} = {_format_target(node.target)}({', '.join(args)})"
-
-
-def _format_target(target):
-    if isinstance(target, torch._ops.OpOverload):
-        name = str(target)
-        return name[: -len(".default")] if name.endswith(".default") else name
-    return getattr(target, "__name__", str(target))
-
-
-def _format_arg(arg):
-    if isinstance(arg, torch.fx.Node):
-        return f"%{arg.name}"
-    if isinstance(arg, list):
-        return "[" + ", ".join(_format_arg(a) for a in arg) + "]"
-    if isinstance(arg, tuple):
-        return "(" + ", ".join(_format_arg(a) for a in arg) + ("," if len(arg) == 1 else "") + ")"
-    if isinstance(arg, torch.device):
-        return repr(str(arg))
-    if isinstance(arg, torch.dtype):
-        return _dtype_name(arg)
-    return repr(arg)
-
-
-def _side_by_side(left, right):
-    header = ("before: make_fx(f)", "after: make_fx(functionalize(f, remove))")
-    rows = [header, ("-" * _COLUMN, "-" * _COLUMN)]
-    rows += itertools.zip_longest(left, right, fillvalue="")
-    return "\n".join(
-        (_truncate(a, _COLUMN).ljust(_COLUMN) + _SEPARATOR + _truncate(b, _COLUMN)).rstrip()
-        for a, b in rows
-    )
-
-
-def _truncate(text, width):
-    return text if len(text) <= width else text[: width - 3] + "..."
+    return truncate(text[0] if text else "", 80)
 
 
 # --- equivalence -------------------------------------------------------------------------------
@@ -442,48 +331,5 @@ def _truncate(text, width):
 
 def _check_equivalence(fn, after, remove, inputs):
     """None if the traced graph and functionalize(fn) match eager fn on `inputs`; else why not."""
-    expected_inputs = _clone(inputs)
-    try:
-        expected = fn(*expected_inputs)
-    except Exception as error:
-        return f"eager raised {type(error).__name__}: {_first_line(error)}"
     candidates = (("traced graph", after), ("functionalize(f)", functionalize(fn, remove=remove)))
-    for label, candidate in candidates:
-        actual_inputs = _clone(inputs)
-        try:
-            actual = candidate(*actual_inputs)
-        except Exception as error:
-            return f"{label} raised {type(error).__name__}: {_first_line(error)}"
-        problem = _compare(actual, expected, "output") or _compare(
-            actual_inputs, expected_inputs, "input"
-        )
-        if problem:
-            return f"{label}: {problem}"
-    return None
-
-
-def _compare(actual, expected, what):
-    """None if two pytrees hold equal values; else the first difference."""
-    actual_leaves, actual_spec = pytree.tree_flatten(actual)
-    expected_leaves, expected_spec = pytree.tree_flatten(expected)
-    if actual_spec != expected_spec:
-        return f"{what} structure differs"
-    for i, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
-        if not isinstance(e, torch.Tensor):
-            if a != e:
-                return f"{what} {i}: got {a!r}, expected {e!r}"
-            continue
-        if not isinstance(a, torch.Tensor) or a.shape != e.shape or a.dtype != e.dtype:
-            return f"{what} {i}: got {_describe(a)}, expected {_describe(e)}"
-        a, e = a.detach(), e.detach()
-        inexact = e.is_floating_point() or e.is_complex()
-        if not (torch.allclose(a, e, equal_nan=True) if inexact else torch.equal(a, e)):
-            diff = (a - e).abs().max().item() if e.dtype != torch.bool else (a != e).sum().item()
-            return f"{what} {i} differs (max abs diff {diff:.3g})"
-    return None
-
-
-def _describe(value):
-    if isinstance(value, torch.Tensor):
-        return f"{_dtype_name(value.dtype)}{list(value.shape)}"
-    return type(value).__name__
+    return check_against_eager(fn, inputs, candidates)

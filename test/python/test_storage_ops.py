@@ -1,0 +1,236 @@
+"""Ops that change a tensor's storage: resize_ (Note [Kernel: resize_]) and set_ (refused, Note
+[Kernel: set_]), compared with eager or checked for their error.
+
+Every behaviour test goes through `assert_matches_eager`, which also checks that the make_fx
+graph is functional (no mutation but the input write-back epilogue).
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from reference import (
+    assert_matches_eager,
+)
+from torch_functionalize import functionalize
+
+
+def test_resize_shrink_input(remove):
+    # Shrinking an input keeps its leading elements; the epilogue resizes the caller's tensor.
+    def f(x):
+        x.resize_(2, 3)
+        x.mul_(2)
+        return x + 1
+
+    assert_matches_eager(f, torch.randn(3, 4), remove=remove)
+
+
+def test_resize_grow_input_then_fill_new_elements(remove):
+    # Growing an input keeps the old elements; the new ones are written before being read.
+    def f(x):
+        x.resize_(4, 4)
+        x[2:].fill_(3.0)
+        return x * 1
+
+    assert_matches_eager(f, torch.randn(2, 4), remove=remove)
+
+
+def test_resize_grow_input_then_views_and_mutations(remove):
+    # After growing, views of the input (row, column) are written and read like eager.
+    def f(x):
+        x.resize_(3, 3)
+        x[2] = torch.tensor([7.0, 8.0, 9.0])
+        x[:, 1].mul_(10)
+        return x.sum(0)
+
+    assert_matches_eager(f, torch.randn(6), remove=remove)
+
+
+def test_resize_input_after_mutation_then_view_write(remove):
+    # An input mutated, then shrunk, then written through a flat view.
+    def f(x):
+        x.mul_(3)
+        x.resize_(2, 2)
+        x.view(-1)[1:3] = 0
+        return x.t() + 0
+
+    assert_matches_eager(f, torch.randn(3, 3), remove=remove)
+
+
+def test_resize_non_contiguous_input(remove):
+    # A column-major (non-view) input: shrinking resets eager's contiguous strides; resizing to
+    # the same shape keeps the original strides.
+    def shrink(x):
+        x.resize_(2, 2)
+        return x + 0
+
+    def same(x):
+        x.resize_(4, 3)
+        return x + 0
+
+    col_major = torch.empty_strided((4, 3), (1, 4)).copy_(torch.randn(4, 3))
+    assert_matches_eager(shrink, col_major, remove=remove)
+    assert_matches_eager(same, col_major, remove=remove)
+
+
+def test_resize_intermediates_shrink_and_grow(remove):
+    # resize_ on clones of the input: shrink to 5 elements, grow to 3x3 with the tail overwritten.
+    def f(x):
+        shrunk = x.clone()
+        shrunk.resize_(5)
+        grown = x.clone()
+        grown.resize_(3, 3)
+        grown[2:].zero_()
+        return shrunk, grown
+
+    assert_matches_eager(f, torch.randn(2, 3), remove=remove)
+
+
+def test_resize_to_zero_elements_and_resize_as(remove):
+    # resize_(0) empties an input; resize_as_ reshapes another to a tensor's shape.
+    def f(x, y, like):
+        x.resize_(0)
+        y.resize_as_(like)
+        y.copy_(like)
+        return x, y
+
+    assert_matches_eager(f, torch.randn(3), torch.randn(3), torch.randn(2, 2), remove=remove)
+
+
+def test_resize_int_input_grow(remove):
+    # Growing an int64 input; the new row is written.
+    def f(x):
+        x.resize_(2, 5)
+        x[1] = torch.arange(5)
+        return x
+
+    assert_matches_eager(f, torch.arange(5), remove=remove)
+
+
+# Fresh values for every test that reads uninitialized-looking memory: a buffer freed by an earlier
+# test with the same values could otherwise be handed out again and hide a wrong result.
+_SPARE_STORAGE_SEEDS = itertools.count(1000)
+
+
+def _inputs_with_spare_storage():
+    """make_inputs for a 16-element tensor (not a view) whose storage holds 32 elements.
+
+    Eager's resize_ reuses spare storage when growing, so the values past numel are
+    deterministic: each call returns a new tensor with the same storage contents.
+    """
+    values = torch.randn(32, generator=torch.Generator().manual_seed(next(_SPARE_STORAGE_SEEDS)))
+
+    def make_inputs():
+        spare = values.clone()
+        spare.resize_(16)
+        return (spare,)
+
+    return make_inputs
+
+
+RESIZE_STORAGE_CASES = [
+    ("grow_into_spare_storage", lambda x: x.resize_(32)),
+    ("shrink_then_grow", lambda x: x.resize_(4).resize_(32)),
+]
+
+
+@pytest.mark.parametrize("name, op", RESIZE_STORAGE_CASES, ids=[c[0] for c in RESIZE_STORAGE_CASES])
+def test_resize_grow_within_storage_keeps_storage_elements(name, op, remove):
+    # Eager's resize_ never shrinks or reallocates a storage that is big enough, so growing shows
+    # the elements already in the storage.
+    def f(x):
+        op(x)
+        return x + 0
+
+    assert_matches_eager(f, make_inputs=_inputs_with_spare_storage(), remove=remove)
+
+
+# (id, program, expected message fragment). Each raises NotImplementedError naming aten::resize_.
+RESIZE_ERROR_CASES = [
+    (
+        "input_grown_past_storage_with_live_view",
+        lambda x: (x.view(-1), x.resize_(5, 5)),
+        "views of it are alive",
+    ),
+    (
+        "intermediate_with_live_view",
+        lambda x: (lambda t: (t[0], t.resize_(20)))(x.clone()),
+        "views of it are alive",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x: x[0].resize_(10),
+        lambda x: x[0].resize_(2),
+        lambda x: x.view(-1).resize_(12),
+        lambda x: x.clone().t().resize_(9),
+    ],
+    ids=["grow_view_within_storage", "shrink_view", "same_size_flat_view", "view_of_intermediate"],
+)
+def test_resize_of_view_within_storage_matches_eager(op, remove):
+    # A view resized within its storage is a view of the storage, as in eager.
+    def f(x):
+        y = op(x)
+        y.add_(1)
+        return x + 0, y + 0
+
+    assert_matches_eager(f, torch.randn(4, 3), remove=remove)
+
+
+def test_resize_within_storage_with_live_view_matches_eager(remove):
+    # Shrinking while a view is alive only changes metadata (see Note [Kernel: resize_]): the view
+    # keeps its elements, and later writes through either are seen as in eager.
+    def f(x):
+        flat = x.view(-1)
+        x.resize_(2, 2)
+        x.add_(1)
+        return flat + 0, x + 0
+
+    assert_matches_eager(f, torch.randn(4, 3), remove=remove)
+
+
+@pytest.mark.parametrize(
+    "name, op, message", RESIZE_ERROR_CASES, ids=[c[0] for c in RESIZE_ERROR_CASES]
+)
+def test_resize_unsupported_raises_not_implemented_naming_op(name, op, message, remove):
+    # Unsupported resize_ raises a clear NotImplementedError naming aten::resize_; an earlier
+    # mutation of the inputs is not written back.
+    def f(x, y):
+        y.mul_(2)
+        x.add_(1)
+        return op(x)
+
+    x, y = torch.randn(3, 4), torch.randn(3)
+    x_before, y_before = x.clone(), y.clone()
+    with pytest.raises(NotImplementedError, match=rf"aten::resize_: .*{message}"):
+        functionalize(f, remove=remove)(x, y)
+    assert torch.equal(x, x_before) and x.shape == (3, 4)
+    assert torch.equal(y, y_before)
+
+
+SET_CASES = [
+    ("source_tensor", lambda x, y: x.set_(y)),
+    ("source_storage", lambda x, y: x.set_(y.untyped_storage())),
+    ("source_storage_offset", lambda x, y: x.set_(y.untyped_storage(), 1, (2,), (1,))),
+    ("no_source", lambda x, y: x.set_()),
+    ("on_intermediate", lambda x, y: x.clone().set_(y)),
+]
+
+
+@pytest.mark.parametrize("name, op", SET_CASES, ids=[c[0] for c in SET_CASES])
+def test_set_raises_not_implemented_naming_op(name, op, remove):
+    # Every set_ overload raises NotImplementedError naming aten::set_; inputs stay untouched.
+    def f(x, y):
+        x.add_(1)
+        return op(x, y)
+
+    x, y = torch.randn(3), torch.randn(4)
+    x_before, y_before = x.clone(), y.clone()
+    with pytest.raises(NotImplementedError, match=r"functionalize: aten::set_"):
+        functionalize(f, remove=remove)(x, y)
+    assert torch.equal(x, x_before) and torch.equal(y, y_before)
+    assert x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
