@@ -35,6 +35,11 @@ namespace tfz::detail {
 // Rejected: special OpKinds (BatchNorm, Resize, ...) mixed into the schema's classification, with
 // their handling spread over the classifier, the dispatch switch and registration (what we had):
 // finding "the rule for native_batch_norm" took four files.
+// Not rows, because their schemas tell the whole story: `detach`/`alias` are views whose inverse
+// is the identity (core/ViewInverses.cpp); in-place random ops (`normal_`, `random_`,
+// `bernoulli_`, ...) are ordinary mutations whose functional companions (`normal_functional`,
+// `random`, `bernoulli.p`, ...) draw from the same generator in the same order, so eager's
+// numbers come out under one seed; `copy_` is an ordinary mutation whose companion is `copy`.
 
 namespace {
 

@@ -1,6 +1,6 @@
 """The demo command line `python -m torch_functionalize`: built-in programs, user files, errors.
 
-The first tests run the real command in a subprocess; the rest call `_demo.main` in-process to keep
+The first tests run the real command in a subprocess; the rest call `cli.command.main` in-process to keep
 the suite fast.
 """
 
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from torch_functionalize.cli import command as _demo
+from torch_functionalize.cli import command
 
 PROGRAM_NAMES = (
     "clone_add",
@@ -84,13 +84,13 @@ def test_missing_file_exits_with_message(tmp_path):
 
 def test_builtin_programs_without_source_tree(monkeypatch, capsys):
     # From an installed wheel there is no examples/programs.py: the package's copy is used.
-    monkeypatch.setattr(_demo, "_default_programs_file", lambda: None)
-    assert _demo.main(["--program", "diagonal_add"]) == 0
+    monkeypatch.setattr(command, "_default_programs_file", lambda: None)
+    assert command.main(["--program", "diagonal_add"]) == 0
     assert capsys.readouterr().out.count("PASS") == 1
 
 
 def test_remove_views_counts_views_removed(capsys):
-    assert _demo.main(["--remove", "mutations_and_views", "--program", "outstanding_aliases"]) == 0
+    assert command.main(["--remove", "mutations_and_views", "--program", "outstanding_aliases"]) == 0
     out = capsys.readouterr().out
     # a[0], a[:, 0] and a.view(-1) are gone; select_copy/view_copy take their place.
     assert "views removed: 3 (3 traced, 0 left)" in out
@@ -99,7 +99,7 @@ def test_remove_views_counts_views_removed(capsys):
 
 
 def test_input_mutation_shows_epilogue(capsys):
-    assert _demo.main(["--program", "input_mutated_through_view"]) == 0
+    assert command.main(["--program", "input_mutated_through_view"]) == 0
     out = capsys.readouterr().out
     assert "epilogue: 1 write-back(s) into inputs" in out
     assert "E %copy_ = aten.copy_(%x_1" in out
@@ -107,20 +107,20 @@ def test_input_mutation_shows_epilogue(capsys):
 
 def test_user_file_runs_its_programs(user_file, capsys):
     # A file alone runs its PROGRAMS, with the shapes listed there.
-    assert _demo.main([str(user_file)]) == 0
+    assert command.main([str(user_file)]) == 0
     out = capsys.readouterr().out
     assert "= step =" in out
     assert out.count("PASS") == 1
 
 
 def test_function_shapes_default_to_programs_entry(user_file, capsys):
-    assert _demo.main([f"{user_file}:step"]) == 0
+    assert command.main([f"{user_file}:step"]) == 0
     assert "y: float32[4]" in capsys.readouterr().out
 
 
 def test_mismatch_exits_one(user_file, capsys):
     # Fresh random numbers on every run: the check against eager cannot pass.
-    assert _demo.main([f"{user_file}:noisy", "--shapes", "3"]) == 1
+    assert command.main([f"{user_file}:noisy", "--shapes", "3"]) == 1
     assert "equivalence with eager: FAIL" in capsys.readouterr().out
 
 
@@ -142,7 +142,7 @@ def test_bad_command_line_exits_two(args, message, user_file, tmp_path, capsys):
     empty = tmp_path / "empty.py"
     empty.write_text("x = 1\n")
     argv = [a.format(file=user_file, empty=empty) for a in args]
-    assert _demo.main(argv) == 2
+    assert command.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("functionalize: ")
     assert re.search(message, err), err

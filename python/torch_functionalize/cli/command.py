@@ -18,7 +18,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..api import Remove, functionalize
-from ..testing import check_against_eager
+from ..testing import check_against_eager, clone_inputs
 from .render import (
     WIDTH,
     count_mutations,
@@ -262,8 +262,8 @@ def _demo_program(name, fn, shapes, dtype, remove):
     )
     trace_inputs = _random_inputs(shapes, dtype, _TRACE_SEED)
     try:
-        before = make_fx(fn)(*_clone(trace_inputs))
-        after = make_fx(functionalize(fn, remove=remove))(*_clone(trace_inputs))
+        before = make_fx(fn)(*clone_inputs(trace_inputs))
+        after = make_fx(functionalize(fn, remove=remove))(*clone_inputs(trace_inputs))
     except Exception as error:
         print(
             "equivalence with eager: FAIL "
@@ -315,10 +315,6 @@ def _random_inputs(shapes, dtype, seed):
         else:
             inputs.append(torch.randint(-5, 6, shape, generator=generator).to(dtype))
     return inputs
-
-
-def _clone(inputs):
-    return [t.clone() for t in inputs]
 
 
 def _first_line(error):
