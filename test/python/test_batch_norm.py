@@ -1,8 +1,5 @@
 """Batch norm and instance norm in training mode (running statistics written by ops whose schema
 hides the write; Note [Kernel: native_batch_norm]), compared with eager in both remove modes.
-
-Every behaviour test goes through `assert_matches_eager`, which also checks that the make_fx
-graph is functional (no mutation but the input write-back epilogue).
 """
 
 import pytest

@@ -1,8 +1,5 @@
 """Composite ops with a raw fast path, intercepted whole (Note [Kernel: composites intercepted
 whole]), compared with eager in both remove modes and under make_fx.
-
-Every behaviour test goes through `assert_matches_eager`, which also checks that the make_fx
-graph is functional (no mutation but the input write-back epilogue).
 """
 
 import pytest

@@ -1,8 +1,5 @@
 """In-place `_foreach_*_` ops, including lists that alias each other (Note [Kernel: _foreach_ ops
 on aliased lists]), compared with eager in both remove modes.
-
-Every behaviour test goes through `assert_matches_eager`, which also checks that the make_fx
-graph is functional (no mutation but the input write-back epilogue).
 """
 
 import pytest

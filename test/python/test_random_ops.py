@@ -1,8 +1,5 @@
 """Random in-place ops and dropout under functionalize: the same random stream as eager, compared
 with eager in both remove modes.
-
-Every behaviour test goes through `assert_matches_eager`, which also checks that the make_fx
-graph is functional (no mutation but the input write-back epilogue).
 """
 
 import pytest

@@ -1,8 +1,5 @@
 """Ops that change a tensor's storage: resize_ (Note [Kernel: resize_]) and set_ (refused, Note
 [Kernel: set_]), compared with eager or checked for their error.
-
-Every behaviour test goes through `assert_matches_eager`, which also checks that the make_fx
-graph is functional (no mutation but the input write-back epilogue).
 """
 
 import itertools

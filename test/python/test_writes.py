@@ -1,8 +1,5 @@
 """Whole-tensor writes (copy_, fill_, zero_) and indexed writes (index_put_, index_add_,
 index_copy_, scatter_, scatter_reduce_, masked_*) under functionalize, compared with eager.
-
-Every behaviour test goes through `assert_matches_eager`, which also checks that the make_fx
-graph is functional (no mutation but the input write-back epilogue).
 """
 
 import warnings
