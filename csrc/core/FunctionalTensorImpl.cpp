@@ -46,6 +46,8 @@ FunctionalTensorImpl::FunctionalTensorImpl(ShallowCopy, const FunctionalTensorIm
 
 void FunctionalTensorImpl::set_value_(const at::Tensor& value) {
   value_ = value;
+  // See Note [Wrapper: mirrored conjugate and negative bits].
+  key_set_ = wrapper_key_set() | mirrored_key_set(value.key_set());
   if (has_reference_metadata_ && value.sym_sizes() == sym_sizes()) {
     data_type_ = value.dtype();
     return;
@@ -167,7 +169,7 @@ void FunctionalTensorImpl::copy_fields_to_(FunctionalTensorImpl& dest) const {
   dest.metadata_mutations_ = metadata_mutations_;
   dest.has_reference_metadata_ = has_reference_metadata_;
   dest.chain_is_resize_ = chain_is_resize_;
-  dest.key_set_ = wrapper_key_set();
+  dest.key_set_ = key_set_;
 }
 
 c10::intrusive_ptr<c10::TensorImpl> FunctionalTensorImpl::shallow_copy_and_detach(

@@ -149,9 +149,42 @@ std::vector<int> appended_written_args_impl(const c10::FunctionSchema& s) {
   return result;
 }
 
+// The signature, with its arguments in schema order or sorted by name.
+// See Note [Schema: functional variants matched by argument names].
+std::string signature_of(const c10::FunctionSchema& schema, bool ordered) {
+  const auto& args = schema.arguments();
+  const int opts = tensor_options_start(args);
+  const bool is_bernoulli_p = schema.name() == "aten::bernoulli" && schema.overload_name() == "p";
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& a = args[i];
+    if (is_out_argument(a)) continue;
+    if (opts >= 0 && static_cast<int>(i) >= opts && static_cast<int>(i) < opts + 4) continue;
+    std::ostringstream part;
+    part << (a.kwarg_only() && ordered ? "*" : "") << a.type()->str() << " " << a.name();
+    if (a.default_value()) {
+      part << "=" << *a.default_value();
+    } else if (is_bernoulli_p && a.name() == "p") {
+      part << "=" << c10::IValue(0.5);  // see the Note: bernoulli_.float has p=0.5
+    }
+    parts.push_back(part.str());
+  }
+  if (!ordered) std::sort(parts.begin(), parts.end());
+  std::ostringstream out;
+  out << base_name(schema.name()) << "(";
+  for (const auto& part : parts) out << part << ",";
+  out << ")->(";
+  for (const auto& r : schema.returns()) out << r.type()->str() << ",";
+  for (int i : appended_written_args_impl(schema)) out << args[i].type()->str() << ",";
+  out << ")";
+  return out.str();
+}
+
 struct CandidateTable {
   std::mutex mutex;
   std::unordered_map<std::string, std::vector<c10::OperatorHandle>> by_signature;
+  // The same candidates keyed by their signature with arguments sorted by name.
+  std::unordered_map<std::string, std::vector<c10::OperatorHandle>> by_argument_names;
 };
 
 CandidateTable& candidates() {
@@ -163,15 +196,37 @@ bool is_cia(const c10::OperatorHandle& op) {
   return op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
 }
 
-std::optional<c10::OperatorHandle> find_functional(const std::string& signature) {
-  auto& table = candidates();
-  std::lock_guard<std::mutex> lock(table.mutex);
-  auto it = table.by_signature.find(signature);
-  if (it == table.by_signature.end() || it->second.empty()) return std::nullopt;
+std::optional<c10::OperatorHandle> find_in(
+    const std::unordered_map<std::string, std::vector<c10::OperatorHandle>>& index,
+    const std::string& signature) {
+  auto it = index.find(signature);
+  if (it == index.end() || it->second.empty()) return std::nullopt;
   for (const auto& op : it->second) {
     if (!is_cia(op)) return op;
   }
   return it->second.front();
+}
+
+std::optional<c10::OperatorHandle> find_functional(const std::string& signature) {
+  auto& table = candidates();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  return find_in(table.by_signature, signature);
+}
+
+// Note [Schema: functional variants matched by argument names]
+// torchgen pairs an in-place op with its functional variant only when their signatures agree
+// argument by argument, in order. A few ops spell the same arguments in another order
+// (polygamma_(Tensor(a!) self, int n) against polygamma(int n, Tensor self)), so torchgen leaves
+// them unpaired and torch's functionalization refuses them. Their arguments are matched by name
+// anyway (plan_mutable_with), so when the ordered signature finds nothing we look the op up by
+// its signature with arguments sorted by name: same base name, same argument names, types and
+// defaults, same returns. Rejected: a hand-written list of such pairs, which would go stale as
+// torch adds ops.
+std::optional<c10::OperatorHandle> find_functional_by_argument_names(
+    const c10::FunctionSchema& schema) {
+  auto& table = candidates();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  return find_in(table.by_argument_names, signature_of(schema, /*ordered=*/false));
 }
 
 void plan_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional,
@@ -247,28 +302,7 @@ OpInfo classify_mutable_with(const c10::OperatorHandle& op, const c10::OperatorH
 }
 
 std::string normalized_signature(const c10::FunctionSchema& schema) {
-  const auto& args = schema.arguments();
-  std::ostringstream out;
-  out << base_name(schema.name()) << "(";
-  const int opts = tensor_options_start(args);
-  const bool is_bernoulli_p = schema.name() == "aten::bernoulli" && schema.overload_name() == "p";
-  for (size_t i = 0; i < args.size(); ++i) {
-    const auto& a = args[i];
-    if (is_out_argument(a)) continue;
-    if (opts >= 0 && static_cast<int>(i) >= opts && static_cast<int>(i) < opts + 4) continue;
-    out << (a.kwarg_only() ? "*" : "") << a.type()->str() << " " << a.name();
-    if (a.default_value()) {
-      out << "=" << *a.default_value();
-    } else if (is_bernoulli_p && a.name() == "p") {
-      out << "=" << c10::IValue(0.5);  // see the Note: bernoulli_.float has p=0.5
-    }
-    out << ",";
-  }
-  out << ")->(";
-  for (const auto& r : schema.returns()) out << r.type()->str() << ",";
-  for (int i : appended_written_args_impl(schema)) out << args[i].type()->str() << ",";
-  out << ")";
-  return out.str();
+  return signature_of(schema, /*ordered=*/true);
 }
 
 void index_functional_candidate(const c10::OperatorHandle& op) {
@@ -277,20 +311,24 @@ void index_functional_candidate(const c10::OperatorHandle& op) {
     if (is_written(a)) return;
   }
   auto sig = normalized_signature(schema);
+  auto by_names = signature_of(schema, /*ordered=*/false);
   auto& table = candidates();
   std::lock_guard<std::mutex> lock(table.mutex);
   table.by_signature[sig].push_back(op);
+  table.by_argument_names[by_names].push_back(op);
 }
 
 void forget_functional_candidate(const c10::OperatorName& name) {
   auto& table = candidates();
   std::lock_guard<std::mutex> lock(table.mutex);
-  for (auto& [sig, ops] : table.by_signature) {
-    ops.erase(std::remove_if(ops.begin(), ops.end(),
-                             [&](const c10::OperatorHandle& op) {
-                               return op.operator_name() == name;
-                             }),
-              ops.end());
+  for (auto* index : {&table.by_signature, &table.by_argument_names}) {
+    for (auto& [sig, ops] : *index) {
+      ops.erase(std::remove_if(ops.begin(), ops.end(),
+                               [&](const c10::OperatorHandle& op) {
+                                 return op.operator_name() == name;
+                               }),
+                ops.end());
+    }
   }
 }
 
@@ -318,6 +356,7 @@ OpInfo classify(const c10::OperatorHandle& op) {
   }
   if (writes) {
     auto functional = find_functional(normalized_signature(schema));
+    if (!functional) functional = find_functional_by_argument_names(schema);
     if (!functional) {
       info.kind = OpKind::Unsupported;
       info.unsupported_reason =

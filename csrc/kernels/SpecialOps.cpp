@@ -298,6 +298,30 @@ void plan_reshape_alias(const c10::OperatorHandle& /*op*/, OpInfo& info) {
   info.replay_arg_count = 1;
 }
 
+// --- unsafe_split ------------------------------------------------------------------------------
+
+// Note [Kernel: unsafe_split]
+// unsafe_split and unsafe_split_with_sizes (and unsafe_chunk, which decomposes into unsafe_split)
+// return tensors that share self's storage, like split, but their schemas carry no alias
+// annotation: "unsafe" only tells autograd not to track them as views. Treated as functional,
+// a write through an output would be lost on self and its aliases (torch.func loses it). So they
+// are planned as their safe twins, split.Tensor and split_with_sizes, which take the same
+// arguments: replayed, inverted and turned into *_copy like them.
+bool is_unsafe_split(const c10::OperatorHandle& op) {
+  return named(op, "aten::unsafe_split", "Tensor") ||
+         named(op, "aten::unsafe_split_with_sizes", "");
+}
+
+void plan_unsafe_split(const c10::OperatorHandle& op, OpInfo& info) {
+  const bool sizes = op.operator_name().name == "aten::unsafe_split_with_sizes";
+  const c10::OperatorName twin = sizes ? c10::OperatorName("aten::split_with_sizes", "")
+                                       : c10::OperatorName("aten::split", "Tensor");
+  auto view = c10::Dispatcher::singleton().findOp(twin);
+  TORCH_INTERNAL_ASSERT(view.has_value(), c10::toString(twin), " is not registered");
+  info.kind = OpKind::View;
+  set_view_plan(*view, info);
+}
+
 // --- composite ops with raw fast paths ------------------------------------------------------------
 
 // Note [Kernel: composites intercepted whole]
@@ -510,7 +534,7 @@ void refuse_custom_view(const c10::OperatorHandle& /*op*/, OpInfo& info) {
 
 // --- the table ------------------------------------------------------------------------------
 
-constexpr std::array<SpecialOp, 10> kSpecialOps{{
+constexpr std::array<SpecialOp, 11> kSpecialOps{{
     // name                      matches               adjust                handle                   composite
     {"set_", &is_set, &refuse_set, nullptr, false},
     {"native_batch_norm", &is_native_batch_norm, &plan_native_batch_norm, &native_batch_norm_kernel, false},
@@ -518,6 +542,7 @@ constexpr std::array<SpecialOp, 10> kSpecialOps{{
     {"lift_fresh", &is_lift, &wrap_lifted, nullptr, false},
     {"_unsafe_view", &is_unsafe_view, &plan_unsafe_view, nullptr, false},
     {"_reshape_alias", &is_reshape_alias, &plan_reshape_alias, nullptr, false},
+    {"unsafe_split", &is_unsafe_split, &plan_unsafe_split, nullptr, false},
     {"composite with raw fast path", &has_raw_fast_path, nullptr, &composite_kernel, true},
     {"in-place _foreach_", &is_inplace_foreach, nullptr, &foreach_kernel, false},
     {"custom mutable op", &is_custom_mutable, &plan_custom_mutable, nullptr, false},

@@ -340,3 +340,36 @@ def test_random_view_chain_mutation_matches_eager(choices, remove):
         return y, x.sum()
 
     assert_matches_eager(f, torch.randn(4, 5, 3), remove=remove)
+
+
+@pytest.mark.parametrize(
+    "split",
+    [
+        lambda t: torch.unsafe_split(t, 2),
+        lambda t: torch.unsafe_split_with_sizes(t, [1, 3]),
+        lambda t: torch.unsafe_chunk(t, 2),
+        lambda t: t.unsafe_split(3),
+    ],
+    ids=["unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk", "method"],
+)
+def test_unsafe_split_outputs_alias_their_input(split, remove):
+    # "unsafe" only means autograd does not track the outputs as views; they share the input's
+    # storage, so writes through them reach the input and its aliases; torch.func loses these
+    # writes. See Note [Kernel: unsafe_split].
+    def f(x):
+        alias = x.view(-1)
+        parts = split(x)
+        parts[0].mul_(2)
+        parts[-1].add_(1)
+        return alias.clone(), [p.clone() for p in parts]
+
+    assert_matches_eager(f, torch.randn(4), remove=remove)
+
+
+def test_unsafe_chunk_of_intermediate_updates_it(remove):
+    def f(x):
+        y = x.clone()
+        torch.unsafe_chunk(y, 2, dim=1)[1].zero_()
+        return y
+
+    assert_matches_eager(f, torch.randn(2, 4), remove=remove)

@@ -247,3 +247,13 @@ def test_hard_op_keeps_eager_error_and_leaves_input_untouched(name, error, messa
     with pytest.raises(error, match=message):
         functionalize(f, remove=remove)(x)
     assert torch.equal(x, before)
+
+
+def test_polygamma_inplace_whose_functional_variant_orders_arguments_differently(remove):
+    # polygamma_(self, n) against polygamma(n, self): paired by argument names; torch.func refuses
+    # it. See Note [Schema: functional variants matched by argument names].
+    def f(x):
+        x[1:].polygamma_(1)
+        return x.polygamma(2)
+
+    assert_matches_eager(f, torch.rand(4) + 0.5, remove=remove)

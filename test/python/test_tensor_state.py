@@ -1,0 +1,127 @@
+"""What a wrapper reports about itself inside the function (is_conj, is_neg, dtype, layout,
+contiguity per memory format, storage offset, is_inference) equals what eager reports for the
+same tensor, and writes through conjugate and negative views reach their bases as in eager.
+See Note [Wrapper: mirrored conjugate and negative bits].
+"""
+
+import pytest
+import torch
+
+from reference import assert_matches_eager
+from torch_functionalize import functionalize
+
+
+def _complex(*shape):
+    return torch.randn(*shape, dtype=torch.complex64)
+
+
+def test_conj_view_reports_is_conj_in_mutations_mode():
+    # The conjugate bit is metadata of a view: the wrapper of x.conj() carries it, and
+    # resolve_conj() gives a tensor without it, as in eager.
+    def f(x):
+        y = x.conj()
+        return y.is_conj(), y.resolve_conj().is_conj(), y.resolve_conj(), x.is_conj()
+
+    assert_matches_eager(f, _complex(3), remove="mutations")
+
+
+def test_neg_view_reports_is_neg_in_mutations_mode():
+    def f(x):
+        y = torch._neg_view(x)
+        return y.is_neg(), y.resolve_neg().is_neg(), y.resolve_neg(), x.is_neg()
+
+    assert_matches_eager(f, torch.randn(3), remove="mutations")
+
+
+def test_conj_and_neg_bits_are_materialized_without_views():
+    # remove="mutations_and_views" replaces the view by _conj_copy / _neg_view_copy, which are
+    # materialized tensors without the bit: the values are eager's, the flags are the copy's
+    # (what the inner tensor reports, as torch.func does).
+    def f(x, y):
+        c, n = x.conj(), torch._neg_view(y)
+        return c.is_conj(), n.is_neg(), c + 0, n + 0
+
+    expected = f(_complex(3), torch.randn(3))
+    assert expected[:2] == (True, True)
+    x, y = _complex(3), torch.randn(3)
+    got = functionalize(f, remove="mutations_and_views")(x, y)
+    assert got[:2] == (False, False)
+    torch.testing.assert_close(got[2], x.conj())
+    torch.testing.assert_close(got[3], -y)
+
+
+def test_write_through_conj_view_updates_input(remove):
+    def f(x):
+        c = x.conj()
+        c.mul_(2j)
+        c[0] = 1 + 1j
+        return c.resolve_conj(), x
+
+    assert_matches_eager(f, _complex(4), remove=remove)
+
+
+def test_write_through_neg_view_updates_intermediate_base(remove):
+    def f(x):
+        base = x.clone()
+        torch._neg_view(base).add_(1)
+        return base
+
+    assert_matches_eager(f, torch.randn(4), remove=remove)
+
+
+def test_view_as_real_of_conj_resolved_write_updates_input(remove):
+    def f(x):
+        torch.view_as_real(x)[:, 1].mul_(-1)
+        return torch.view_as_complex(torch.view_as_real(x)), x
+
+    assert_matches_eager(f, _complex(3), remove=remove)
+
+
+def test_metadata_queries_match_eager(remove):
+    def f(x):
+        y = x.add(1)
+        t = x.transpose(0, 1)
+        return (
+            y.dtype == x.dtype,
+            y.layout,
+            x.device.type,
+            x.is_contiguous(memory_format=torch.channels_last),
+            y.is_contiguous(memory_format=torch.channels_last),
+            t.is_contiguous(),
+            x[1:].storage_offset() if remove == "mutations" else 0,
+            x.is_inference(),
+            x.is_complex(),
+        )
+
+    assert_matches_eager(
+        f,
+        torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        remove=remove,
+        check_graph=False,
+    )
+
+
+def test_conj_bits_under_inference_mode():
+    # Inference mode excludes the autograd keys, so the Conjugate fallback runs on the wrapper
+    # before our backend kernel; the result must still be eager's.
+    def f(x):
+        c = x.conj()
+        return c.is_conj(), c * 2, (c @ c.t()).resolve_conj()
+
+    with torch.inference_mode():
+        assert_matches_eager(f, _complex(3, 3), remove="mutations", check_graph=False)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="conj_physical_ on a conjugate view: eager keeps the conjugate bit of the written "
+    "tensor, ours replaces the value with conj_physical's result, which has no bit (values match; "
+    "is_conj() after the write differs)",
+)
+def test_conj_physical_inplace_on_conj_view_keeps_the_bit():
+    def f(x):
+        c = x.conj()
+        c.conj_physical_()
+        return c.is_conj(), c.resolve_conj(), x
+
+    assert_matches_eager(f, _complex(3), remove="mutations")
