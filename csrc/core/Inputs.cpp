@@ -23,53 +23,94 @@ namespace tfz::detail {
 // The epilogue writes a group back once, through a member that covers all the others (dense, and
 // its span contains theirs: typical for x with x.view(-1) / x[1:] / x.t()); when none does (two
 // overlapping slices), each member is written, which writes shared elements with equal values.
-// Groups with mixed dtypes (x with x.view(torch.int32)) are wrapped independently, as torch.func
-// does, with a warning: their regions cannot share one typed base.
+// The base holds the storage's physical elements: a member with the conjugate or negative bit
+// (x with x.conj()) gets a _conj / _neg_view step after its as_strided, and the base is built with
+// the first member's bits undone. Members of different dtypes (x with x.view(torch.int32)) share
+// a byte base (the flat storage viewed as uint8); each member is then view(dtype) of it before its
+// as_strided, so a float write is seen as int32 bits through the other member, as in eager. The
+// base's dtype is the smallest member's, so every member's bytes lie inside it.
+// Rejected: wrapping mixed-dtype members independently with a warning (what we did first, and
+// what torch.func does): a write through one was silently not seen through the other.
 // Rejected: AOTAutograd's "synthetic base" as an extra graph input: a calling convention change
 // that user code calling functionalize(f) directly could not follow.
 
 namespace {
 
 struct Span {
-  int64_t begin, end;  // element offsets [begin, end) in the storage
+  int64_t begin, end;  // byte offsets [begin, end) in the storage
 };
 
 Span span_of(const at::Tensor& t) {
-  const auto extent = at::detail::computeStorageNbytes(t.sizes(), t.strides(), 1);
-  return {t.storage_offset(), t.storage_offset() + static_cast<int64_t>(extent)};
+  const auto item = static_cast<int64_t>(t.itemsize());
+  const auto extent = at::detail::computeStorageNbytes(t.sizes(), t.strides(), item);
+  return {t.storage_offset() * item, t.storage_offset() * item + static_cast<int64_t>(extent)};
 }
 
 bool can_group(const std::vector<at::Tensor>& members) {
   for (const auto& t : members) {
-    if (t.layout() != c10::kStrided || t.scalar_type() != members[0].scalar_type() ||
-        t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    if (t.layout() != c10::kStrided || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
       return false;
     }
   }
   return true;
 }
 
-std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const Layer& layer) {
-  const at::Tensor& first = members[0];
-  const int64_t numel = static_cast<int64_t>(first.storage().nbytes() / first.itemsize());
-  at::Tensor base_value;
+// Runs `step` on `value` and returns the view wrapper of `base` it gives.
+at::Tensor view_step(const at::Tensor& base, at::Tensor& value,
+                     std::shared_ptr<const ViewMeta> step) {
   {
     InnerCallGuard guard;
-    base_value = layer.reapply_views ? first.as_strided({numel}, {1}, 0)
-                                     : at::as_strided_copy(first, {numel}, {1}, 0);
+    value = step->forward(value);
+  }
+  return make_view_wrapper(value, base, std::move(step));
+}
+
+std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const Layer& layer) {
+  const bool reapply = layer.reapply_views;
+  // The member with the smallest element: its dtype addresses every byte the others can.
+  const at::Tensor* first = &members[0];
+  bool mixed = false;
+  for (const auto& m : members) {
+    mixed |= m.scalar_type() != first->scalar_type();
+    if (m.itemsize() < first->itemsize()) first = &m;
+  }
+  const int64_t numel = static_cast<int64_t>(first->storage().nbytes() / first->itemsize());
+  at::Tensor base_value;
+  {
+    // The storage's physical elements: conjugate and negative bits undone, then (mixed dtypes)
+    // seen as bytes. See Note [Inputs: aliased inputs].
+    InnerCallGuard guard;
+    base_value = reapply ? first->as_strided({numel}, {1}, 0)
+                         : at::as_strided_copy(*first, {numel}, {1}, 0);
+    if (first->is_conj()) base_value = reapply ? at::_conj(base_value) : at::_conj_copy(base_value);
+    if (first->is_neg()) {
+      base_value = reapply ? at::_neg_view(base_value) : at::_neg_view_copy(base_value);
+    }
+    if (mixed) {
+      base_value = reapply ? base_value.view(at::kByte) : at::view_copy(base_value, at::kByte);
+    }
   }
   const at::Tensor base = make_fresh_wrapper(base_value, layer.id);
+  const int64_t base_bytes = numel * static_cast<int64_t>(first->itemsize());
   std::vector<at::Tensor> wrapped;
   for (const auto& m : members) {
-    auto step = ViewMeta::as_strided(m.sym_sizes(), m.sym_strides(), m.sym_storage_offset(),
-                                     layer.reapply_views);
-    at::Tensor value;
-    {
-      InnerCallGuard guard;
-      value = step->forward(base_value);
+    at::Tensor value = base_value;
+    at::Tensor w = base;
+    if (mixed) {
+      const int64_t item = static_cast<int64_t>(m.itemsize());
+      const int64_t usable = base_bytes / item * item;
+      if (usable != base_bytes) {
+        w = view_step(w, value, ViewMeta::as_strided({c10::SymInt(usable)}, {c10::SymInt(1)},
+                                                     c10::SymInt(0), reapply));
+      }
+      w = view_step(w, value,
+                    ViewMeta::of({"aten::view", "dtype"}, {c10::IValue(m.scalar_type())}, reapply));
     }
-    at::Tensor w = make_view_wrapper(value, base, std::move(step));
-    if (!layer.reapply_views) unsafe_get_impl(w)->set_reference_metadata_(m);
+    w = view_step(
+        w, value, ViewMeta::as_strided(m.sym_sizes(), m.sym_strides(), m.sym_storage_offset(), reapply));
+    if (m.is_conj()) w = view_step(w, value, ViewMeta::of({"aten::_conj", ""}, {}, reapply));
+    if (m.is_neg()) w = view_step(w, value, ViewMeta::of({"aten::_neg_view", ""}, {}, reapply));
+    if (!reapply) unsafe_get_impl(w)->set_reference_metadata_(m);
     wrapped.push_back(std::move(w));
   }
   return wrapped;
@@ -107,9 +148,9 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
     for (size_t i : indices) members.push_back(inputs[i]);
     if (members.size() > 1 && !can_group(members)) {
       TORCH_WARN("functionalize: ", members.size(),
-                 " inputs share a storage but differ in dtype or layout; they are functionalized "
-                 "independently, so a write through one is not seen through the others inside "
-                 "the function.");
+                 " inputs share a storage but are not all strided tensors with static shapes; "
+                 "they are functionalized independently, so a write through one is not seen "
+                 "through the others inside the function.");
     }
     if (members.size() == 1 || !can_group(members)) {
       for (size_t i : indices) out[i] = make_fresh_wrapper(inputs[i], layer.id);

@@ -18,6 +18,17 @@ std::shared_ptr<const ViewMeta> ViewMeta::as_strided(c10::SymIntArrayRef sizes,
   return std::make_shared<const ViewMeta>(view, copy, std::move(args), -1, reapply, inverse);
 }
 
+std::shared_ptr<const ViewMeta> ViewMeta::of(const c10::OperatorName& view_op,
+                                             std::vector<c10::IValue> args, bool reapply) {
+  auto& d = c10::Dispatcher::singleton();
+  auto op = d.findOp(view_op);
+  TORCH_INTERNAL_ASSERT(op.has_value(), c10::toString(view_op), " is not registered");
+  auto copy = d.findOp({view_op.name + "_copy", view_op.overload_name});
+  const InverseFn inverse = find_inverse(view_op);
+  TORCH_INTERNAL_ASSERT(inverse != nullptr, c10::toString(view_op), " has no inverse");
+  return std::make_shared<const ViewMeta>(*op, copy, std::move(args), -1, reapply, inverse);
+}
+
 at::Tensor ViewMeta::forward(const at::Tensor& base) const {
   const bool use_copy = !reapply && copy_op.has_value();
   const auto& handle = use_copy ? *copy_op : op;

@@ -44,6 +44,11 @@ struct ViewMeta {
                                                     c10::SymIntArrayRef strides,
                                                     const c10::SymInt& offset, bool reapply);
 
+  /// A step of the single-output view op `view_op` (which must have an inverse) with the
+  /// arguments after self, replayed with it or its *_copy twin.
+  static std::shared_ptr<const ViewMeta> of(const c10::OperatorName& view_op,
+                                            std::vector<c10::IValue> args, bool reapply);
+
   /// Replays this step on `base`. Call inside an InnerCallGuard.
   at::Tensor forward(const at::Tensor& base) const;
   /// Returns the new base after `mutated_view` was written through this step. Throws
