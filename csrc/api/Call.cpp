@@ -11,10 +11,10 @@ namespace tfz::detail {
 // Note [API: input epilogue]
 // After the call, each input gets exactly what eager would have done to it, in the caller's
 // dispatch state (so make_fx records it at the end of the graph):
-//   1. its in-place view ops (t_, transpose_, squeeze_, ...) replayed as called, which gives
-//      eager's sizes *and strides* in both remove modes (replaying value.sizes()/strides() with
-//      as_strided_, as torch.func does, gets the strides of a *_copy wrong);
-//   2. if its size changed otherwise (resize_), a resize_ to the new size;
+//   1. if its metadata changed in place (t_, transpose_, squeeze_, resize_, ...), eager's final
+//      sizes, strides and offset, computed on a meta probe and applied with resize_ (storage
+//      growth) and as_strided_ (Note [Inputs: metadata epilogue]);
+//   2. if its size changed otherwise, a resize_ to the new size;
 //   3. if any data was written to its storage (through it or any alias), one copy_ of the new
 //      value; inputs sharing a storage are written once (Note [Inputs: aliased inputs]).
 //      Inputs that were only viewed or whose metadata alone changed get no copy_.

@@ -2,9 +2,11 @@
 #include "core/Inputs.h"
 
 #include "core/Conversions.h"
+#include "core/DispatchKey.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <unordered_map>
@@ -164,12 +166,61 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
 
 namespace {
 
-void replay_metadata_mutations(const at::Tensor& original, const FunctionalTensorImpl& impl) {
-  for (const auto& m : impl.metadata_mutations()) {
-    torch::jit::Stack stack;
-    stack.emplace_back(original);
-    stack.insert(stack.end(), m.args.begin(), m.args.end());
-    m.op.callBoxed(stack);
+// Note [Inputs: metadata epilogue]
+// An input whose metadata f changed in place (t_, transpose_, squeeze_, as_strided_, resize_, ...)
+// must end with eager's exact sizes, strides and storage offset, and its storage with eager's size.
+// We replay the recorded metadata ops on a meta tensor that has the input's metadata (no data, no
+// tracer: the caller's Python keys are excluded), read off the result, and apply it to the input
+// with at most two ops: resize_ when eager's storage ends larger (the only op that grows a
+// storage; sized so the storage has eager's byte count), then as_strided_(sizes, strides, offset)
+// when the result differs from what the input has. A sequence that nets to nothing (t_ then t_)
+// emits nothing, and a graph's epilogue speaks only copy_, as_strided_ and resize_.
+// detach_ (autograd metadata, not geometry) is applied as called. Inputs with symbolic sizes
+// replay every op as called instead (a meta probe would need the symbols' values).
+// Rejected: replaying every metadata op as called (what we did first): exact as well, but graphs
+// then carry every in-place view op for a backend to implement, no-op sequences included; and
+// as_strided_ with the wrapper's current metadata (torch.func): a *_copy value's strides are not
+// eager's.
+void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensorImpl& impl) {
+  const auto& mutations = impl.metadata_mutations();
+  if (mutations.empty()) return;
+  // detach_ changes autograd metadata, not geometry: it is replayed as called.
+  static const c10::OperatorName detach_name("aten::detach_", "");
+  auto replay_on = [&](const at::Tensor& target, bool geometry_only) {
+    for (const auto& m : mutations) {
+      if (geometry_only && m.op.operator_name() == detach_name) continue;
+      torch::jit::Stack stack;
+      stack.emplace_back(target);
+      stack.insert(stack.end(), m.args.begin(), m.args.end());
+      m.op.callBoxed(stack);
+    }
+  };
+  if (original.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    replay_on(original, /*geometry_only=*/false);
+    return;
+  }
+  const auto item = static_cast<int64_t>(original.itemsize());
+  const auto storage_bytes = static_cast<int64_t>(original.storage().nbytes());
+  at::Tensor probe;
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_tracer(layer_hidden_keys());
+    // Not a view of the meta storage (in-place view ops refuse some views), but sharing it.
+    const auto meta = original.options().device(at::kMeta);
+    const at::Tensor storage = at::empty({storage_bytes / item}, meta);
+    probe = at::empty({0}, meta).set_(storage.storage(), original.storage_offset(),
+                                      original.sizes(), original.strides());
+    replay_on(probe, /*geometry_only=*/true);
+  }
+  const auto probe_bytes = static_cast<int64_t>(probe.storage().nbytes());
+  if (probe_bytes > storage_bytes) {
+    original.resize_({probe_bytes / item - original.storage_offset()});
+  }
+  if (original.sizes() != probe.sizes() || original.strides() != probe.strides() ||
+      original.storage_offset() != probe.storage_offset()) {
+    original.as_strided_(probe.sizes(), probe.strides(), probe.storage_offset());
+  }
+  for (const auto& m : mutations) {
+    if (m.op.operator_name() == detach_name) original.detach_();
   }
 }
 
@@ -209,7 +260,7 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
     if (!originals[i].defined()) continue;
     auto* impl = get_impl(wrappers[i]);
     TORCH_CHECK(impl->is_up_to_date(), "functionalize: write-back: sync the wrappers first.");
-    replay_metadata_mutations(originals[i], *impl);
+    apply_metadata_mutations(originals[i], *impl);
     auto& group = groups[&impl->alias_storage()];
     if (group.empty()) order.push_back(&impl->alias_storage());
     group.push_back(i);

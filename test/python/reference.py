@@ -14,21 +14,10 @@ from torch_functionalize.testing import clone_inputs, compare
 
 REMOVE_MODES = ("mutations", "mutations_and_views")
 
-# Ops the input write-back epilogue may apply to placeholders: data write-back plus the
-# metadata replays (see the functionalize contract in python/torch_functionalize/api.py).
-EPILOGUE_OPS = frozenset(
-    {
-        "copy_",
-        "t_",
-        "transpose_",
-        "as_strided_",
-        "squeeze_",
-        "unsqueeze_",
-        "resize_",
-        "swapdims_",
-        "swapaxes_",
-    }
-)
+# Ops the input write-back epilogue may apply to placeholders: data write-back (copy_) and eager's
+# final metadata (as_strided_, and resize_ where the storage grows).
+# See Note [Inputs: metadata epilogue].
+EPILOGUE_OPS = frozenset({"copy_", "as_strided_", "resize_"})
 
 
 def default_impl():
