@@ -35,6 +35,11 @@ class AliasStorage : public c10::StorageImpl {
   /// anything was applied. Runs its ops under an InnerCallGuard.
   bool apply_updates();
 
+  /// A storage lifted from a tensor captured from outside the function, only to view it without
+  /// views (Note [Kernel: views of captured tensors]); writes to it are refused.
+  void mark_captured() { captured_ = true; }
+  bool captured() const { return captured_; }
+
  private:
   struct Update {
     at::Tensor value;
@@ -43,6 +48,7 @@ class AliasStorage : public c10::StorageImpl {
   at::Tensor base_;
   std::vector<Update> updates_;
   uint64_t generation_ = 0;
+  bool captured_ = false;
 };
 
 }  // namespace tfz::detail

@@ -43,6 +43,26 @@ void report_foreign_wrapper(std::string_view op_name, const FunctionalTensorImpl
   TORCH_INTERNAL_ASSERT(false, "unreachable");
 }
 
+// Note [Kernel: views of captured tensors]
+// With remove="mutations_and_views" every view in the program must become its *_copy, including
+// views of tensors the function captures instead of taking as arguments (a module's parameters
+// inside model(x): w.t() in linear, buffers, globals). Such a call has only plain arguments, so
+// it would pass through and leave aten.t on the parameter in the graph. Instead the viewed tensor
+// is lifted into a fresh wrapper for this call and the view runs as on any wrapper: the graph
+// gets t_copy(w), and the result reports eager's strides. Eager would let a write through that
+// view reach w; here nothing is written back to a captured tensor, so the lifted storage is
+// marked captured and a write through it is refused with an error naming the op (check_writable)
+// rather than lost. Rejected: running the *_copy op and returning a plain tensor (simplest, but
+// a later in-place op on it would silently not reach w); writing captured tensors back at the
+// end like inputs (a side effect on the module that no graph input or output carries).
+void lift_captured_self(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                        const Layer& layer) {
+  auto& self = *(stack->end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size()));
+  at::Tensor lifted = make_fresh_wrapper(self.toTensor(), layer.id);
+  unsafe_get_impl(lifted)->alias_storage().mark_captured();
+  self = std::move(lifted);
+}
+
 void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op,
                       torch::jit::Stack* stack) {
   const OpInfo& info = plan.info;
@@ -60,6 +80,11 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op,
         report_foreign_wrapper(info.name, *impl, layer);
       }
     });
+  }
+  if (!any_functional && layer != nullptr && !layer->reapply_views &&
+      info.kind == OpKind::View && !info.wraps_plain_outputs) {  // lift_fresh wraps, below
+    lift_captured_self(op, stack, *layer);
+    return view_kernel(info, op, stack, *layer);
   }
   if (!any_functional) {
     const bool wrap = layer != nullptr && info.wraps_plain_outputs;

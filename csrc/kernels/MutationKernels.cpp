@@ -98,11 +98,18 @@ void check_eager_rules(std::string_view op_name, const at::Tensor& written,
               " can't be cast to the desired output type ", written.scalar_type(), ".");
 }
 
+// See Note [Kernel: views of captured tensors] for the second check.
 void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t) {
-  TORCH_CHECK(maybe_get_impl(t) != nullptr, "functionalize: ", op_name,
+  auto* impl = maybe_get_impl(t);
+  TORCH_CHECK(impl != nullptr, "functionalize: ", op_name,
               ": cannot write functional values into the plain tensor passed as '", arg_name,
               "' (a tensor created outside the function, e.g. a global). Pass it to the "
               "function as an input, or clone it inside the function first.");
+  TORCH_CHECK(!impl->alias_storage().captured(), "functionalize: ", op_name,
+              ": cannot write through '", arg_name, "', a view of a tensor captured from outside "
+              "the function (a parameter, buffer or global), with remove=\"mutations_and_views\": "
+              "the write would not reach that tensor. Pass the tensor to the function as an "
+              "input, or use remove=\"mutations\".");
   TORCH_CHECK(t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || !has_internal_overlap(t),
               "functionalize: ", op_name, ": the tensor passed as '", arg_name,
               "' has internal overlap (more than one element refers to the same memory "
