@@ -267,9 +267,10 @@ void wrap_lifted(const c10::OperatorHandle& /*op*/, OpInfo& info) {
 // Note [Kernel: _unsafe_view]
 // Its schema says "fresh tensor" (no alias annotation), but composite out= kernels (kron, matmul,
 // ...) write into out through _unsafe_view(out, shape): treated as functional, those writes would
-// be lost. So it is a view: replayed as itself in both modes (no *_copy twin is needed, and to
-// tracers it is not a view op) and inverted like view. torch's own functionalization treats it the
-// same way.
+// be lost. So it is a view: replayed as itself with views kept, as view_copy without them (the
+// same elements; a graph without views then has no view-like node at all, as the issue of real
+// models showed: Llama's graph had 15 _unsafe_view nodes), and inverted like view. torch's own
+// functionalization keeps _unsafe_view in both modes.
 bool is_unsafe_view(const c10::OperatorHandle& op) {
   return named(op, "aten::_unsafe_view", "");
 }
@@ -277,7 +278,8 @@ bool is_unsafe_view(const c10::OperatorHandle& op) {
 void plan_unsafe_view(const c10::OperatorHandle& op, OpInfo& info) {
   info.kind = OpKind::View;
   info.view_op = op;
-  info.copy_op = op;
+  info.copy_op = c10::Dispatcher::singleton().findOp({"aten::view_copy", ""});
+  TORCH_INTERNAL_ASSERT(info.copy_op.has_value(), "aten::view_copy is not registered");
   info.inverse = find_inverse({"aten::view", ""});
 }
 
