@@ -54,6 +54,11 @@ void check_eager_rules(std::string_view op_name, const at::Tensor& written,
 void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t);
 /// The written wrapper now holds `value`: replace, commit to its alias storage, sync.
 void write_back(const at::Tensor& wrapper, const at::Tensor& value);
+/// Whether an in-place op may write the wrapper's inner value directly, because nothing else
+/// can observe it (Note [Kernel: in-place on the inner value]).
+bool can_write_inner_in_place(const at::Tensor& wrapper);
+/// After such a write: the inner value is the storage's new base.
+void commit_written_in_place(const at::Tensor& wrapper);
 
 /// Wraps every tensor among the last `count` stack entries as a fresh base wrapper.
 void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id);

@@ -5,6 +5,7 @@
 #include "core/Conversions.h"
 
 #include <c10/core/ScalarType.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <algorithm>
 #include <c10/util/Exception.h>
@@ -116,6 +117,44 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
               "location: sizes ", t.sizes(), ", strides ", t.strides(),
               ", e.g. from expand, unfold with size > step or as_strided), so the result "
               "of writing to it is not defined. Clone it before writing.");
+}
+
+// Note [Kernel: in-place on the inner value]
+// The functional form of x.add_(1) allocates a new tensor for every write: on large tensors that
+// is twice eager's memory traffic (measured: large/inplace at 2.2x eager). When nothing but the
+// wrapper can observe its inner value, running the in-place op on that value gives the same
+// result without the allocation. "Nothing can observe it" means all of:
+//   - no tracer or tensor subclass is recording ops (no dispatch mode on the thread's stack, no
+//     Python key on the value, no torch.func transform): a graph must stay functional;
+//   - the wrapper is a base (no view chain, no metadata mutation), up to date, with no update
+//     queued, and no other wrapper shares its alias storage (so no view of it is alive);
+//   - the value is referenced only by the wrapper and as its storage's base (so not an input's
+//     own tensor, whose caller holds it, nor an output of autograd's saved variables), its
+//     memory is shared with no other tensor, and it does not require grad.
+// Then the op runs as called on the value and the value becomes the storage's new base. If it
+// raises (eager's shape and dtype rules raise before writing), the functional path runs instead
+// and raises the same rule under the op's name. Anything else takes the functional path.
+// Rejected: reusing the allocation of the functional result via an out= variant (add.out into the
+// old value): the same conditions are needed, and not every op has an out= variant.
+bool can_write_inner_in_place(const at::Tensor& wrapper) {
+  auto* impl = maybe_get_impl(wrapper);
+  if (impl == nullptr || !impl->chain().empty() || impl->has_metadata_mutation()) return false;
+  const auto& storage = impl->alias_storage();
+  if (storage.has_pending_updates() || !impl->is_up_to_date() ||
+      wrapper.storage().use_count() != 1) {
+    return false;
+  }
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 || functorch_transform_active()) {
+    return false;
+  }
+  const at::Tensor& value = impl->value();
+  return value.unsafeGetTensorImpl() == storage.base().unsafeGetTensorImpl() &&
+         value.use_count() == 2 && value.has_storage() && value.storage().use_count() == 1 &&
+         !value.requires_grad() && !value.key_set().has_any(c10::python_ks);
+}
+
+void commit_written_in_place(const at::Tensor& wrapper) {
+  unsafe_get_impl(wrapper)->commit_update_();
 }
 
 void write_back(const at::Tensor& wrapper, const at::Tensor& value) {

@@ -192,6 +192,21 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     return FuncOp::call(call.unwrap(std::get<I>(refs))...);
   }
 
+  // Argument I of the in-place op itself: the written one is `inner`, the others unwrapped.
+  template <size_t I, class Refs>
+  static decltype(auto) in_place_arg(Call<kTensors>& call, Refs& refs, at::Tensor& inner) {
+    if constexpr (I == kWritten) {
+      return (inner);
+    } else {
+      return call.unwrap(std::get<I>(refs));
+    }
+  }
+  template <class Refs, size_t... I>
+  static void call_in_place(Call<kTensors>& call, Refs& refs, at::Tensor& inner,
+                            std::index_sequence<I...> /*all args*/) {
+    MutOp::call(in_place_arg<I>(call, refs, inner)...);
+  }
+
   static at::Tensor& call(c10::DispatchKeySet /*ks*/, Args... args) {
     auto refs = std::tie(args...);
     at::Tensor& written = std::get<kWritten>(refs);
@@ -205,6 +220,23 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
       return MutOp::call(args...);
     }
     check_writable(name(), kWrittenName, written);
+    if constexpr (!kOut) {
+      if (can_write_inner_in_place(written)) {  // See Note [Kernel: in-place on the inner value]
+        at::Tensor inner = unsafe_get_impl(written)->value();
+        bool done = true;
+        try {
+          InnerCallGuard guard;
+          call_in_place(call, refs, inner, std::make_index_sequence<kArgs>());
+        } catch (const c10::Error&) {
+          done = false;  // the functional path below reports eager's rule under the op's name
+        }
+        inner.reset();  // back to the wrapper's and the storage's references before committing
+        if (done) {
+          commit_written_in_place(written);
+          return written;
+        }
+      }
+    }
     InnerCallGuard guard;
     at::Tensor value = call_functional(call, refs, std::make_index_sequence<kFunctionalArgs>());
     check_eager_rules(name(), written, value, /*resizes=*/kOut);

@@ -302,3 +302,23 @@ def test_metadata_mutation_of_intermediate(remove):
         return a, x + 0
 
     assert_matches_eager(f, torch.randn(3, 4), remove=remove)
+
+
+# In-place ops on values only the wrapper can observe run on the value itself (Note [Kernel:
+# in-place on the inner value]); each case below must still see eager's values where something
+# else could observe the write.
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: (lambda y: (y.add_(1), y.mul_(y), y.sub_(2).div_(3)))(x.clone())[-1],
+        lambda x: (lambda y, v: (y.add_(1), v.clone()))(*(lambda y: (y, y[0]))(x.clone()))[1],
+        lambda x: (lambda y, d: (y.mul_(2), d.clone()))(*(lambda y: (y, y.detach()))(x.clone()))[1],
+        lambda x: (lambda y: (y.add_(y), y.t().clone()))(x.clone())[1],
+        lambda x: (lambda y, z: (y.add_(1), z))(*(lambda y: (y, y))(x.clone())),
+        lambda x: (x.add_(1), x.mul_(2), x)[-1],
+    ],
+    ids=["fresh_chain", "live_view", "detached_alias", "self_as_other", "same_wrapper_twice",
+         "input"],
+)
+def test_in_place_writes_on_fresh_values_match_eager(program, remove):
+    assert_matches_eager(program, torch.randn(2, 3), remove=remove)
