@@ -488,8 +488,41 @@ void foreach_sequential_kernel(const c10::OperatorHandle& op, torch::jit::Stack*
   }
 }
 
+// The op as called on the inner values, when every written element may be written in place
+// (Note [Kernel: in-place on the inner value]); eager's own kernel then also gives eager's answer
+// for aliased lists. Returns false, having changed nothing it could not redo, to take the
+// functional path (which reports errors in eager's words under the op's name).
+bool foreach_in_place(const c10::OperatorHandle& op, Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const auto first = stack->end() - static_cast<std::ptrdiff_t>(args.size());
+  std::vector<at::Tensor> written;
+  for (size_t j = 0; j < args.size(); ++j) {
+    if (!is_written(args[j])) continue;
+    const c10::IValue& v = *(first + static_cast<std::ptrdiff_t>(j));
+    if (!v.isTensorList()) return false;
+    for (const at::Tensor& t : v.toTensorList()) {
+      if (!can_write_inner_in_place(t)) return false;
+      written.push_back(t);
+    }
+  }
+  if (written.empty()) return false;
+  Stack inner(first, stack->end());
+  for (auto& v : inner) transform_tensors(v, sync_and_unwrap);
+  try {
+    InnerCallGuard guard;
+    op.callBoxed(inner);
+  } catch (const c10::Error&) {
+    return false;
+  }
+  inner.clear();
+  for (const auto& t : written) commit_written_in_place(t);
+  torch::jit::drop(*stack, args.size());
+  return true;
+}
+
 void foreach_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                     const Layer& layer) {
+  if (foreach_in_place(op, stack)) return;
   if (foreach_lists_alias(op, *stack)) return foreach_sequential_kernel(op, stack);
   generic_kernel(info, op, stack, layer);
 }

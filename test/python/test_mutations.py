@@ -304,9 +304,9 @@ def test_metadata_mutation_of_intermediate(remove):
     assert_matches_eager(f, torch.randn(3, 4), remove=remove)
 
 
-# In-place ops on values only the wrapper can observe run on the value itself (Note [Kernel:
-# in-place on the inner value]); each case below must still see eager's values where something
-# else could observe the write.
+# In-place ops on values only the wrapper can observe run on the value itself; each case below
+# must still see eager's values where something else could observe the write.
+# See Note [Kernel: in-place on the inner value].
 @pytest.mark.parametrize(
     "program",
     [
