@@ -170,3 +170,25 @@ def test_foreach_inplace_on_unaliased_lists_stays_one_op(remove):
 
     gm = trace(f, _three(), _three(), remove=remove)
     assert call_targets(gm).count("aten._foreach_add.List") == 1
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda a, b: (lambda x, y: (torch._foreach_add_([x, y], [y, x]), x, y)[1:])(
+            a.clone(), b.clone()
+        ),
+        lambda a, b: (lambda x: (torch._foreach_mul_([x, x], 2.0), x)[1])(a.clone()),
+        lambda a, b: (
+            lambda x, y: (torch._foreach_addcmul_([x, y], [y, x], [x, y], 0.5), x, y)[1:]
+        )(a.clone(), b.clone()),
+        lambda a, b: (lambda x, y, v: (torch._foreach_sub_([x, y], 1.0), v.clone())[1])(
+            *(lambda x: (x, b.clone(), x[0]))(a.clone())
+        ),
+    ],
+    ids=["cross_aliased", "same_twice", "addcmul_aliased", "live_view"],
+)
+def test_foreach_on_fresh_values_matches_eager(program, remove):
+    # Fresh intermediates take the in-place path (Note [Kernel: in-place on the inner value])
+    # unless a view of them is alive; aliased lists must still give eager's sequential answer.
+    assert_matches_eager(program, torch.randn(3), torch.randn(3), remove=remove)

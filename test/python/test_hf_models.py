@@ -15,15 +15,30 @@ from reference import assert_functional_graph, assert_matches_eager, trace
 
 
 def _gpt2():
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32,
-                                  bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=100,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.GPT2LMHeadModel(cfg)
 
 
 def _llama():
-    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                                   num_key_value_heads=2, intermediate_size=128, vocab_size=100,
-                                   max_position_embeddings=32, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=100,
+        max_position_embeddings=32,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 
