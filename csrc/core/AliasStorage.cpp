@@ -51,11 +51,11 @@ bool AliasStorage::apply_updates() {
   if (updates_.empty()) return false;
   InnerCallGuard guard;
   for (auto& update : updates_) {
-    const auto& chain = update.chain;
-    if (chain.empty()) {
+    if (update.chain.empty()) {
       base_ = update.value;
       continue;
     }
+    const auto chain = update.chain.steps();
     // bases[i] is what chain[i] is applied to; the last step needs no forward replay.
     std::vector<at::Tensor> bases{base_};
     for (size_t i = 0; i + 1 < chain.size(); ++i) bases.push_back(chain[i]->forward(bases.back()));

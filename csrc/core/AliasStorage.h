@@ -3,6 +3,7 @@
 // See Note [Alias: storage and generations].
 #pragma once
 
+#include "core/ViewChain.h"
 #include "core/ViewMeta.h"
 
 #include <ATen/core/Tensor.h>
@@ -12,9 +13,6 @@
 #include <vector>
 
 namespace tfz::detail {
-
-/// The view chain of a wrapper: base -> ... -> this wrapper. Shared, immutable steps.
-using ViewChain = std::vector<std::shared_ptr<const ViewMeta>>;
 
 class AliasStorage : public c10::StorageImpl {
  public:

@@ -32,9 +32,8 @@ FunctionalTensorImpl::FunctionalTensorImpl(const at::Tensor& view_value,
     : c10::TensorImpl(c10::Storage(base.storage_), wrapper_key_set(), view_value.dtype()),
       layer_id_(base.layer_id_),
       generation_(base.generation_),
-      chain_(base.chain_) {
+      chain_(base.chain_.extended(std::move(step))) {
   key_set_ = wrapper_key_set();
-  chain_.push_back(std::move(step));
   set_value_(view_value);
 }
 
@@ -104,7 +103,7 @@ void FunctionalTensorImpl::sync_() {
   auto& storage = alias_storage();
   storage.apply_updates();
   at::Tensor value = storage.base();
-  for (const auto& step : chain_) value = step->forward(value);
+  for (const ViewMeta* step : chain_.steps()) value = step->forward(value);
   set_value_(value);
   generation_ = storage.generation();
 }

@@ -303,16 +303,17 @@ at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& o
     if (in == nullptr || &in->alias_storage() != &impl->alias_storage()) continue;
     const auto& prefix = in->chain();
     if (prefix.size() > chain.size() || (best >= 0 && prefix.size() < best_len)) continue;
-    if (std::equal(prefix.begin(), prefix.end(), chain.begin())) {
+    if (chain.starts_with(prefix)) {
       best = static_cast<int>(i);
       best_len = prefix.size();
     }
   }
   if (best < 0) return impl->value();
   at::Tensor result = originals[best];
-  for (size_t k = best_len; k < chain.size(); ++k) {
-    if (!chain[k]->reapply) return impl->value();  // a *_copy step: the output is not a view
-    result = chain[k]->forward(result);
+  const auto steps = chain.steps();
+  for (size_t k = best_len; k < steps.size(); ++k) {
+    if (!steps[k]->reapply) return impl->value();  // a *_copy step: the output is not a view
+    result = steps[k]->forward(result);
   }
   return result;
 }

@@ -36,7 +36,7 @@ void write(const at::Tensor& wrapper, const at::Tensor& value) {
 }
 
 at::Tensor forward(const ViewChain& chain, at::Tensor t) {
-  for (const auto& s : chain) t = s->forward(t);
+  for (const ViewMeta* s : chain.steps()) t = s->forward(t);
   return t;
 }
 
@@ -51,10 +51,10 @@ TEST(AliasStorageTest, StartsAtGenerationZeroWithNothingQueued) {
 
 TEST(AliasStorageTest, AddUpdateQueuesAndBumpsTheGeneration) {
   AliasStorage storage(float_grid(2, 3));
-  storage.add_update(at::ones({3}), {step("aten::select", "int", {0, 1})});
+  storage.add_update(at::ones({3}), ViewChain{step("aten::select", "int", {0, 1})});
   EXPECT_EQ(storage.generation(), 1u);
   EXPECT_TRUE(storage.has_pending_updates());
-  storage.add_update(at::ones({3}), {step("aten::select", "int", {0, 0})});
+  storage.add_update(at::ones({3}), ViewChain{step("aten::select", "int", {0, 0})});
   EXPECT_EQ(storage.generation(), 2u);
 }
 
