@@ -142,3 +142,34 @@ TEST(FunctionalTensorImplTest, UnrelatedStoragesDoNotSeeEachOthersWrites) {
   EXPECT_TRUE(unsafe_get_impl(b)->is_up_to_date());
   EXPECT_TRUE(at::equal(sync_and_unwrap(b), float_grid(2, 2)));
 }
+
+TEST(ViewChainTest, ExtendingSharesThePrefixAndLeavesTheOriginal) {
+  const auto a = step("aten::select", "int", {0, 1});
+  const auto b = step("aten::slice", "Tensor", {0, 0, 2, 1});
+  const auto c = step("aten::select", "int", {0, 0});
+  const ViewChain base{a};
+  const ViewChain left = base.extended(b);
+  const ViewChain right = base.extended(c);
+  EXPECT_EQ(base.size(), 1u);
+  EXPECT_EQ(left.size(), 2u);
+  EXPECT_EQ(left.steps(), (std::vector<const ViewMeta*>{a.get(), b.get()}));
+  EXPECT_EQ(right.steps(), (std::vector<const ViewMeta*>{a.get(), c.get()}));
+  EXPECT_TRUE(left.starts_with(base));
+  EXPECT_TRUE(left.starts_with(ViewChain{}));
+  EXPECT_TRUE(left.starts_with(left));
+  EXPECT_FALSE(left.starts_with(right));
+  EXPECT_FALSE(base.starts_with(left));
+  // Equal steps built separately (no shared node) still count as the same prefix.
+  EXPECT_TRUE((ViewChain{a, b, c}).starts_with(ViewChain{a, b}));
+  EXPECT_FALSE((ViewChain{a, c}).starts_with(ViewChain{a, b}));
+}
+
+TEST(ViewChainTest, AVeryDeepChainIsFreedWithoutRecursion) {
+  // A million nodes freed recursively would overflow the stack; this must simply finish.
+  const auto s = step("aten::view", "", {std::vector<int64_t>{-1}});
+  ViewChain chain;
+  for (int i = 0; i < 1000000; ++i) chain.push_back(s);
+  EXPECT_EQ(chain.size(), 1000000u);
+  chain.clear();
+  EXPECT_TRUE(chain.empty());
+}
