@@ -1,0 +1,330 @@
+"""Soak and thread stress for torch_functionalize (issue #12, item 4).
+
+  python tools/stress.py soak [--ops 1000000] [--max-growth-mib 32]
+      Runs a mix of functionalized programs (both remove modes, eagerly and, every few
+      iterations, traced with make_fx and replayed) until at least --ops ATen ops have been
+      functionalized, sampling the process's resident memory and the number of live Python
+      tensor objects. Fails (exit 1) if either grows past its bound between the end of warm-up
+      (the first 10% of the run) and the end.
+  python tools/stress.py threads [--threads 8] [--iterations 200]
+      Runs functionalized programs on several threads at once (each thread its own program,
+      several threads one shared program, and one thread running plain eager code on tensors the
+      others also read), checking every result against eager values computed beforehand on one
+      thread. Fails (exit 1) on any mismatch or exception.
+
+The test suite runs short versions of both (test/python/test_stress.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torch_functionalize import functionalize
+from torch_functionalize.cli.programs import PROGRAMS
+from torch_functionalize.testing import clone_inputs, compare
+
+# --- the program mix -----------------------------------------------------------------------------
+
+
+def _foreach_step(a, b, c):
+    torch._foreach_mul_([a, b], 0.9)
+    torch._foreach_add_([a, b], [c, c], alpha=0.1)
+    return a.sum() + b.sum()
+
+
+def _batch_norm_train(x, mean, var):
+    return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+
+
+def _index_and_out(x, idx):
+    y = torch.zeros(4, 3)
+    y.index_put_((idx,), x[:2])
+    out = torch.empty(0)
+    torch.mul(y, 2, out=out)
+    return out
+
+
+def _view_chain_and_resize(x):
+    v = x.clone()
+    w = v.view(-1)[2:].view(2, -1).t()
+    w.mul_(3)
+    total = w.sum()
+    del w  # growing past the storage with views alive is refused (a documented limit)
+    v.resize_(20)
+    return v[:12].view(3, 4) + total
+
+
+def _aliased_inputs(x, xv):
+    xv.add_(1)
+    x[0].mul_(2)
+    return x + xv.sum()
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    fn: Callable
+    make_inputs: Callable[[], tuple]
+
+
+def programs() -> list[Program]:
+    """The mix: the demo programs plus optimizer-, batch-norm-, indexing-, view-chain- and
+    aliasing-shaped ones. Inputs are deterministic so that expected values can be computed once."""
+
+    def seeded(shapes):
+        def make():
+            g = torch.Generator().manual_seed(0)
+            return tuple(torch.randn(*s, generator=g) for s in shapes)
+
+        return make
+
+    mix = [Program(name, fn, seeded(shapes)) for name, (fn, shapes) in PROGRAMS.items()]
+    mix += [
+        Program("foreach_step", _foreach_step, seeded([(8,), (8,), (8,)])),
+        Program(
+            "batch_norm_train",
+            _batch_norm_train,
+            lambda: (torch.randn(4, 3, generator=torch.Generator().manual_seed(1)),
+                     torch.zeros(3), torch.ones(3)),
+        ),
+        Program(
+            "index_and_out",
+            _index_and_out,
+            lambda: (torch.randn(3, 3, generator=torch.Generator().manual_seed(2)),
+                     torch.tensor([3, 0])),
+        ),
+        Program("view_chain_and_resize", _view_chain_and_resize, seeded([(12,)])),
+        Program(
+            "aliased_inputs",
+            _aliased_inputs,
+            lambda: (lambda b: (b, b.view(-1)))(
+                torch.randn(3, 4, generator=torch.Generator().manual_seed(3))),
+        ),
+    ]
+    return mix
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def ops_per_call(program: Program) -> int:
+    """ATen ops one eager call of the program runs (what functionalize intercepts)."""
+    with _CountOps() as counter:
+        program.fn(*program.make_inputs())
+    return max(counter.count, 1)
+
+
+@dataclass
+class Expected:
+    outputs: object
+    inputs_after: tuple
+
+
+def expected_of(program: Program) -> Expected:
+    inputs = program.make_inputs()
+    out = program.fn(*inputs)
+    return Expected(out, inputs)
+
+
+# make_fx patches module-level state while it traces, so torch does not support two traces at
+# once on different threads; traces are serialized (functionalize calls are not).
+_TRACE_LOCK = threading.Lock()
+
+
+def check(program: Program, expected: Expected, remove: str, traced: bool) -> str | None:
+    """None if one functionalized call (or a traced graph's replay) matches eager."""
+    inputs = program.make_inputs()
+    if traced:
+        with _TRACE_LOCK:
+            gm = make_fx(functionalize(program.fn, remove=remove))(*program.make_inputs())
+        out = gm(*inputs)
+    else:
+        out = functionalize(program.fn, remove=remove)(*inputs)
+    return compare(out, expected.outputs, "output") or compare(
+        inputs, expected.inputs_after, "input")
+
+
+# --- soak ------------------------------------------------------------------------------------------
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        resident_pages = int(f.read().split()[1])
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _live_tensors() -> int:
+    with warnings.catch_warnings():  # isinstance() on some torch module objects warns
+        warnings.simplefilter("ignore")
+        return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
+
+
+@dataclass
+class SoakResult:
+    ops: int
+    calls: int
+    seconds: float
+    samples: list  # (ops so far, rss MiB, live tensors)
+    rss_growth_mib: float
+    tensor_growth: int
+    failures: list
+
+
+def soak(total_ops: int, trace_every: int = 50, samples: int = 10) -> SoakResult:
+    mix = programs()
+    per_call = [ops_per_call(p) for p in mix]
+    expected = [expected_of(p) for p in mix]
+    modes = ("mutations", "mutations_and_views")
+    ops = calls = 0
+    points, failures = [], []
+    next_sample = total_ops // samples
+    start = time.perf_counter()
+    while ops < total_ops:
+        for k, p in enumerate(mix):
+            remove = modes[calls % 2]
+            traced = calls % trace_every == trace_every - 1
+            problem = check(p, expected[k], remove, traced)
+            if problem and len(failures) < 20:
+                failures.append(f"{p.name} ({remove}, {'traced' if traced else 'eager'}): {problem}")
+            ops += per_call[k]
+            calls += 1
+        if ops >= next_sample:
+            gc.collect()
+            points.append((ops, _rss_mib(), _live_tensors()))
+            next_sample += total_ops // samples
+    seconds = time.perf_counter() - start
+    first, last = points[0], points[-1]
+    return SoakResult(ops, calls, seconds, points, last[1] - first[1], last[2] - first[2],
+                      failures)
+
+
+# --- threads ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ThreadsResult:
+    threads: int
+    calls: int
+    seconds: float
+    failures: list
+
+
+def threads(n_threads: int, iterations: int) -> ThreadsResult:
+    mix = programs()
+    expected = [expected_of(p) for p in mix]
+    shared = torch.randn(64, 64, generator=torch.Generator().manual_seed(7))
+    shared_expected = (shared @ shared.t()).sin().sum()
+    failures: list[str] = []
+    calls = [0]
+    lock = threading.Lock()
+    barrier = threading.Barrier(n_threads + 1)
+
+    def record(problem):
+        with lock:
+            if len(failures) < 20:
+                failures.append(problem)
+
+    def functionalizing(worker: int):
+        # Even workers each take their own program; odd workers all run the first program.
+        barrier.wait()
+        for i in range(iterations):
+            k = worker % len(mix) if worker % 2 == 0 else 0
+            p = mix[k]
+            remove = ("mutations", "mutations_and_views")[(i + worker) % 2]
+            try:
+                problem = check(p, expected[k], remove, traced=(i % 25 == 24))
+                # Reads the tensor the eager thread also reads, inside a functionalized call.
+                got = functionalize(lambda s: (s @ s.t()).sin().sum())(shared)
+                problem = problem or compare(got, shared_expected, "shared read")
+            except Exception as error:  # noqa: BLE001 - reported as a failure
+                problem = f"raised {type(error).__name__}: {error}"
+            if problem:
+                record(f"thread {worker} {p.name} ({remove}): {problem}")
+            with lock:
+                calls[0] += 1
+
+    def eager():
+        barrier.wait()
+        for _ in range(iterations):
+            # Plain eager code must see no trace of the other threads' functionalize layers.
+            y = shared.clone()
+            y.add_(1).mul_(2)
+            got = (shared @ shared.t()).sin().sum()
+            problem = compare(got, shared_expected, "eager read") or compare(
+                y, (shared + 1) * 2, "eager write")
+            if problem or type(y) is not torch.Tensor:
+                record(f"eager thread: {problem or type(y)}")
+
+    workers = [threading.Thread(target=functionalizing, args=(w,)) for w in range(n_threads - 1)]
+    workers.append(threading.Thread(target=eager))
+    for t in workers:
+        t.start()
+    start = time.perf_counter()
+    barrier.wait()
+    for t in workers:
+        t.join()
+    return ThreadsResult(n_threads, calls[0], time.perf_counter() - start, failures)
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("soak", help="long run; fails if memory or live tensors grow")
+    s.add_argument("--ops", type=int, default=1_000_000)
+    s.add_argument("--max-growth-mib", type=float, default=32.0)
+    s.add_argument("--max-tensor-growth", type=int, default=100)
+    t = sub.add_parser("threads", help="concurrent functionalize calls checked against eager")
+    t.add_argument("--threads", type=int, default=8)
+    t.add_argument("--iterations", type=int, default=200)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+
+    if args.command == "soak":
+        r = soak(args.ops)
+        print(f"soak: {r.ops:,} ATen ops in {r.calls:,} functionalized calls, {r.seconds:.0f} s")
+        print("| ATen ops so far | RSS (MiB) | live Python tensors |")
+        print("|---|---|---|")
+        for ops, rss, live in r.samples:
+            print(f"| {ops:,} | {rss:.1f} | {live} |")
+        print(f"growth after warm-up: RSS {r.rss_growth_mib:+.1f} MiB (bound {args.max_growth_mib}),"
+              f" live tensors {r.tensor_growth:+d} (bound {args.max_tensor_growth})")
+        for f in r.failures:
+            print("MISMATCH", f)
+        ok = (not r.failures and r.rss_growth_mib <= args.max_growth_mib
+              and r.tensor_growth <= args.max_tensor_growth)
+    else:
+        r = threads(args.threads, args.iterations)
+        print(f"threads: {r.threads} threads ({r.threads - 1} functionalizing, 1 eager), "
+              f"{r.calls:,} functionalized calls checked, {r.seconds:.1f} s")
+        for f in r.failures:
+            print("FAILURE", f)
+        ok = not r.failures
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
