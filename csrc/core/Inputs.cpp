@@ -127,6 +127,10 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
     if (!t.defined()) continue;
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !t.is_nested(), "functionalize: input ", i,
+        " is a nested tensor, which functionalize does not support. Pass its components "
+        "(t.unbind()) and rebuild it inside the function with torch.nested.nested_tensor.");
     if (auto* impl = maybe_get_impl(t)) {
       TORCH_CHECK(impl->layer_id() == layer.id,
                   "functionalize: got a functional tensor that escaped the functionalize call "

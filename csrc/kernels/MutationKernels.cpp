@@ -111,7 +111,9 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
               "the function (a parameter, buffer or global), with remove=\"mutations_and_views\": "
               "the write would not reach that tensor. Pass the tensor to the function as an "
               "input, or use remove=\"mutations\".");
-  TORCH_CHECK(t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || !has_internal_overlap(t),
+  TORCH_CHECK(impl->value().layout() != c10::kStrided ||
+                  t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+                  !has_internal_overlap(t),
               "functionalize: ", op_name, ": the tensor passed as '", arg_name,
               "' has internal overlap (more than one element refers to the same memory "
               "location: sizes ", t.sizes(), ", strides ", t.strides(),
