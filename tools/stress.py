@@ -202,7 +202,7 @@ def soak(total_ops: int, trace_every: int = 50, samples: int = 10) -> SoakResult
     while ops < total_ops:
         for k, p in enumerate(mix):
             remove = modes[calls % 2]
-            traced = calls % trace_every == trace_every - 1
+            traced = trace_every > 0 and calls % trace_every == trace_every - 1
             problem = check(p, expected[k], remove, traced)
             if problem and len(failures) < 20:
                 failures.append(f"{p.name} ({remove}, {'traced' if traced else 'eager'}): {problem}")
@@ -296,6 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--ops", type=int, default=1_000_000)
     s.add_argument("--max-growth-mib", type=float, default=32.0)
     s.add_argument("--max-tensor-growth", type=int, default=100)
+    s.add_argument("--trace-every", type=int, default=50,
+                   help="trace with make_fx and replay every Nth call (0: never)")
     t = sub.add_parser("threads", help="concurrent functionalize calls checked against eager")
     t.add_argument("--threads", type=int, default=8)
     t.add_argument("--iterations", type=int, default=200)
@@ -303,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
 
     if args.command == "soak":
-        r = soak(args.ops)
+        r = soak(args.ops, trace_every=args.trace_every)
         print(f"soak: {r.ops:,} ATen ops in {r.calls:,} functionalized calls, {r.seconds:.0f} s")
         print("| ATen ops so far | RSS (MiB) | live Python tensors |")
         print("|---|---|---|")
