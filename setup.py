@@ -2,9 +2,13 @@
 installed torch) and places _C and libtfz_core next to the Python package. No source lists here.
 
 Environment: DEBUG=1 builds with debug info and no optimisation; TFZ_BUILD_TESTS=1 also builds the
-GoogleTest executables in the same CMake tree (build/python).
+GoogleTest executables in the same CMake tree (build/python); CMAKE_ARGS is passed to CMake as
+extra arguments (shell-quoted), and Torch_DIR selects a LibTorch other than the installed torch's.
+The torch version built against is recorded in torch_functionalize/_build_info.py, checked at import
+(Note [Build: torch version skew], python/torch_functionalize/_compat.py).
 """
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -36,7 +40,10 @@ class CMakeBuild(build_ext):
             f"-DTFZ_BUILD_TESTS={'ON' if tests else 'OFF'}",
             "-DTFZ_BUILD_PYTHON=ON",
         ]
-        if shutil.which("ninja"):
+        if os.environ.get("Torch_DIR"):
+            args.append(f"-DTorch_DIR={os.environ['Torch_DIR']}")
+        args += shlex.split(os.environ.get("CMAKE_ARGS", ""))
+        if shutil.which("ninja") and not any(a.startswith("-G") for a in args):
             args += ["-G", "Ninja"]
         if shutil.which("ccache"):
             args.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
@@ -53,9 +60,15 @@ class CMakeBuild(build_ext):
         targets = [ext_dir]
         if getattr(self, "editable_mode", False) or self.inplace:
             targets.append(os.path.join(ROOT, "python", "torch_functionalize"))
+        build_info = (
+            '"""Written by setup.py at build time: the torch this extension was built against."""\n'
+            f"TORCH_VERSION = {torch.__version__!r}\n"
+        )
         for target in targets:
             os.makedirs(target, exist_ok=True)
             shutil.copy2(os.path.join(built, "libtfz_core.so"), target)
+            with open(os.path.join(target, "_build_info.py"), "w") as f:
+                f.write(build_info)
         shutil.copy2(os.path.join(built, module), self.get_ext_fullpath(ext.name))
 
 setup(

@@ -1,22 +1,103 @@
-# Finds LibTorch from the active Python's torch install (the torch==2.13.0 wheel), and the Python
-# development files when the extension module is built. Sets TORCH_PYTHON_LIBRARY.
-if(TFZ_BUILD_PYTHON)
-  find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module)
-else()
-  find_package(Python3 REQUIRED COMPONENTS Interpreter)
-endif()
+# Finds LibTorch and defines tfz::torch, an INTERFACE target with exactly what our code uses:
+# the headers and the torch, torch_cpu and c10 libraries (TORCH_PYTHON_LIBRARY is set too, for the
+# Python module). Where LibTorch comes from, first match wins:
+#   1. Torch_DIR (.../share/cmake/Torch) or a CMAKE_PREFIX_PATH entry holding share/cmake/Torch
+#      (a LibTorch download; no Python needed);
+#   2. the torch package of the active Python (torch.utils.cmake_prefix_path).
+# See Note [Build: link only what we use]. Installed with the CMake package, so consumers of
+# tfz::core find their LibTorch the same way (torch_functionalizeConfig.cmake includes it).
 
-execute_process(
-  COMMAND ${Python3_EXECUTABLE} -c "import torch; print(torch.utils.cmake_prefix_path)"
-  OUTPUT_VARIABLE TFZ_TORCH_CMAKE_PREFIX OUTPUT_STRIP_TRAILING_WHITESPACE
-  RESULT_VARIABLE TFZ_TORCH_FOUND)
-if(NOT TFZ_TORCH_FOUND EQUAL 0)
-  message(FATAL_ERROR "torch is not importable from ${Python3_EXECUTABLE}; run: pip install torch==2.13.0")
-endif()
-list(APPEND CMAKE_PREFIX_PATH ${TFZ_TORCH_CMAKE_PREFIX})
-find_package(Torch REQUIRED)
+# Note [Build: link only what we use]
+# find_package(Torch) (TorchConfig.cmake, Caffe2Config.cmake) on a CUDA build of torch requires
+# the CUDA toolkit (it fails with "Your installed Caffe2 version uses CUDA but I cannot find the
+# CUDA libraries", then on CUDA_nvrtc_LIBRARY-NOTFOUND) and puts the CUDA libraries, nvrtc and
+# their transitive dependencies into ${TORCH_LIBRARIES}. Our code uses none of them: it is
+# device-generic and reaches CUDA kernels through the dispatcher, which libtorch_cpu's loaded
+# CUDA backend registers at `import torch` / LibTorch start-up. Linking them anyway is also what
+# the GPU image crashed on (issue #10, torch 2.11.0+cu130, gcc 13.3): the first call segfaulted in
+# normalized_signature (core/OpSchemaInfo.cpp, `out << *a.default_value()`), with libstdc++'s
+# ostream::_M_insert<long> landing in a codecvt function: a symbol interposition between libstdc++
+# copies, one of them reached through the CUDA/nvrtc libraries that ${TORCH_LIBRARIES} makes direct
+# dependencies of ours. The issue showed the same sources linked against torch, torch_cpu and c10
+# only do not crash. (No GPU machine was lent to this change, so the crash was not reproduced
+# here; its code path runs in every test run, at registration and in test_op_schema_info's
+# normalized-signature cases.) So we never run torch's config: we locate the libraries ourselves
+# and link torch, torch_cpu and c10 only (and torch_python for the module).
+# The one flag torch's config would give us, _GLIBCXX_USE_CXX11_ABI, is read from TorchConfig.cmake.
+# Rejected: find_package(Torch) with CUDA variables faked (brittle,
+# and still links CUDA), or requiring the toolkit (most users have none: a CUDA wheel on a CPU-only
+# machine is the common case).
 
-# The pybind11 that torch bundles (include/pybind11): torch's Tensor type casters are compiled
-# against it, and mixing two pybind11 versions in one process breaks their shared internals.
-find_library(TORCH_PYTHON_LIBRARY torch_python PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH)
-message(STATUS "torch-functionalize: Torch ${Torch_VERSION} at ${TORCH_INSTALL_PREFIX}")
+function(_tfz_torch_root_from_dir dir out)
+  # .../share/cmake/Torch -> the LibTorch root
+  get_filename_component(root "${dir}/../../.." ABSOLUTE)
+  set(${out} "${root}" PARENT_SCOPE)
+endfunction()
+
+if(NOT TARGET tfz::torch)
+  set(_tfz_root "")
+  if(Torch_DIR AND EXISTS "${Torch_DIR}/TorchConfig.cmake")
+    _tfz_torch_root_from_dir("${Torch_DIR}" _tfz_root)
+  elseif(DEFINED ENV{Torch_DIR} AND EXISTS "$ENV{Torch_DIR}/TorchConfig.cmake")
+    _tfz_torch_root_from_dir("$ENV{Torch_DIR}" _tfz_root)
+  else()
+    foreach(prefix IN LISTS CMAKE_PREFIX_PATH)
+      if(EXISTS "${prefix}/share/cmake/Torch/TorchConfig.cmake")
+        set(_tfz_root "${prefix}")
+        break()
+      endif()
+    endforeach()
+  endif()
+  if(NOT _tfz_root)
+    if(NOT Python3_EXECUTABLE)
+      find_package(Python3 REQUIRED COMPONENTS Interpreter)
+    endif()
+    execute_process(
+      COMMAND ${Python3_EXECUTABLE} -c "import torch, os; print(os.path.dirname(torch.__file__))"
+      OUTPUT_VARIABLE _tfz_root OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _tfz_rc)
+    if(NOT _tfz_rc EQUAL 0)
+      message(FATAL_ERROR
+        "torch-functionalize: no LibTorch found. Pass -DTorch_DIR=<libtorch>/share/cmake/Torch, "
+        "or install torch for ${Python3_EXECUTABLE} (pip install torch==2.13.0).")
+    endif()
+  endif()
+
+  set(_tfz_libs "")
+  foreach(lib torch torch_cpu c10)
+    find_library(TFZ_${lib}_LIBRARY ${lib} PATHS "${_tfz_root}/lib" NO_DEFAULT_PATH)
+    if(NOT TFZ_${lib}_LIBRARY)
+      message(FATAL_ERROR "torch-functionalize: lib${lib} not found in ${_tfz_root}/lib")
+    endif()
+    list(APPEND _tfz_libs "${TFZ_${lib}_LIBRARY}")
+  endforeach()
+  find_library(TORCH_PYTHON_LIBRARY torch_python PATHS "${_tfz_root}/lib" NO_DEFAULT_PATH)
+
+  set(_tfz_abi 1)
+  if(EXISTS "${_tfz_root}/share/cmake/Torch/TorchConfig.cmake")
+    file(STRINGS "${_tfz_root}/share/cmake/Torch/TorchConfig.cmake" _tfz_abi_line
+         REGEX "_GLIBCXX_USE_CXX11_ABI=[01]")
+    if(_tfz_abi_line MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])")
+      set(_tfz_abi ${CMAKE_MATCH_1})
+    endif()
+  endif()
+  set(_tfz_version "")
+  if(EXISTS "${_tfz_root}/version.py")  # the Python package
+    file(STRINGS "${_tfz_root}/version.py" _tfz_version_line REGEX "^__version__")
+    string(REGEX REPLACE "^__version__ *= *['\"]([^'\"]*)['\"].*" "\\1" _tfz_version
+           "${_tfz_version_line}")
+  elseif(EXISTS "${_tfz_root}/build-version")  # a LibTorch download
+    file(READ "${_tfz_root}/build-version" _tfz_version)
+    string(STRIP "${_tfz_version}" _tfz_version)
+  endif()
+  set(TFZ_TORCH_VERSION "${_tfz_version}" CACHE INTERNAL "torch version built against")
+  set(TFZ_TORCH_ROOT "${_tfz_root}" CACHE INTERNAL "LibTorch root")
+
+  add_library(tfz::torch INTERFACE IMPORTED GLOBAL)
+  set_target_properties(tfz::torch PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES
+      "${_tfz_root}/include;${_tfz_root}/include/torch/csrc/api/include"
+    INTERFACE_LINK_LIBRARIES "${_tfz_libs}"
+    INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=${_tfz_abi}")
+  message(STATUS "torch-functionalize: LibTorch ${_tfz_version} at ${_tfz_root} "
+                 "(linking torch, torch_cpu, c10; _GLIBCXX_USE_CXX11_ABI=${_tfz_abi})")
+endif()

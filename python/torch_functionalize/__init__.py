@@ -6,7 +6,16 @@ Public surface: ``functionalize`` (the contract of ``torch.func.functionalize``)
 """
 import torch  # noqa: F401  (loads libtorch before our extension)
 
-from . import _C  # noqa: F401
+from ._compat import check_torch_version as _check_torch_version
+
+try:
+    from ._build_info import TORCH_VERSION as _BUILT_WITH
+except ImportError:  # a build tree without the record (e.g. CMake alone): nothing to compare
+    _BUILT_WITH = None
+if _BUILT_WITH is not None:
+    _check_torch_version(_BUILT_WITH, torch.__version__)
+
+from . import _C  # noqa: E402, F401
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
 from .graph import functionalize_graph
 

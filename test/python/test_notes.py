@@ -5,8 +5,8 @@ import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SOURCE_DIRS = ("csrc", "python")
-SUFFIXES = {".h", ".cpp", ".py"}
+SOURCE_DIRS = ("csrc", "python", "cmake")
+SUFFIXES = {".h", ".cpp", ".py", ".cmake"}
 DEFINITION = re.compile(r"^\s*(?://|#) Note \[([^\]]+)\]\s*$", re.M)
 REFERENCE = re.compile(r"Note \[([^\]]+)\]")
 INDEX_ROW = re.compile(r"^\| `\[([^\]]+)\]` \| `([^`]+)` \|$", re.M)

@@ -1,0 +1,57 @@
+"""The build: the extension records the torch it was built against and refuses another torch
+release at import with a clear ImportError (Note [Build: torch version skew]); the core library
+links only torch, torch_cpu and c10 (Note [Build: link only what we use])."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_functionalize
+from torch_functionalize import _compat
+
+
+def test_version_skew_raises_import_error_naming_both_versions_and_the_fix():
+    with pytest.raises(ImportError) as info:
+        _compat.check_torch_version("2.11.0+cu130", "2.13.0+cpu")
+    message = str(info.value)
+    assert "2.11.0+cu130" in message and "2.13.0+cpu" in message
+    assert "pip install --no-build-isolation" in message
+
+
+def test_cpu_and_cuda_builds_of_one_release_are_compatible():
+    _compat.check_torch_version("2.13.0+cu130", "2.13.0+cpu")  # no error
+
+
+def test_installed_extension_recorded_the_running_torch():
+    from torch_functionalize._build_info import TORCH_VERSION
+
+    assert TORCH_VERSION == torch.__version__
+
+
+def test_core_library_links_only_torch_cpu_and_c10():
+    lib = Path(torch_functionalize.__file__).with_name("libtfz_core.so")
+    needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True,
+                            check=True).stdout
+    torch_libs = {line.split("[")[1].rstrip("]") for line in needed.splitlines()
+                  if "NEEDED" in line and ("torch" in line or "c10" in line or "cuda" in line
+                                           or "nvrtc" in line)}
+    assert torch_libs <= {"libtorch.so", "libtorch_cpu.so", "libc10.so"}, torch_libs
+
+
+def test_importing_under_another_torch_release_fails_cleanly(tmp_path):
+    # A copy of the installed package whose record says another release: importing it must raise
+    # our ImportError before the loader reaches _C.
+    import shutil
+    import sys
+
+    package = Path(torch_functionalize.__file__).parent
+    copy = tmp_path / "torch_functionalize"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "_build_info.py").write_text('TORCH_VERSION = "2.11.0+cu130"\n')
+    result = subprocess.run([sys.executable, "-c", "import torch_functionalize"], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "ImportError: torch_functionalize was built against torch 2.11.0+cu130" in result.stderr
+    assert torch.__version__ in result.stderr
