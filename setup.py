@@ -71,15 +71,11 @@ class CMakeBuild(build_ext):
                 f.write(build_info)
         shutil.copy2(os.path.join(built, module), self.get_ext_fullpath(ext.name))
 
+# Name, version, dependencies and extras are in pyproject.toml.
 setup(
-    name="torch-functionalize",
-    version="0.1.0",
-    description="Functionalization for PyTorch programs as an out-of-tree extension",
     package_dir={"": "python"},
     packages=find_packages("python"),
     package_data={"torch_functionalize": ["*.pyi", "py.typed"]},
     ext_modules=[CMakeExtension("torch_functionalize._C")],
     cmdclass={"build_ext": CMakeBuild},
-    python_requires=">=3.10",
-    install_requires=["torch"],
 )

@@ -17,6 +17,7 @@ fi
 
 python3 -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
   || python3 -m pip install -q torch==2.13.0   # pinned: an unpinned torch pulls CUDA wheels
-# Test dependencies come from one list, test/requirements.txt (pip does nothing when satisfied).
-python3 -m pip install -q -r test/requirements.txt "setuptools>=64" wheel
-TFZ_BUILD_TESTS=1 python3 -m pip install -q --no-build-isolation -e .
+# Build tools first (--no-build-isolation builds with what is installed), then the package with
+# its test extra: every test dependency is declared once, in pyproject.toml.
+python3 -m pip install -q "setuptools>=64" wheel
+TFZ_BUILD_TESTS=1 python3 -m pip install -q --no-build-isolation -e ".[test]"
