@@ -23,7 +23,8 @@
 # here; its code path runs in every test run, at registration and in test_op_schema_info's
 # normalized-signature cases.) So we never run torch's config: we locate the libraries ourselves
 # and link torch, torch_cpu and c10 only (and torch_python for the module).
-# The one flag torch's config would give us, _GLIBCXX_USE_CXX11_ABI, is read from TorchConfig.cmake.
+# What torch's config would give us besides, _GLIBCXX_USE_CXX11_ABI and the C++ standard, is read
+# from TorchConfig.cmake.
 # Rejected: find_package(Torch) with CUDA variables faked (brittle,
 # and still links CUDA), or requiring the toolkit (most users have none: a CUDA wheel on a CPU-only
 # machine is the common case).
@@ -80,6 +81,16 @@ if(NOT TARGET tfz::torch)
       set(_tfz_abi ${CMAKE_MATCH_1})
     endif()
   endif()
+  # The C++ standard torch's headers need (CXX_STANDARD on torch's own target: 20 since 2.13;
+  # torch 2.14's headers use C++20 library features), so consumers compile with it too.
+  set(_tfz_std 17)
+  if(EXISTS "${_tfz_root}/share/cmake/Torch/TorchConfig.cmake")
+    file(STRINGS "${_tfz_root}/share/cmake/Torch/TorchConfig.cmake" _tfz_std_line
+         REGEX "CXX_STANDARD [0-9]+")
+    if(_tfz_std_line MATCHES "CXX_STANDARD ([0-9]+)")
+      set(_tfz_std ${CMAKE_MATCH_1})
+    endif()
+  endif()
   set(_tfz_version "")
   if(EXISTS "${_tfz_root}/version.py")  # the Python package
     file(STRINGS "${_tfz_root}/version.py" _tfz_version_line REGEX "^__version__")
@@ -97,7 +108,8 @@ if(NOT TARGET tfz::torch)
     INTERFACE_INCLUDE_DIRECTORIES
       "${_tfz_root}/include;${_tfz_root}/include/torch/csrc/api/include"
     INTERFACE_LINK_LIBRARIES "${_tfz_libs}"
-    INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=${_tfz_abi}")
+    INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=${_tfz_abi}"
+    INTERFACE_COMPILE_FEATURES "cxx_std_${_tfz_std}")
   message(STATUS "torch-functionalize: LibTorch ${_tfz_version} at ${_tfz_root} "
-                 "(linking torch, torch_cpu, c10; _GLIBCXX_USE_CXX11_ABI=${_tfz_abi})")
+                 "(linking torch, torch_cpu, c10; C++${_tfz_std}; _GLIBCXX_USE_CXX11_ABI=${_tfz_abi})")
 endif()
