@@ -69,4 +69,6 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",
     install_requires=["torch"],
+    # torch.compile(model, backend="tfz"): dynamo looks names up in this group.
+    entry_points={"torch_dynamo_backends": ["tfz = torch_functionalize.dynamo:backend"]},
 )

@@ -41,7 +41,7 @@ FunctionalTensorImpl::FunctionalTensorImpl(const at::Tensor& view_value,
 FunctionalTensorImpl::FunctionalTensorImpl(ShallowCopy, const FunctionalTensorImpl& src)
     : c10::TensorImpl(c10::Storage(src.storage_), wrapper_key_set(), src.value_.dtype()) {
   src.copy_fields_to_(*this);
-  set_sizes_and_strides(src.sizes(), src.strides(), src.storage_offset());
+  set_sizes_and_strides(src.sym_sizes(), src.sym_strides(), src.sym_storage_offset());
 }
 
 void FunctionalTensorImpl::set_value_(const at::Tensor& value) {
@@ -59,11 +59,9 @@ void FunctionalTensorImpl::set_value_(const at::Tensor& value) {
   }
   const bool allowed = allow_tensor_metadata_change();
   set_allow_tensor_metadata_change(true);
-  if (inner->has_symbolic_sizes_strides()) {
-    set_sizes_and_strides(value.sym_sizes(), value.sym_strides(), value.sym_storage_offset());
-  } else {
-    set_sizes_and_strides(value.sizes(), value.strides(), value.storage_offset());
-  }
+  // The SymInt overload either way: a symbolic wrapper may receive a concrete value (fake tensors
+  // whose sizes the shape environment specialized), which the int overload refuses.
+  set_sizes_and_strides(value.sym_sizes(), value.sym_strides(), value.sym_storage_offset());
   set_allow_tensor_metadata_change(allowed);
 }
 
@@ -91,7 +89,12 @@ void FunctionalTensorImpl::copy_metadata_(const c10::TensorImpl& inner) {
 void FunctionalTensorImpl::set_reference_metadata_(const at::Tensor& reference) {
   const bool allowed = allow_tensor_metadata_change();
   set_allow_tensor_metadata_change(true);
-  set_sizes_and_strides(reference.sizes(), reference.strides(), reference.storage_offset());
+  if (has_symbolic_sizes_strides_ || reference.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    set_sizes_and_strides(reference.sym_sizes(), reference.sym_strides(),
+                          reference.sym_storage_offset());
+  } else {
+    set_sizes_and_strides(reference.sizes(), reference.strides(), reference.storage_offset());
+  }
   set_allow_tensor_metadata_change(allowed);
   has_reference_metadata_ = true;
 }

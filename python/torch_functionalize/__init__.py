@@ -2,12 +2,14 @@
 
 Public surface: ``functionalize`` (the contract of ``torch.func.functionalize``),
 ``functionalize_graph`` (FX GraphModule in, functional GraphModule out), and the helpers
-``to_functional``, ``from_functional``, ``is_functional``, ``sync`` and ``enable``.
+``to_functional``, ``from_functional``, ``is_functional``, ``sync`` and ``enable``; ``backend``,
+the torch.compile backend (also registered by name: ``torch.compile(m, backend="tfz")``).
 """
 import torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C  # noqa: F401
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
+from .dynamo import backend
 from .graph import functionalize_graph
 
 __version__ = "0.1.0"
@@ -19,4 +21,5 @@ __all__ = [
     "is_functional",
     "sync",
     "enable",
+    "backend",
 ]
