@@ -77,7 +77,8 @@ def _compile(gm, example_inputs, compiler, remove):
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fake_inputs = [_example_value(n) for n in placeholders]
     functional = functionalize_graph(gm, *fake_inputs, remove=remove)
-    run = functional if compiler is None else compiler(functional, example_inputs)
+    compiled = functional if compiler is None else compiler(functional, example_inputs)
+    run = _saving_written_inputs(compiled, *_written_inputs(functional))
     aliases = _output_aliases(gm, fake_inputs)
     if not aliases:
         return run
@@ -101,6 +102,77 @@ def _compile(gm, example_inputs, compiler, remove):
         return type(outputs)(outs) if isinstance(outputs, tuple) else outs
 
     return run_and_restore_aliases
+
+
+# Note [Dynamo: saved inputs the epilogue overwrites]
+# Run under autograd, the functional graph reads an input's old value in a functional op (e.g.
+# _native_batch_norm_legit_functional reads running_mean, and autograd saves it for backward),
+# then the epilogue's copy_ overwrites that input, so backward would fail eager's version check
+# ("modified by an inplace operation") although eager itself raised nothing: eager's in-place op
+# updated the buffer before autograd saved it. While the graph runs with grad enabled, a
+# saved-tensor hook therefore saves a copy of any tensor that shares storage with an input the
+# epilogue writes (the value the functional op actually read), and keeps autograd's version check
+# for every other saved tensor (a write after the call still raises, as in eager). Rejected:
+# running the epilogue under no_grad (the version counter is bumped anyway); saving without the
+# check (later user writes would give silently wrong gradients).
+def _written_inputs(functional):
+    """Placeholder indices and attribute tensors that epilogue ops of `functional` write."""
+    placeholders = {n: i for i, n in enumerate(n for n in functional.graph.nodes if n.op == "placeholder")}
+    indices, attributes = set(), []
+    for node in functional.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable or not node.args:
+            continue
+        target = node.args[0]
+        if not isinstance(target, torch.fx.Node):
+            continue
+        if target.op == "placeholder":
+            indices.add(placeholders[target])
+        elif target.op == "get_attr":
+            attributes.append(_fetch_attr(functional, target.target))
+    return sorted(indices), attributes
+
+
+def _saving_written_inputs(run, indices, attributes):
+    if not indices and not attributes:
+        return run
+
+    def run_saving_copies(*args):
+        if not torch.is_grad_enabled():
+            return run(*args)
+        written = {StorageWeakRef(t.untyped_storage()) for t in attributes}
+        written.update(
+            StorageWeakRef(args[i].untyped_storage())
+            for i in indices
+            if isinstance(args[i], torch.Tensor)
+        )
+
+        def pack(t):
+            if StorageWeakRef(t.untyped_storage()) in written:
+                return t.clone(), None
+            return t, t._version
+
+        def unpack(packed):
+            t, version = packed
+            if version is not None and t._version != version:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified by "
+                    f"an inplace operation: [{t.type()} {list(t.shape)}] is at version "
+                    f"{t._version}; expected version {version} instead (tensor saved by a graph "
+                    "of the torch_functionalize backend)."
+                )
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            return run(*args)
+
+    return run_saving_copies
+
+
+def _fetch_attr(module, target):
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
 
 
 def _example_value(node):

@@ -267,3 +267,19 @@ def test_compile_of_functionalized_function(remove, compile_backend):
     assert_trees_match(x, expected_x, "input")
     aliases_input = actual[1].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
     assert aliases_input == (remove == "mutations"), "output aliasing differs from functionalize"
+
+
+def test_write_after_the_call_still_fails_the_version_check():
+    # Note [Dynamo: saved inputs the epilogue overwrites]: copies are saved only for inputs the
+    # epilogue writes; a user write to another saved tensor before backward raises as in eager.
+    def f(x, w, counter):
+        counter.add_(1)
+        return (x * w).sin().sum()
+
+    for run in (f, torch.compile(f, backend="tfz")):
+        x, w, counter = torch.randn(3), torch.randn(3, requires_grad=True), torch.zeros(())
+        loss = run(x, w, counter)
+        x.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+        assert counter.item() == 1
