@@ -53,7 +53,10 @@ void FunctionalTensorImpl::set_value_(const at::Tensor& value) {
   has_reference_metadata_ = false;
   data_type_ = value.dtype();
   const auto* inner = value.unsafeGetTensorImpl();
-  if (!inner->has_symbolic_sizes_strides() && !has_symbolic_sizes_strides_) {
+  // vmap's BatchedTensorImpl answers contiguity queries only for the default format (it throws
+  // for channels_last), so its flags are recomputed from the sizes and strides instead.
+  const bool custom_contiguity = inner->key_set().has(c10::DispatchKey::FuncTorchBatched);
+  if (!inner->has_symbolic_sizes_strides() && !has_symbolic_sizes_strides_ && !custom_contiguity) {
     copy_metadata_(*inner);
     return;
   }
