@@ -80,6 +80,8 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
             flat, spec = pytree.tree_flatten((args, kwargs))
             positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
             inputs = [flat[i] for i in positions]
+        if any(_in_active_call(t) for t in inputs):  # See Note [API: nested calls]
+            return _nested_call(func, remove, args, kwargs)
         result = []  # [output, its tensor leaves' rebuild function]
 
         def run(wrappers):
@@ -101,6 +103,33 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
         return result[0](outputs)
 
     return wrapped  # type: ignore[return-value]
+
+
+# Note [API: nested calls]
+# functionalize(functionalize(f)), or a functionalized function called inside another's call:
+# the inner call's inputs are wrappers of the active layer (possibly inside the wrappers of
+# torch.func transforms between the two calls, as in functionalize(grad(functionalize(f)))), which already removes every mutation
+# (and view, with remove="mutations_and_views") in what it runs, and writes back to its own
+# inputs at its end. So the inner call runs `func` directly in the outer layer: its mutations of
+# its inputs are mutations of the outer layer's wrappers, seen by the outer function afterwards as
+# eager's would be. The one thing left to the inner call is its own contract on outputs: with
+# remove="mutations_and_views" they never alias its inputs, so its tensor outputs are cloned (an
+# extra functional clone in the trace). Rejected: a second layer on the thread (one layer per
+# thread keeps the TLS scheme simple, Note [Layer: TLS scheme], and a second layer would only
+# re-do the outer one's work); refusing nesting (what we did before; torch.func fails there with
+# an internal assertion).
+def _in_active_call(t: torch.Tensor) -> bool:
+    """True if ``t`` is a wrapper of ours, possibly inside torch.func transforms' wrappers."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return _C._is_functional(t)
+
+
+def _nested_call(func: Callable[..., Any], remove: str, args: tuple, kwargs: dict) -> Any:
+    out = func(*args, **kwargs)
+    if remove == "mutations_and_views":
+        out = pytree.tree_map_only(torch.Tensor, torch.clone, out)
+    return out
 
 
 # Note [API: under torch.compile]
