@@ -5,6 +5,8 @@
 #include "core/Layer.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <typeinfo>
 
@@ -44,8 +46,45 @@ FunctionalTensorImpl::FunctionalTensorImpl(ShallowCopy, const FunctionalTensorIm
   set_sizes_and_strides(src.sym_sizes(), src.sym_strides(), src.sym_storage_offset());
 }
 
+// Note [Wrapper: autograd mirrored]
+// Inner calls run below our key with autograd on, so an inner value computed from tensors that
+// require grad carries autograd history (grad_fn, or it is such a leaf), while the wrapper, whose
+// autograd key is ours, would report requires_grad=False and no grad_fn, and
+// torch.autograd.grad(wrapper_output, ...) inside the function would find no graph. So the
+// wrapper's AutogradMeta mirrors its value's gradient edge: a non-leaf value's (grad_fn,
+// output_nr), a leaf's requires_grad with the leaf's own grad accumulator (held here, so the
+// edge recorded by ops on the value and the wrapper's edge are one node). requires_grad, grad_fn
+// and is_leaf then read as in eager, and the autograd engine runs the value's backward graph
+// when asked from a wrapper; the gradients it computes from a wrapper seed are wrappers, so the
+// backward ops go through our kernel and are functionalized too (the AOTAutograd joint recipe:
+// make_fx(functionalize(joint))). The check costs one requires_grad() per new value.
+// Rejected: making the wrapper a differentiable view of its value (autograd would then record
+// our kernel's redispatch twice), and an autograd kernel at our key (that key is ours already).
+void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
+  if (C10_LIKELY(!value.requires_grad())) {
+    if (C10_UNLIKELY(autograd_meta() != nullptr)) {
+      set_autograd_meta(nullptr);
+      grad_accumulator_.reset();
+    }
+    return;
+  }
+  namespace ag = torch::autograd;
+  auto meta = std::make_unique<ag::AutogradMeta>();
+  if (const auto& fn = value.grad_fn()) {
+    meta->grad_fn_ = fn;
+    meta->output_nr_ = value.output_nr();
+    grad_accumulator_.reset();
+  } else {
+    grad_accumulator_ = ag::impl::grad_accumulator(value);
+    meta->grad_accumulator_ = c10::weak_intrusive_ptr<ag::Node>(grad_accumulator_);
+    meta->requires_grad_ = true;
+  }
+  set_autograd_meta(std::move(meta));
+}
+
 void FunctionalTensorImpl::set_value_(const at::Tensor& value) {
   value_ = value;
+  mirror_autograd_(value);
   if (has_reference_metadata_ && value.sym_sizes() == sym_sizes()) {
     data_type_ = value.dtype();
     return;

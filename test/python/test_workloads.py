@@ -176,11 +176,6 @@ def _train_step_autograd(params, buffers, x, target):
     return loss.detach()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine limitation: wrappers drop requires_grad, so torch.autograd.grad inside f "
-    "finds no graph (torch.func.functionalize fails the same way)",
-)
 def test_conv_bn_relu_training_step_with_autograd_grad_inside_f(remove):
     # The inputs require grad; eager computes the gradients inside f and updates the params.
     assert_matches_eager(
