@@ -71,6 +71,8 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
         return call(*args, **kwargs)
 
     def call(*args, **kwargs):
+        if _C._layer_active():  # See Note [API: nested calls]
+            return _nested_call(func, remove, args, kwargs)
         # The call itself is C++'s (api/Call.h); here: pytrees in and out. Positional tensors
         # only, the common call, skip the pytree round trip (about 13 us of a 20 us call).
         plain_args = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
@@ -80,8 +82,6 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
             flat, spec = pytree.tree_flatten((args, kwargs))
             positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
             inputs = [flat[i] for i in positions]
-        if any(_in_active_call(t) for t in inputs):  # See Note [API: nested calls]
-            return _nested_call(func, remove, args, kwargs)
         result = []  # [output, its tensor leaves' rebuild function]
 
         def run(wrappers):
@@ -106,25 +106,18 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
 
 
 # Note [API: nested calls]
-# functionalize(functionalize(f)), or a functionalized function called inside another's call:
-# the inner call's inputs are wrappers of the active layer (possibly inside the wrappers of
-# torch.func transforms between the two calls, as in functionalize(grad(functionalize(f)))), which already removes every mutation
-# (and view, with remove="mutations_and_views") in what it runs, and writes back to its own
-# inputs at its end. So the inner call runs `func` directly in the outer layer: its mutations of
-# its inputs are mutations of the outer layer's wrappers, seen by the outer function afterwards as
-# eager's would be. The one thing left to the inner call is its own contract on outputs: with
-# remove="mutations_and_views" they never alias its inputs, so its tensor outputs are cloned (an
-# extra functional clone in the trace). Rejected: a second layer on the thread (one layer per
-# thread keeps the TLS scheme simple, Note [Layer: TLS scheme], and a second layer would only
-# re-do the outer one's work); refusing nesting (what we did before; torch.func fails there with
-# an internal assertion).
-def _in_active_call(t: torch.Tensor) -> bool:
-    """True if ``t`` is a wrapper of ours, possibly inside torch.func transforms' wrappers."""
-    while torch._C._functorch.is_functorch_wrapped_tensor(t):
-        t = torch._C._functorch.get_unwrapped(t)
-    return _C._is_functional(t)
-
-
+# functionalize(functionalize(f)), or a functionalized function called inside another's call
+# (also through torch.func transforms between the two: functionalize(grad(functionalize(f)))):
+# the active layer already removes every mutation (and view, with remove="mutations_and_views")
+# in what it runs and writes back to its own inputs at its end, so the inner call runs `func`
+# directly in it. Its mutations of its inputs are then mutations of the outer layer's tensors,
+# seen by the outer function afterwards as eager's would be. The one thing left to the inner
+# call is its own contract on outputs: with remove="mutations_and_views" they never alias its
+# inputs, so its tensor outputs are cloned (an extra functional clone in the trace). One check
+# per call (_C._layer_active). Rejected: a second layer on the thread (one layer per thread keeps
+# the TLS scheme simple, Note [Layer: TLS scheme], and would only redo the outer layer's work);
+# refusing nesting, as before (torch.func fails there with an internal assertion). Entering a
+# second layer by hand (enable() inside a functionalized function) is still refused.
 def _nested_call(func: Callable[..., Any], remove: str, args: tuple, kwargs: dict) -> Any:
     out = func(*args, **kwargs)
     if remove == "mutations_and_views":
