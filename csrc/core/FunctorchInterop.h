@@ -32,10 +32,14 @@ FunctorchStashPtr take_functorch_stack(const c10::impl::LocalDispatchKeySet& tls
 void swap_functorch_stack(FunctorchStash& stash);
 
 /// True while a torch.func transform is processing an op on this thread (functorch excludes its
-/// front key for the duration): an op that reaches our kernel then was sent to us by the
-/// transform, through our key in the thread's included set, not by a wrapper of ours.
+/// front key for the duration, and keeps the back key, included while its stack is not empty):
+/// an op that reaches our kernel then was sent to us by the transform, through our key in the
+/// thread's included set, not by a wrapper of ours. torch._C._DisableFuncTorch (tensor printing
+/// uses it) excludes both keys, which is not processing.
 inline bool functorch_processing(const c10::impl::LocalDispatchKeySet& tls) {
-  return tls.excluded_.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
+  constexpr auto back = c10::DispatchKey::FuncTorchDynamicLayerBackMode;
+  return tls.excluded_.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) &&
+         tls.included_.has(back) && !tls.excluded_.has(back);
 }
 inline bool functorch_processing() {
   return functorch_processing(c10::impl::tls_local_dispatch_key_set());

@@ -1,5 +1,8 @@
 """Every user-facing error: its exception type and a fragment of its message."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -122,3 +125,21 @@ def test_op_error_inside_f_propagates_as_eager_error():
 
     with pytest.raises(RuntimeError, match="invalid for input of size"):
         tfz.functionalize(f)(torch.randn(2, 3))
+
+
+def test_printing_an_escaped_wrapper_raises_instead_of_crashing():
+    # Tensor printing runs under torch._C._DisableFuncTorch, which excludes functorch's keys;
+    # that must not read as a torch.func transform processing the op (FunctorchInterop.h).
+    # In a subprocess: the failure this guards against is a segfault.
+    code = (
+        "import torch, torch_functionalize as tfz\n"
+        "kept = []\n"
+        "tfz.functionalize(lambda x: kept.append(x * 2) or x.sum())(torch.ones(3))\n"
+        "try:\n"
+        "    repr(kept[0])\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "escaped" in done.stdout
