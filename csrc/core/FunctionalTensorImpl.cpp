@@ -131,7 +131,8 @@ void FunctionalTensorImpl::copy_metadata_(const c10::TensorImpl& inner) {
 void FunctionalTensorImpl::set_reference_metadata_(const at::Tensor& reference) {
   const bool allowed = allow_tensor_metadata_change();
   set_allow_tensor_metadata_change(true);
-  if (has_symbolic_sizes_strides_ || reference.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+  const bool symbolic = reference.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+  if (has_symbolic_sizes_strides_ || symbolic) {
     set_sizes_and_strides(reference.sym_sizes(), reference.sym_strides(),
                           reference.sym_storage_offset());
   } else {

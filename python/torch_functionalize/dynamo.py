@@ -13,7 +13,7 @@ import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .api import Remove, check_remove
-from .graph import functionalize_graph
+from .graph import _fetch_attr, functionalize_graph
 
 Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 
@@ -34,7 +34,9 @@ Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 # and input share a fake storage) and, after each run, rebuilds each as an as_strided view of its
 # input with eager's sizes, strides and offset, read from the fake output (symbolic ones
 # evaluated against the real inputs' sizes). Outputs that alias each other keep doing so because
-# remove="mutations" (the default) keeps views in the graph.
+# remove="mutations" (the default) keeps views in the graph; with remove="mutations_and_views"
+# two outputs that are views of one intermediate come back as separate tensors, so a write
+# through one after a graph break is not seen through the other (use the default there).
 #   Autograd is eager's: the functional graph is run op by op under autograd at run time, so
 # .backward() through a compiled region works as through any ATen program. Rejected: tracing a
 # joint forward/backward graph here, which is AOTAutograd's job (a user compiler that wants one
@@ -117,7 +119,8 @@ def _compile(gm, example_inputs, compiler, remove):
 # check (later user writes would give silently wrong gradients).
 def _written_inputs(functional):
     """Placeholder indices and attribute tensors that epilogue ops of `functional` write."""
-    placeholders = {n: i for i, n in enumerate(n for n in functional.graph.nodes if n.op == "placeholder")}
+    nodes = functional.graph.nodes
+    placeholders = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
     indices, attributes = set(), []
     for node in functional.graph.nodes:
         schema = getattr(node.target, "_schema", None)
@@ -167,12 +170,6 @@ def _saving_written_inputs(run, indices, attributes):
             return run(*args)
 
     return run_saving_copies
-
-
-def _fetch_attr(module, target):
-    for part in target.split("."):
-        module = getattr(module, part)
-    return module
 
 
 def _example_value(node):
