@@ -85,6 +85,16 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
 void FunctionalTensorImpl::set_value_(const at::Tensor& value) {
   value_ = value;
   mirror_autograd_(value);
+  // The conjugate and negative bits are metadata of the value (lazy conj()/_neg_view()): the
+  // wrapper reports them too, so is_conj()/is_neg() and the composites that branch on them (imag,
+  // view_as_real's check) see what eager sees. Both keys rank below ours, so the wrapper's ops
+  // still reach our kernel first; their fallbacks then run on the value.
+  static const auto lazy_bits =
+      c10::DispatchKeySet({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+  const auto value_bits = value.key_set() & lazy_bits;
+  if (C10_UNLIKELY(value_bits != (key_set_ & lazy_bits))) {
+    key_set_ = (key_set_ - lazy_bits) | value_bits;
+  }
   if (has_reference_metadata_ && value.sym_sizes() == sym_sizes()) {
     data_type_ = value.dtype();
     return;

@@ -148,12 +148,19 @@ Tensor view_as_complex_inverse(const Tensor& base, const Tensor& mv, const ViewM
   return m.reapply ? at::view_as_real(resolved) : at::view_as_real_copy(resolved);
 }
 
+// The new base keeps the old base's lazy bit: _conj of a plain mutated view is a lazily
+// conjugated tensor, which the base (and so its wrapper, which mirrors the bit) was not.
 Tensor conj_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
-  return m.reapply ? at::_conj(mv) : at::_conj_copy(mv);
+  if (!m.reapply) return at::_conj_copy(mv);
+  Tensor out = at::_conj(mv);
+  return out.is_conj() && !base.is_conj() ? out.resolve_conj() : out;
 }
 
+// As conj_inverse, for the negative bit.
 Tensor neg_view_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
-  return m.reapply ? at::_neg_view(mv) : at::_neg_view_copy(mv);
+  if (!m.reapply) return at::_neg_view_copy(mv);
+  Tensor out = at::_neg_view(mv);
+  return out.is_neg() && !base.is_neg() ? out.resolve_neg() : out;
 }
 
 // slice_inverse(self, src, dim, start, end, step) views `self` (a slice) as the whole `src`;
