@@ -293,6 +293,33 @@ void plan_reshape_alias(const c10::OperatorHandle& /*op*/, OpInfo& info) {
   info.replay_arg_count = 1;
 }
 
+// --- unsafe_split ------------------------------------------------------------------------------
+
+// Note [Kernel: unsafe_split]
+// unsafe_split / unsafe_split_with_sizes (and unsafe_chunk, which decomposes into unsafe_split)
+// return views of self whose schema says "fresh tensors" (only autograd's view tracking is
+// skipped): in eager a write to one of them changes self. Classified as functional, such writes
+// would be lost. So they are planned as split / split_with_sizes, whose arguments they share:
+// replayed as those views (split_copy without views) and inverted like them; the trace shows
+// split. torch.func treats them as functional (the write is lost).
+std::optional<c10::OperatorHandle> safe_split_of(const c10::OperatorHandle& op) {
+  const auto& name = op.operator_name();
+  if (name.name != "aten::unsafe_split" && name.name != "aten::unsafe_split_with_sizes") {
+    return std::nullopt;
+  }
+  return c10::Dispatcher::singleton().findOp({"aten::split" + name.name.substr(18),
+                                               name.overload_name});
+}
+
+bool is_unsafe_split(const c10::OperatorHandle& op) {
+  return safe_split_of(op).has_value();
+}
+
+void plan_unsafe_split(const c10::OperatorHandle& op, OpInfo& info) {
+  info.kind = OpKind::View;
+  set_view_plan(*safe_split_of(op), info);
+}
+
 // --- composite ops with raw fast paths ------------------------------------------------------------
 
 // Note [Kernel: composites intercepted whole]
@@ -505,7 +532,7 @@ void refuse_custom_view(const c10::OperatorHandle& /*op*/, OpInfo& info) {
 
 // --- the table ------------------------------------------------------------------------------
 
-constexpr std::array<SpecialOp, 10> kSpecialOps{{
+constexpr std::array<SpecialOp, 11> kSpecialOps{{
     // name                      matches               adjust                handle                   composite
     {"set_", &is_set, &refuse_set, nullptr, false},
     {"native_batch_norm", &is_native_batch_norm, &plan_native_batch_norm, &native_batch_norm_kernel, false},
@@ -513,6 +540,7 @@ constexpr std::array<SpecialOp, 10> kSpecialOps{{
     {"lift_fresh", &is_lift, &wrap_lifted, nullptr, false},
     {"_unsafe_view", &is_unsafe_view, &plan_unsafe_view, nullptr, false},
     {"_reshape_alias", &is_reshape_alias, &plan_reshape_alias, nullptr, false},
+    {"unsafe_split", &is_unsafe_split, &plan_unsafe_split, nullptr, false},
     {"composite with raw fast path", &has_raw_fast_path, nullptr, &composite_kernel, true},
     {"in-place _foreach_", &is_inplace_foreach, nullptr, &foreach_kernel, false},
     {"custom mutable op", &is_custom_mutable, &plan_custom_mutable, nullptr, false},
