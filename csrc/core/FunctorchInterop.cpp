@@ -47,10 +47,12 @@ namespace tfz::detail {
 //    TensorWrapper around our wrapper (keys AutogradOther, ADInplaceOrView, FuncTorchGradWrapper:
 //    PrivateUse3 is not among the keys functorch propagates) reaches our kernel instead of
 //    autograd's. Our kernel recognises this state (functorch excludes its front key while
-//    processing; it never does so otherwise) and redispatches with our key's bits removed, so the
-//    op reaches exactly the autograd kernel it would reach without our layer (AutogradOther here,
-//    AutogradCPU for plain CPU tensors), which records the op and redispatches down to the back
-//    key. vmap never reaches us this way: it excludes autograd keys while processing.
+//    processing and keeps its back key live; torch._C._DisableFuncTorch, used by tensor
+//    printing, excludes both, so it does not count) and redispatches with our key's bits
+//    removed, so the op reaches exactly the autograd kernel it would reach without our layer
+//    (AutogradOther here, AutogradCPU for plain CPU tensors), which records the op and
+//    redispatches down to the back key. vmap never reaches us this way: it excludes autograd
+//    keys while processing.
 // Rejected: (a) refusing layers under a transform (what we did before: only
 // functionalize(vmap(f)) composed); (b) registering our layer as a functorch interpreter: the
 // TransformType enum is closed, and the Functionalize interpreter drives PyTorch's own
