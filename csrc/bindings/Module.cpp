@@ -4,6 +4,7 @@
 #include <torch_functionalize/functionalize.h>
 
 #include "api/Call.h"
+#include "core/Layer.h"
 #include "kernels/Registration.h"
 
 #include <torch/csrc/Exceptions.h>
@@ -70,6 +71,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("fn"));
   m.def("_parse_remove", [](const std::string& r) { tfz::parse_remove(r); });
   m.def("_is_functional", &tfz::is_functional);
+  m.def("_layer_active", [] { return tfz::detail::current_layer() != nullptr; });
   m.def("_to_functional", py::overload_cast<const at::Tensor&>(&tfz::to_functional));
   m.def("_from_functional", &tfz::from_functional);
   m.def("_sync", &tfz::sync);

@@ -5,6 +5,8 @@
 #include "core/Layer.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <typeinfo>
 
@@ -40,13 +42,53 @@ FunctionalTensorImpl::FunctionalTensorImpl(const at::Tensor& view_value,
 FunctionalTensorImpl::FunctionalTensorImpl(ShallowCopy, const FunctionalTensorImpl& src)
     : c10::TensorImpl(c10::Storage(src.storage_), wrapper_key_set(), src.value_.dtype()) {
   src.copy_fields_to_(*this);
-  set_sizes_and_strides(src.sizes(), src.strides(), src.storage_offset());
+  set_sizes_and_strides(src.sym_sizes(), src.sym_strides(), src.sym_storage_offset());
+}
+
+// Note [Wrapper: autograd mirrored]
+// Inner calls run below our key with autograd on, so an inner value computed from tensors that
+// require grad carries autograd history (grad_fn, or it is such a leaf), while the wrapper, whose
+// autograd key is ours, would report requires_grad=False and no grad_fn, and
+// torch.autograd.grad(wrapper_output, ...) inside the function would find no graph. So the
+// wrapper's AutogradMeta mirrors its value's gradient edge: a non-leaf value's (grad_fn,
+// output_nr), a leaf's requires_grad with the leaf's own grad accumulator (held here, so the
+// edge recorded by ops on the value and the wrapper's edge are one node). requires_grad, grad_fn
+// and is_leaf then read as in eager, and the autograd engine runs the value's backward graph
+// when asked from a wrapper; the gradients it computes from a wrapper seed are wrappers, so the
+// backward ops go through our kernel and are functionalized too (the AOTAutograd joint recipe:
+// make_fx(functionalize(joint))). The check costs one requires_grad() per new value.
+// Rejected: making the wrapper a differentiable view of its value (autograd would then record
+// our kernel's redispatch twice), and an autograd kernel at our key (that key is ours already).
+void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
+  if (C10_LIKELY(!value.requires_grad())) {
+    if (C10_UNLIKELY(autograd_meta() != nullptr)) {
+      set_autograd_meta(nullptr);
+      grad_accumulator_.reset();
+    }
+    return;
+  }
+  namespace ag = torch::autograd;
+  auto meta = std::make_unique<ag::AutogradMeta>();
+  if (const auto& fn = value.grad_fn()) {
+    meta->grad_fn_ = fn;
+    meta->output_nr_ = value.output_nr();
+    grad_accumulator_.reset();
+  } else {
+    grad_accumulator_ = ag::impl::grad_accumulator(value);
+    meta->grad_accumulator_ = c10::weak_intrusive_ptr<ag::Node>(grad_accumulator_);
+    meta->requires_grad_ = true;
+  }
+  set_autograd_meta(std::move(meta));
 }
 
 void FunctionalTensorImpl::set_value_(const at::Tensor& value) {
   value_ = value;
-  // See Note [Wrapper: mirrored conjugate and negative bits].
-  key_set_ = wrapper_key_set() | mirrored_key_set(value.key_set());
+  mirror_autograd_(value);
+  // See Note [Wrapper: mirrored conjugate and negative bits]; other bits of key_set_ stay.
+  const auto value_bits = mirrored_key_set(value.key_set());
+  if (C10_UNLIKELY(value_bits != mirrored_key_set(key_set_))) {
+    key_set_ = (key_set_ - mirrored_key_set(key_set_)) | value_bits;
+  }
   if (has_reference_metadata_ && value.sym_sizes() == sym_sizes()) {
     data_type_ = value.dtype();
     return;
@@ -54,17 +96,18 @@ void FunctionalTensorImpl::set_value_(const at::Tensor& value) {
   has_reference_metadata_ = false;
   data_type_ = value.dtype();
   const auto* inner = value.unsafeGetTensorImpl();
-  if (!inner->has_symbolic_sizes_strides() && !has_symbolic_sizes_strides_) {
+  // vmap's BatchedTensorImpl answers contiguity queries only for the default format (it throws
+  // for channels_last), so its flags are recomputed from the sizes and strides instead.
+  const bool custom_contiguity = inner->key_set().has(c10::DispatchKey::FuncTorchBatched);
+  if (!inner->has_symbolic_sizes_strides() && !has_symbolic_sizes_strides_ && !custom_contiguity) {
     copy_metadata_(*inner);
     return;
   }
   const bool allowed = allow_tensor_metadata_change();
   set_allow_tensor_metadata_change(true);
-  if (inner->has_symbolic_sizes_strides()) {
-    set_sizes_and_strides(value.sym_sizes(), value.sym_strides(), value.sym_storage_offset());
-  } else {
-    set_sizes_and_strides(value.sizes(), value.strides(), value.storage_offset());
-  }
+  // The SymInt overload either way: a symbolic wrapper may receive a concrete value (fake tensors
+  // whose sizes the shape environment specialized), which the int overload refuses.
+  set_sizes_and_strides(value.sym_sizes(), value.sym_strides(), value.sym_storage_offset());
   set_allow_tensor_metadata_change(allowed);
 }
 
@@ -92,7 +135,13 @@ void FunctionalTensorImpl::copy_metadata_(const c10::TensorImpl& inner) {
 void FunctionalTensorImpl::set_reference_metadata_(const at::Tensor& reference) {
   const bool allowed = allow_tensor_metadata_change();
   set_allow_tensor_metadata_change(true);
-  set_sizes_and_strides(reference.sizes(), reference.strides(), reference.storage_offset());
+  const bool symbolic = reference.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+  if (has_symbolic_sizes_strides_ || symbolic) {
+    set_sizes_and_strides(reference.sym_sizes(), reference.sym_strides(),
+                          reference.sym_storage_offset());
+  } else {
+    set_sizes_and_strides(reference.sizes(), reference.strides(), reference.storage_offset());
+  }
   set_allow_tensor_metadata_change(allowed);
   has_reference_metadata_ = true;
 }

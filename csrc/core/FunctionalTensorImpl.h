@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/TensorImpl.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <vector>
 
@@ -79,6 +80,7 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
  private:
   const char* tensorimpl_type_name() const override;
   void set_value_(const at::Tensor& value);  // value_ + mirrored metadata
+  void mirror_autograd_(const at::Tensor& value);  // See Note [Wrapper: autograd mirrored]
   void copy_metadata_(const c10::TensorImpl& inner);  // non-symbolic sizes/strides + flags
   void copy_fields_to_(FunctionalTensorImpl& dest) const;
 
@@ -89,6 +91,8 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   std::vector<MetadataMutation> metadata_mutations_;
   bool has_reference_metadata_ = false;
   bool chain_is_resize_ = false;
+  // A leaf value's grad accumulator, kept alive for the wrapper's AutogradMeta (a weak_ptr).
+  c10::intrusive_ptr<torch::autograd::Node> grad_accumulator_;
 };
 
 /// nullptr unless `t` is one of our wrappers.

@@ -6,6 +6,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -232,6 +233,16 @@ void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
   const at::Tensor& value = impl.value();
   if (!impl.has_metadata_mutation() && original.sym_sizes() != value.sym_sizes()) {
     original.resize__symint(value.sym_sizes());
+  }
+  // A leaf that requires grad written with a value that does not: eager could only have written
+  // it under no_grad (in grad mode it raises), e.g. an SGD update of a parameter inside f, so
+  // the write-back records no history either (and passes autograd's leaf check). Every other
+  // write-back records the copy, so gradients flow through written inputs as through eager's
+  // in-place op.
+  if (original.requires_grad() && original.is_leaf() && !value.requires_grad()) {
+    at::AutoGradMode no_grad(false);
+    original.copy_(value);
+    return;
   }
   original.copy_(value);
 }

@@ -37,12 +37,6 @@ thread_local ThreadState tls_state;
 std::atomic<int64_t> next_layer_id{1};
 }  // namespace
 
-bool functorch_transform_active() {
-  const auto tls = c10::impl::tls_local_dispatch_key_set();
-  constexpr auto front = c10::DispatchKey::FuncTorchDynamicLayerFrontMode;
-  return tls.included_.has(front) || tls.excluded_.has(front);
-}
-
 Layer* current_layer() {
   return tls_state.layer;
 }
@@ -57,25 +51,22 @@ LayerGuard::LayerGuard(bool reapply_views) {
       "functionalize: nested functionalize calls on one thread are not supported (a layer is "
       "already active). Functionalize the outer function only; the inner one is then "
       "functionalized as part of it.");
-  // torch.func transforms run their own interpreter stack around every op; our wrappers do not
-  // take part in it, so the pairing would fail later with a confusing message.
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      !functorch_transform_active(),
-      "functionalize: torch_functionalize.functionalize inside a torch.func transform (grad, "
-      "vmap, jacrev, ...) is not supported. Use torch.func.functionalize there, or keep the "
-      "transform outside the functionalized function's call.");
   auto entry = c10::impl::tls_local_dispatch_key_set();
   const auto ours = layer_included_keys();
-  const auto predispatch = c10::DispatchKeySet(c10::DispatchKey::PreDispatch);
+  // torch.func transforms active here are outside our layer: user code must not see them
+  // (Note [Functorch: torch.func transforms]).
+  layer_.functorch = take_functorch_stack(entry);
+  auto hidden_included = c10::DispatchKeySet(c10::DispatchKey::PreDispatch);
+  if (layer_.functorch) hidden_included = hidden_included | functorch_mode_keys();
   layer_.id = next_layer_id.fetch_add(1);
   layer_.reapply_views = reapply_views;
   layer_.entry_tls = entry;
   layer_.added_included = raw_minus(ours, entry.included_);
-  layer_.removed_included = entry.included_ & predispatch;
+  layer_.removed_included = entry.included_ & hidden_included;
   layer_.added_excluded = layer_hidden_keys() - entry.excluded_;
 
   c10::impl::LocalDispatchKeySet inside = entry;
-  inside.included_ = raw_union(entry.included_ - predispatch, ours);
+  inside.included_ = raw_union(entry.included_ - hidden_included, ours);
   inside.excluded_ = entry.excluded_ | layer_hidden_keys();
   c10::impl::_force_tls_local_dispatch_key_set(inside);
   tls_state.layer = &layer_;
@@ -83,6 +74,8 @@ LayerGuard::LayerGuard(bool reapply_views) {
 
 LayerGuard::~LayerGuard() {
   c10::impl::_force_tls_local_dispatch_key_set(layer_.entry_tls);
+  // Transforms user code pushed are popped by their own scopes; what is left is ours to restore.
+  if (layer_.functorch) swap_functorch_stack(*layer_.functorch);
   tls_state.layer = nullptr;
 }
 
@@ -101,12 +94,18 @@ InnerCallGuard::InnerCallGuard() : saved_tls_(c10::impl::tls_local_dispatch_key_
     inner.included_ = raw_minus(saved_tls_.included_, layer_included_keys());
   }
   c10::impl::_force_tls_local_dispatch_key_set(inner);
-  if (saved_layer_ != nullptr) state.suspended = saved_layer_;
+  if (saved_layer_ != nullptr) {
+    state.suspended = saved_layer_;
+    if (saved_layer_->functorch) swap_functorch_stack(*saved_layer_->functorch);
+  }
   state.layer = nullptr;
 }
 
 InnerCallGuard::~InnerCallGuard() {
   c10::impl::_force_tls_local_dispatch_key_set(saved_tls_);
+  if (saved_layer_ != nullptr && saved_layer_->functorch) {
+    swap_functorch_stack(*saved_layer_->functorch);
+  }
   ThreadState& state = tls_state;
   state.layer = saved_layer_;
   state.suspended = saved_suspended_;

@@ -3,6 +3,8 @@
 // Knows nothing about registration or about wrappers.
 #pragma once
 
+#include "core/FunctorchInterop.h"
+
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cstdint>
@@ -18,11 +20,11 @@ struct Layer {
   c10::DispatchKeySet added_included;        // raw bits this layer added to the included set
   c10::DispatchKeySet removed_included;      // keys this layer took out of the included set
   c10::DispatchKeySet added_excluded;        // keys this layer added to the excluded set
+  // torch.func transforms active on entry, moved out while user code runs and swapped back in
+  // for inner calls; null when there were none.
+  // See Note [Functorch: torch.func transforms].
+  FunctorchStashPtr functorch;
 };
-
-/// True while a torch.func transform (grad, vmap, ...) is active on this thread: functorch keeps
-/// its front key in the dispatch TLS (included, or excluded while it processes an op).
-bool functorch_transform_active();
 
 /// The layer user code is running under on this thread, or nullptr (no layer, or we are inside
 /// an inner call).
@@ -33,8 +35,9 @@ Layer* current_layer();
 /// inside the function does), which the engine cannot serve.
 Layer* suspended_layer();
 
-/// Enters a layer: includes our key, hides Python-level keys. Refuses nesting. The destructor
-/// restores the thread's dispatch TLS exactly as it was on entry.
+/// Enters a layer: includes our key, hides Python-level keys, stashes torch.func transforms.
+/// Refuses nesting. The destructor restores the thread's dispatch TLS (and functorch's stack)
+/// exactly as they were on entry.
 class LayerGuard {
  public:
   explicit LayerGuard(bool reapply_views);
@@ -49,7 +52,8 @@ class LayerGuard {
 
 /// Scope in which ops are called on inner (plain) tensors: undoes the current layer's TLS changes
 /// (computed from the *current* TLS, so guards user code entered meanwhile, such as
-/// inference_mode, stay in force) and suspends the layer. Idempotent when nested.
+/// inference_mode, stay in force), swaps in the torch.func transforms stashed on entry, and
+/// suspends the layer. Idempotent when nested.
 class InnerCallGuard {
  public:
   InnerCallGuard();

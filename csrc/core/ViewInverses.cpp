@@ -59,8 +59,21 @@ Tensor select_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
 }
 
 Tensor slice_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
-  return at::slice_scatter_symint(base, mv, m.arg(0).toInt(), opt_symint(m.arg(1)),
-                                  opt_symint(m.arg(2)), m.arg(3).toSymInt());
+  std::optional<c10::SymInt> end = opt_symint(m.arg(2));
+  // vmap's slice_scatter rule (torch 2.13) builds arange(start, end) from the end as given, so the
+  // end=INT64_MAX of `x[1:]` fails inside vmap(functionalize(f)) and hessian(functionalize(f))
+  // (torch.func fails the same way). For a base wrapped by a torch.func transform (batched, or a
+  // grad wrapper that a vmap below may batch) the end is clamped to the dimension's size, which
+  // slices the same elements; plain bases keep the end as given, so graphs stay torch.func's.
+  const auto functorch_keys = c10::DispatchKeySet(
+      {c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper});
+  if (end && base.key_set().has_any(functorch_keys) && !end->is_heap_allocated()) {
+    const int64_t dim = c10::maybe_wrap_dim(m.arg(0).toInt(), base.dim());
+    const c10::SymInt size = base.sym_size(dim);
+    if (!size.is_heap_allocated() && end->as_int_unchecked() > size.as_int_unchecked()) end = size;
+  }
+  return at::slice_scatter_symint(base, mv, m.arg(0).toInt(), opt_symint(m.arg(1)), end,
+                                  m.arg(3).toSymInt());
 }
 
 // Output k of split(size, dim) is the slice [k*size, k*size + its length) along dim.
@@ -135,12 +148,19 @@ Tensor view_as_complex_inverse(const Tensor& base, const Tensor& mv, const ViewM
   return m.reapply ? at::view_as_real(resolved) : at::view_as_real_copy(resolved);
 }
 
+// The new base keeps the old base's lazy bit: _conj of a plain mutated view is a lazily
+// conjugated tensor, which the base (and so its wrapper, which mirrors the bit) was not.
 Tensor conj_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
-  return m.reapply ? at::_conj(mv) : at::_conj_copy(mv);
+  if (!m.reapply) return at::_conj_copy(mv);
+  Tensor out = at::_conj(mv);
+  return out.is_conj() && !base.is_conj() ? out.resolve_conj() : out;
 }
 
+// As conj_inverse, for the negative bit.
 Tensor neg_view_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
-  return m.reapply ? at::_neg_view(mv) : at::_neg_view_copy(mv);
+  if (!m.reapply) return at::_neg_view_copy(mv);
+  Tensor out = at::_neg_view(mv);
+  return out.is_neg() && !base.is_neg() ? out.resolve_neg() : out;
 }
 
 // slice_inverse(self, src, dim, start, end, step) views `self` (a slice) as the whole `src`;

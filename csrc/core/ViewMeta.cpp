@@ -3,9 +3,28 @@
 
 #include "core/ViewInverses.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 namespace tfz::detail {
+
+// Note [View: detach without views]
+// With remove="mutations_and_views", x.detach() becomes detach_copy(x), which torch gives no
+// derivative: autograd refuses it on a value that requires grad ("derivative for
+// aten::detach_copy is not implemented"), where eager's detach simply cuts the graph. Its
+// meaning is a copy with no history, so it runs with grad mode off: the result is a fresh
+// tensor that does not require grad, as eager's detach, and the trace still shows detach_copy.
+// Rejected: keeping aten::detach in the graph (a view left in mutations_and_views), or a
+// clone().detach() pair (two ops where torch.func emits one).
+void ViewMeta::call_view_op(const c10::OperatorHandle& handle, torch::jit::Stack* stack) {
+  static const c10::OperatorName detach_copy{"aten::detach_copy", ""};
+  if (C10_UNLIKELY(handle.operator_name() == detach_copy)) {
+    at::AutoGradMode no_grad(false);
+    handle.callBoxed(stack);
+    return;
+  }
+  handle.callBoxed(stack);
+}
 
 std::shared_ptr<const ViewMeta> ViewMeta::as_strided(c10::SymIntArrayRef sizes,
                                                      c10::SymIntArrayRef strides,
@@ -36,7 +55,7 @@ at::Tensor ViewMeta::forward(const at::Tensor& base) const {
   stack.reserve(args.size() + 1);
   stack.emplace_back(base);
   stack.insert(stack.end(), args.begin(), args.end());
-  handle.callBoxed(stack);
+  call_view_op(handle, &stack);
   TORCH_INTERNAL_ASSERT(stack.size() == 1, "view op ", name(), " returned ", stack.size(),
                         " values");
   if (out_index < 0) {

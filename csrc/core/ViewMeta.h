@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
 
 #include <memory>
 #include <optional>
@@ -51,6 +52,9 @@ struct ViewMeta {
 
   /// Replays this step on `base`. Call inside an InnerCallGuard.
   at::Tensor forward(const at::Tensor& base) const;
+  /// Runs `handle` (a view op or its *_copy twin) on the boxed `stack` (self, then the other
+  /// arguments); a detach_copy runs with grad mode off. See Note [View: detach without views].
+  static void call_view_op(const c10::OperatorHandle& handle, torch::jit::Stack* stack);
   /// Returns the new base after `mutated_view` was written through this step. Throws
   /// NotImplementedError naming the op if it has no inverse.
   at::Tensor inverse(const at::Tensor& base, const at::Tensor& mutated_view) const;

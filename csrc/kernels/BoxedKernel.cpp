@@ -28,14 +28,11 @@ void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id) {
 void report_foreign_wrapper(std::string_view op_name, const FunctionalTensorImpl& impl,
                             const Layer* layer) {
   const Layer* suspended = suspended_layer();
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      !functorch_transform_active() &&
-          !(layer == nullptr && suspended != nullptr && impl.layer_id() == suspended->id),
-      "functionalize: ", op_name,
-      ": functional tensors were captured into an op the engine was already running, which "
-      "is what a torch.func transform (grad, jacrev, ...) inside the functionalized function "
-      "does; torch_functionalize does not compose with torch.func transforms yet. Use "
-      "torch.func.functionalize for such programs.");
+  TORCH_CHECK(!(layer == nullptr && suspended != nullptr && impl.layer_id() == suspended->id),
+              "functionalize: ", op_name,
+              ": a functional tensor reached an op the engine runs on plain tensors (an inner "
+              "call); some code captured a wrapper into it (e.g. a kernel or hook holding a "
+              "tensor from inside the function). Pass such tensors as arguments instead.");
   TORCH_CHECK(false, "functionalize: ", op_name,
               ": got a functional tensor that escaped the functionalize call that made it "
               "(that call has finished, or this is another call). Return tensors from the "
@@ -63,8 +60,11 @@ void lift_captured_self(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   self = std::move(lifted);
 }
 
-void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op,
+void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                       torch::jit::Stack* stack) {
+  // A torch.func transform pushed inside the layer is processing this op: it is autograd's, not
+  // ours (Note [Functorch: torch.func transforms]).
+  if (C10_UNLIKELY(functorch_processing())) return call_autograd_kernel(op, ks, stack);
   const OpInfo& info = plan.info;
   const size_t num_args = op.schema().arguments().size();
   Layer* layer = current_layer();

@@ -3,8 +3,10 @@
 #include "kernels/Handlers.h"
 
 #include "core/Conversions.h"
+#include "core/FunctorchInterop.h"
 
 #include <c10/core/ScalarType.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <algorithm>
@@ -146,13 +148,17 @@ bool can_write_inner_in_place(const at::Tensor& wrapper) {
       wrapper.storage().use_count() != 1) {
     return false;
   }
-  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 || functorch_transform_active()) {
-    return false;
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
+      c10::impl::tls_local_dispatch_key_set().included_.has_any(functorch_mode_keys())) {
+    return false;  // a tracer, or a torch.func transform pushed inside the layer
   }
+  static const auto wrapped_value_keys =
+      c10::python_ks | c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
+                                            c10::DispatchKey::FuncTorchGradWrapper});
   const at::Tensor& value = impl->value();
   return value.unsafeGetTensorImpl() == storage.base().unsafeGetTensorImpl() &&
          value.use_count() == 2 && value.has_storage() && value.storage().use_count() == 1 &&
-         !value.requires_grad() && !value.key_set().has_any(c10::python_ks);
+         !value.requires_grad() && !value.key_set().has_any(wrapped_value_keys);
 }
 
 void commit_written_in_place(const at::Tensor& wrapper) {

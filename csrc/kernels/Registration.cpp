@@ -44,12 +44,12 @@ namespace {
 
 class OpKernel final : public c10::OperatorKernel {
  public:
-  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/,
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                   torch::jit::Stack* stack) {
     // Double-checked rather than std::call_once: libstdc++'s call_once writes two thread_locals
     // and calls pthread_once on every call, which showed up per op under callgrind.
     if (classified_at_.load(std::memory_order_acquire) != schema_epoch() + 1) classify(op);
-    run_boxed_kernel(plan_, op, stack);
+    run_boxed_kernel(plan_, op, ks, stack);
   }
 
  private:
@@ -100,7 +100,7 @@ class Listener final : public c10::OpRegistrationListener {
 
 // The fallback serves operators not (yet) registered per op, e.g. a custom op called before the
 // next layer entry drained it.
-void fallback_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/,
+void fallback_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                      torch::jit::Stack* stack) {
   auto& r = registry();
   const uint64_t epoch = schema_epoch();
@@ -119,7 +119,7 @@ void fallback_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/,
     slot = {epoch, std::move(computed)};
     plan = &slot.second;
   }
-  run_boxed_kernel(*plan, op, stack);
+  run_boxed_kernel(*plan, op, ks, stack);
 }
 
 void check_keys_are_free() {

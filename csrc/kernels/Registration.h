@@ -15,9 +15,11 @@ namespace tfz::detail {
 /// registered later are picked up by the next call. Called on every layer entry.
 void ensure_registered();
 
-/// Entry point at every key we own: the foreign-wrapper check, pass-through when every argument
-/// is plain, else the special row's handler or the generic one of the op's kind (BoxedKernel.cpp).
-void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op,
+/// Entry point at every key we own (`ks`: the keys the op reached us with): autograd's kernel
+/// while a torch.func transform processes the op, the foreign-wrapper check, pass-through when
+/// every argument is plain, else the special row's handler or the generic one of the op's kind
+/// (BoxedKernel.cpp).
+void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                       torch::jit::Stack* stack);
 
 /// Bumped whenever an operator's schema is deregistered (a torch.library Library destroyed): the

@@ -141,7 +141,10 @@ struct Unboxed<Op, Ret(Args...)> {
       ((is_tensor_v<Args> || is_optional_tensor_v<Args> ? 1 : 0) + ... + 0);
   static_assert(kTensors > 0, "factories stay on the boxed kernel (their outputs are wrapped)");
 
-  static Ret call(c10::DispatchKeySet /*ks*/, Args... args) {
+  static Ret call(c10::DispatchKeySet ks, Args... args) {
+    if (C10_UNLIKELY(functorch_processing())) {  // See run_boxed_kernel.
+      return Op::redispatch(autograd_delegate_keys(ks), args...);
+    }
     Call<kTensors> call(current_layer());
     (call.scan(args), ...);
     if (call.foreign() != nullptr) {
@@ -207,7 +210,10 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     MutOp::call(in_place_arg<I>(call, refs, inner)...);
   }
 
-  static at::Tensor& call(c10::DispatchKeySet /*ks*/, Args... args) {
+  static at::Tensor& call(c10::DispatchKeySet ks, Args... args) {
+    if (C10_UNLIKELY(functorch_processing())) {  // See run_boxed_kernel.
+      return MutOp::redispatch(autograd_delegate_keys(ks), args...);
+    }
     auto refs = std::tie(args...);
     at::Tensor& written = std::get<kWritten>(refs);
     Call<kTensors> call(current_layer());

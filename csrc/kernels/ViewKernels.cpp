@@ -85,7 +85,7 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
     transform_tensors(v, sync_and_unwrap);
     torch::jit::push(*stack, std::move(v));
   }
-  (layer.reapply_views ? view_op : *info.copy_op).callBoxed(stack);
+  ViewMeta::call_view_op(layer.reapply_views ? view_op : *info.copy_op, stack);
 
   c10::IValue out = torch::jit::pop(*stack);
   auto make_step = [&](int64_t out_index) {

@@ -2,7 +2,8 @@
 
 Public surface: ``functionalize`` (the contract of ``torch.func.functionalize``),
 ``functionalize_graph`` (FX GraphModule in, functional GraphModule out), and the helpers
-``to_functional``, ``from_functional``, ``is_functional``, ``sync`` and ``enable``.
+``to_functional``, ``from_functional``, ``is_functional``, ``sync`` and ``enable``; ``backend``,
+the torch.compile backend (also registered by name: ``torch.compile(m, backend="tfz")``).
 """
 import torch  # noqa: F401  (loads libtorch before our extension)
 
@@ -17,6 +18,7 @@ if _BUILT_WITH is not None:
 
 from . import _C  # noqa: E402, F401
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
+from .dynamo import backend
 from .graph import functionalize_graph
 
 __version__ = "0.1.0"
@@ -28,4 +30,5 @@ __all__ = [
     "is_functional",
     "sync",
     "enable",
+    "backend",
 ]

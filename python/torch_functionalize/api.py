@@ -64,6 +64,15 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
 
     @functools.wraps(func)
     def wrapped(*args, **kwargs):
+        if torch.compiler.is_dynamo_compiling():  # See Note [API: under torch.compile]
+            if remove == "mutations":
+                return func(*args, **kwargs)
+            return _outside_dynamo(call, args, kwargs)
+        return call(*args, **kwargs)
+
+    def call(*args, **kwargs):
+        if _C._layer_active():  # See Note [API: nested calls]
+            return _nested_call(func, remove, args, kwargs)
         # The call itself is C++'s (api/Call.h); here: pytrees in and out. Positional tensors
         # only, the common call, skip the pytree round trip (about 13 us of a 20 us call).
         plain_args = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
@@ -94,6 +103,47 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
         return result[0](outputs)
 
     return wrapped  # type: ignore[return-value]
+
+
+# Note [API: nested calls]
+# functionalize(functionalize(f)), or a functionalized function called inside another's call
+# (also through torch.func transforms between the two: functionalize(grad(functionalize(f)))):
+# the active layer already removes every mutation (and view, with remove="mutations_and_views")
+# in what it runs and writes back to its own inputs at its end, so the inner call runs `func`
+# directly in it. Its mutations of its inputs are then mutations of the outer layer's tensors,
+# seen by the outer function afterwards as eager's would be. The one thing left to the inner
+# call is its own contract on outputs: with remove="mutations_and_views" they never alias its
+# inputs, so its tensor outputs are cloned (an extra functional clone in the trace). One check
+# per call (_C._layer_active). Rejected: a second layer on the thread (one layer per thread keeps
+# the TLS scheme simple, Note [Layer: TLS scheme], and would only redo the outer layer's work);
+# refusing nesting, as before (torch.func fails there with an internal assertion). Entering a
+# second layer by hand (enable() inside a functionalized function) is still refused.
+def _nested_call(func: Callable[..., Any], remove: str, args: tuple, kwargs: dict) -> Any:
+    out = func(*args, **kwargs)
+    if remove == "mutations_and_views":
+        out = pytree.tree_map_only(torch.Tensor, torch.clone, out)
+    return out
+
+
+# Note [API: under torch.compile]
+# Dynamo cannot trace our call (C++ running user code on wrappers it has no fake form of): left to
+# itself it breaks the graph at _C._call, then compiles the user's function as a new frame when
+# C++ calls it, fakeifies our wrappers and fails an internal assertion. So functionalize checks
+# torch.compiler.is_dynamo_compiling() first (true only while dynamo traces the call, not while a
+# backend, ours included, traces the captured graph with make_fx):
+# - remove="mutations": dynamo traces `func` itself. The functionalized function and `func` give
+#   the same outputs (ours alias the inputs as eager's do) and the same input mutations, and every
+#   compile backend that needs a functional graph (AOTAutograd, ours) functionalizes what dynamo
+#   captured, so the call is traced through at no cost.
+# - remove="mutations_and_views": outputs must not alias inputs, which dynamo cannot tell at trace
+#   time, so the call runs eagerly behind a graph break (torch._disable_dynamo, which imports
+#   dynamo only when called, and disables it for the frames our call runs too).
+# Rejected: a graph break in both modes (mutations mode would lose the whole function to eager);
+# registering our call as an opaque custom op (its outputs' aliasing and the input mutations
+# would need a schema per function).
+@torch._disable_dynamo
+def _outside_dynamo(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    return call(*args, **kwargs)
 
 
 def _tensor_leaves(out: object) -> tuple[list, Callable[[list], Any]]:

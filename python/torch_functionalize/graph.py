@@ -5,6 +5,7 @@ tensor attributes) to inputs so that state mutations become epilogue copies like
 retraces, and turns the lifted inputs back into attributes. It does not optimize or reorder.
 """
 
+import contextlib
 import itertools
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,6 +33,7 @@ def functionalize_graph(
 ) -> "torch.fx.GraphModule":
     """Retrace `gm` (a GraphModule or ExportedProgram) into an equivalent functional GraphModule."""
     # Imported lazily: the package __init__ re-exports this module, and api imports the engine.
+    from torch._dispatch.python import enable_python_dispatcher
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -64,9 +66,14 @@ def functionalize_graph(
         params = {name: state_and_args[index] for name, index in state_names}
         return torch.func.functional_call(module, params, tuple(state_and_args[num_state:]))
 
-    traced = make_fx(functionalize(run, remove=remove), tracing_mode=tracing_mode)(
-        *traced_state, *args
-    )
+    # Fake inputs may carry symbolic sizes (dynamo's): symbolic-size rules of view ops such as
+    # slice_copy live in Python kernels, reached only through the Python dispatcher (make_fx
+    # enables it for tracing_mode="symbolic"; AOTAutograd does the same for dynamo's graphs).
+    dispatcher = enable_python_dispatcher() if tracing_mode == "fake" else contextlib.nullcontext()
+    with dispatcher:
+        traced = make_fx(functionalize(run, remove=remove), tracing_mode=tracing_mode)(
+            *traced_state, *args
+        )
     result = _lifted_state_to_attributes(traced, [names[0] for names in targets], state, args)
     return result.train(module.training)
 

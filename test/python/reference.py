@@ -110,14 +110,15 @@ def _is_view_schema(schema):
 
 
 def _is_epilogue_node(node):
-    """An epilogue op whose mutated argument is a placeholder, directly or via epilogue ops."""
+    """An epilogue op whose mutated argument is a placeholder (or module state, which
+    functionalize_graph keeps as attributes), directly or via epilogue ops."""
     schema = _schema(node)
     if schema is None or schema.name.split("::")[-1] not in EPILOGUE_OPS:
         return False
     first = node.args[0] if node.args else None
     if not isinstance(first, torch.fx.Node):
         return False
-    return first.op == "placeholder" or _is_epilogue_node(first)
+    return first.op in ("placeholder", "get_attr") or _is_epilogue_node(first)
 
 
 def assert_functional_graph(gm, remove):

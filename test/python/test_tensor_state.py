@@ -112,12 +112,6 @@ def test_conj_bits_under_inference_mode():
         assert_matches_eager(f, _complex(3, 3), remove="mutations", check_graph=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="conj_physical_ on a conjugate view: eager keeps the conjugate bit of the written "
-    "tensor, ours replaces the value with conj_physical's result, which has no bit (values match; "
-    "is_conj() after the write differs)",
-)
 def test_conj_physical_inplace_on_conj_view_keeps_the_bit():
     def f(x):
         c = x.conj()

@@ -373,3 +373,21 @@ def test_unsafe_chunk_of_intermediate_updates_it(remove):
         return y
 
     assert_matches_eager(f, torch.randn(2, 4), remove=remove)
+
+
+@pytest.mark.parametrize(
+    "split",
+    [
+        pytest.param(lambda x: torch.unsafe_split(x, 3), id="unsafe_split"),
+        pytest.param(lambda x: torch.unsafe_chunk(x, 2), id="unsafe_chunk"),
+        pytest.param(lambda x: torch.unsafe_split_with_sizes(x, [2, 4]), id="with_sizes"),
+    ],
+)
+def test_write_through_unsafe_split_output_reaches_input(split, remove):
+    # Note [Kernel: unsafe_split]: the outputs alias the input in eager, without view tracking.
+    def f(x):
+        a, b = split(x)
+        b.mul_(2)
+        return a + 1
+
+    assert_matches_eager(f, torch.randn(6), remove=remove)

@@ -151,25 +151,11 @@ def _train_step_func_grad(params, buffers, x, target):
     return losses
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=NotImplementedError,
-    reason="engine gap: torch.func transforms do not compose with torch_functionalize yet; "
-    "torch.func.grad inside the function raises a clear NotImplementedError (torch.func."
-    "functionalize runs it and matches eager)",
-)
 def test_conv_bn_relu_training_step_with_func_grad_inside_f(remove):
     # Forward, torch.func.grad and the SGD update all inside f; params and buffers are inputs.
     assert_matches_eager(_train_step_func_grad, make_inputs=_net_inputs, remove=remove)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=NotImplementedError,
-    reason="engine gap: torch.func transforms do not compose with torch_functionalize yet; "
-    "torch.func.grad over it raises a clear NotImplementedError (torch.func.grad over torch."
-    "func.functionalize works)",
-)
 def test_conv_bn_relu_grads_by_func_grad_over_functionalize(remove):
     # torch.func.grad of the functionalized loss gives eager's gradients and buffer updates.
     eager_params, eager_buffers, x, target = _net_inputs()
@@ -190,11 +176,6 @@ def _train_step_autograd(params, buffers, x, target):
     return loss.detach()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine limitation: wrappers drop requires_grad, so torch.autograd.grad inside f "
-    "finds no graph (torch.func.functionalize fails the same way)",
-)
 def test_conv_bn_relu_training_step_with_autograd_grad_inside_f(remove):
     # The inputs require grad; eager computes the gradients inside f and updates the params.
     assert_matches_eager(

@@ -1,0 +1,236 @@
+"""The torch.compile backend "tfz": each graph dynamo captures becomes a functional ATen graph.
+
+Registered by name through the ``torch_dynamo_backends`` entry point (setup.py), so after
+``pip install`` ``torch.compile(model, backend="tfz")`` works; ``backend(compiler=fn)`` hands the
+functional graph to a compiler of the user's instead of running it. A thin adapter over
+``functionalize_graph``: no partitioning, no autograd of its own (see Note [Dynamo: the backend]).
+"""
+import functools
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from .api import Remove, check_remove
+from .graph import _fetch_attr, functionalize_graph
+
+Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
+
+# Note [Dynamo: the backend]
+# Dynamo hands a backend one graph per region between graph breaks, over torch-level calls
+# (x.add_(1), F.batch_norm, ...), with every tensor it reads as a placeholder (module parameters
+# and buffers too, as modules are inlined) and each placeholder's fake value in
+# meta["example_value"]. The backend retraces that graph with functionalize_graph on those fake
+# values (no real execution at compile time, so random ops draw from the generator only when the
+# graph runs; symbolic sizes stay symbolic), giving a graph of functional ATen ops whose input
+# mutations are the trailing copy_ (as_strided_/resize_ for metadata) epilogue of
+# Note [API: input epilogue]. Running that graph on the real inputs therefore leaves them as
+# eager would, which is what the code after a graph break reads.
+#   What the graph cannot express is aliasing between an output and an input: graph outputs
+# never alias graph inputs (Note [Inputs: outputs that alias inputs]), but code after a graph
+# break may write through an output that eager made a view of an input (y = x.view(-1); break;
+# y.add_(1)). The backend finds such outputs at compile time from dynamo's fake values (output
+# and input share a fake storage) and, after each run, rebuilds each as an as_strided view of its
+# input with eager's sizes, strides and offset, read from the fake output (symbolic ones
+# evaluated against the real inputs' sizes). Outputs that alias each other keep doing so because
+# remove="mutations" (the default) keeps views in the graph; with remove="mutations_and_views"
+# two outputs that are views of one intermediate come back as separate tensors, so a write
+# through one after a graph break is not seen through the other (use the default there).
+#   Autograd is eager's: the functional graph is run op by op under autograd at run time, so
+# .backward() through a compiled region works as through any ATen program. Rejected: tracing a
+# joint forward/backward graph here, which is AOTAutograd's job (a user compiler that wants one
+# can call aot_autograd on the functional graph).
+
+
+def backend(
+    gm: Optional[torch.fx.GraphModule] = None,
+    example_inputs: Optional[Sequence[Any]] = None,
+    *,
+    compiler: Optional[Compiler] = None,
+    remove: Remove = "mutations",
+) -> Any:
+    """The dynamo backend. ``torch.compile(m, backend="tfz")`` (or ``backend=backend``) runs each
+    captured graph functionalized; ``backend(compiler=fn, remove=...)`` returns a backend that
+    passes the functional graph and dynamo's example inputs to ``fn`` and runs what it returns."""
+    check_remove(remove)
+    if gm is None:
+        if example_inputs is not None:
+            raise TypeError(
+                "functionalize: backend: example_inputs given without a graph; got "
+                f"{type(example_inputs).__name__}. Call backend(gm, example_inputs), or "
+                "backend(compiler=fn) to make a backend."
+            )
+        if compiler is not None and not callable(compiler):
+            raise TypeError(
+                f"functionalize: backend: compiler must be callable; got "
+                f"{type(compiler).__name__}. Pass a function (gm, example_inputs) -> callable."
+            )
+        return functools.partial(backend, compiler=compiler, remove=remove)
+    if example_inputs is None:
+        raise TypeError(
+            "functionalize: backend: called with a graph but no example inputs. Dynamo calls "
+            "backend(gm, example_inputs); use torch.compile(f, backend=backend)."
+        )
+    return _compile(gm, list(example_inputs), compiler, remove)
+
+
+def _compile(gm, example_inputs, compiler, remove):
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_inputs = [_example_value(n) for n in placeholders]
+    functional = functionalize_graph(gm, *fake_inputs, remove=remove)
+    compiled = functional if compiler is None else compiler(functional, example_inputs)
+    run = _saving_written_inputs(compiled, *_written_inputs(functional))
+    aliases = _output_aliases(gm, fake_inputs)
+    if not aliases:
+        return run
+    shape_env = _shape_env(fake_inputs)
+
+    def run_and_restore_aliases(*args):
+        outputs = run(*args)
+        single = not isinstance(outputs, (tuple, list))
+        outs = [outputs] if single else list(outputs)
+        bindings = None
+        for index, (input_index, fake_out) in aliases.items():
+            base = args[input_index]
+            if _same_storage(outs[index], base):
+                continue  # the graph's view of an unmutated input is already an alias
+            if bindings is None:
+                bindings = _bind(shape_env, fake_inputs, args)
+            size, stride, offset = _eager_geometry(fake_out, bindings)
+            outs[index] = base.as_strided(size, stride, offset)
+        if single:
+            return outs[0]
+        return type(outputs)(outs) if isinstance(outputs, tuple) else outs
+
+    return run_and_restore_aliases
+
+
+# Note [Dynamo: saved inputs the epilogue overwrites]
+# Run under autograd, the functional graph reads an input's old value in a functional op (e.g.
+# _native_batch_norm_legit_functional reads running_mean, and autograd saves it for backward),
+# then the epilogue's copy_ overwrites that input, so backward would fail eager's version check
+# ("modified by an inplace operation") although eager itself raised nothing: eager's in-place op
+# updated the buffer before autograd saved it. While the graph runs with grad enabled, a
+# saved-tensor hook therefore saves a copy of any tensor that shares storage with an input the
+# epilogue writes (the value the functional op actually read), and keeps autograd's version check
+# for every other saved tensor (a write after the call still raises, as in eager). Rejected:
+# running the epilogue under no_grad (the version counter is bumped anyway); saving without the
+# check (later user writes would give silently wrong gradients).
+def _written_inputs(functional):
+    """Placeholder indices and attribute tensors that epilogue ops of `functional` write."""
+    nodes = functional.graph.nodes
+    placeholders = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
+    indices, attributes = set(), []
+    for node in functional.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable or not node.args:
+            continue
+        target = node.args[0]
+        if not isinstance(target, torch.fx.Node):
+            continue
+        if target.op == "placeholder":
+            indices.add(placeholders[target])
+        elif target.op == "get_attr":
+            attributes.append(_fetch_attr(functional, target.target))
+    return sorted(indices), attributes
+
+
+def _saving_written_inputs(run, indices, attributes):
+    if not indices and not attributes:
+        return run
+
+    def run_saving_copies(*args):
+        if not torch.is_grad_enabled():
+            return run(*args)
+        written = {StorageWeakRef(t.untyped_storage()) for t in attributes}
+        written.update(
+            StorageWeakRef(args[i].untyped_storage())
+            for i in indices
+            if isinstance(args[i], torch.Tensor)
+        )
+
+        def pack(t):
+            if StorageWeakRef(t.untyped_storage()) in written:
+                return t.clone(), None
+            return t, t._version
+
+        def unpack(packed):
+            t, version = packed
+            if version is not None and t._version != version:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified by "
+                    f"an inplace operation: [{t.type()} {list(t.shape)}] is at version "
+                    f"{t._version}; expected version {version} instead (tensor saved by a graph "
+                    "of the torch_functionalize backend)."
+                )
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            return run(*args)
+
+    return run_saving_copies
+
+
+def _example_value(node):
+    """The fake value dynamo recorded for a placeholder, detached (the functional graph is traced
+    without autograd; autograd applies when it runs)."""
+    value = node.meta.get("example_value", node.meta.get("val"))
+    if value is None:
+        raise ValueError(
+            f"functionalize: backend: placeholder {node.name} carries no example value; the "
+            "backend expects graphs from dynamo (torch.compile). For other graphs call "
+            "functionalize_graph(gm, *inputs)."
+        )
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    return value
+
+
+def _same_storage(a, b):
+    return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
+
+
+def _output_aliases(gm, fake_inputs):
+    """{output index: (input index, fake output)} for outputs eager makes views of an input."""
+    storages = {}
+    for i, value in enumerate(fake_inputs):
+        if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+            storages.setdefault(StorageWeakRef(value.untyped_storage()), i)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    results = output.args[0]
+    flat = list(results) if isinstance(results, (tuple, list)) else [results]
+    aliases = {}
+    for index, node in enumerate(flat):
+        value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+            input_index = storages.get(StorageWeakRef(value.untyped_storage()))
+            if input_index is not None:
+                aliases[index] = (input_index, value)
+    return aliases
+
+
+def _shape_env(fake_inputs):
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode([v for v in fake_inputs if isinstance(v, torch.Tensor)])
+    return None if mode is None else mode.shape_env
+
+
+def _bind(shape_env, fake_inputs, args):
+    """Symbol -> value, from the real arguments' sizes (empty with static shapes)."""
+    if shape_env is None:
+        return {}
+    return shape_env.bind_symbols(fake_inputs, args)
+
+
+def _eager_geometry(fake_out, bindings):
+    def concrete(value):
+        if isinstance(value, torch.SymInt):
+            expr = value.node.expr.xreplace(bindings)
+            return int(expr)
+        return int(value)
+
+    size = [concrete(s) for s in fake_out.size()]
+    stride = [concrete(s) for s in fake_out.stride()]
+    return size, stride, concrete(fake_out.storage_offset())
