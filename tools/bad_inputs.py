@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from torch_functionalize import functionalize
-from torch_functionalize.testing import clone_inputs, compare
+from torch_functionalize.testing import compare
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_functionalize import functionalize
 from torch_functionalize.cli.programs import PROGRAMS
-from torch_functionalize.testing import clone_inputs, compare
+from torch_functionalize.testing import compare
 
 # --- the program mix -----------------------------------------------------------------------------
 

@@ -4,7 +4,6 @@ same tensor, and writes through conjugate and negative views reach their bases a
 See Note [Wrapper: mirrored conjugate and negative bits].
 """
 
-import pytest
 import torch
 
 from reference import assert_matches_eager
