@@ -99,6 +99,18 @@ void check_eager_rules(std::string_view op_name, const at::Tensor& written,
   TORCH_CHECK(c10::canCast(value.scalar_type(), written.scalar_type()), "functionalize: ",
               op_name, ": result type ", value.scalar_type(),
               " can't be cast to the desired output type ", written.scalar_type(), ".");
+  // An out= tensor of the wrong shape is resized by eager; a view cannot be resized here (its
+  // new extent would overwrite its base's other elements, which no view inverse expresses).
+  // Found by tools/fuzz.py: it failed inside the scatter with torch's size-mismatch message.
+  if (resizes && written.sym_sizes() != value.sym_sizes()) {
+    auto* impl = maybe_get_impl(written);
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        impl == nullptr || impl->chain().empty(), "functionalize: ", op_name,
+        ": the out= tensor is a view of another tensor and has shape ", written.sym_sizes(),
+        " where the result has shape ", value.sym_sizes(),
+        "; resizing a view is not supported. Pass an out= tensor of the result's shape, or a "
+        "fresh tensor.");
+  }
 }
 
 // See Note [Kernel: views of captured tensors] for the second check.

@@ -1,0 +1,260 @@
+"""Differential fuzzer (issue #12): random straight-line programs run eagerly and through every
+functionalize path, compared with eager.
+
+  python tools/fuzz.py --seconds 600 --seed 0 [--programs N] [--workers 1] [--out fuzz_out]
+
+Programs (tools/fuzz_gen.py) take 1-3 inputs that may alias each other (views, transposes,
+diagonals, strided and dtype-reinterpreting views of one base) and mix views of views, in-place and
+out= ops, metadata mutations, factories, seeded random ops, copy_ between aliases and returns of
+views of inputs. Each valid program (eager runs it twice with equal results) runs through
+  ours_mut / ours_mav   functionalize(f) with remove="mutations" / "mutations_and_views",
+  fx_mut / fx_mav       make_fx(functionalize(f)) replayed on fresh inputs,
+  tf_mut / tf_mav       torch.func.functionalize(f), for the comparison,
+and outputs plus inputs afterwards (values, sizes, strides, storage offset; tools/fuzz_check.py)
+are compared with eager (output strides only with views kept: without views outputs are copies). Each program runs in a worker process, so a crash or a hang (30 s) is a
+result, not the end of the run. A failure of ours is shrunk (the shortest failing prefix, then
+statements dropped while it still fails the same way) and written as a standalone reproducer
+(<out>/repro_<seed>_<path>.py, runnable with python). Named errors ("functionalize: ...",
+unsupported programs) are counted and grouped, not failures. Exit status 1 if ours failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures as cf
+import json
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+# The deterministic-algorithm warnings (put_, index_add_, ...) would flood the output.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fuzz_check as fc  # noqa: E402
+import fuzz_gen as fg  # noqa: E402
+
+HANG_SECONDS = 30
+
+
+def _init_worker():
+    fc.setup_process()
+
+
+def shrink(prog, path, kind):
+    """A smaller program failing `path` with the same kind: the first failing prefix, then single
+    statements dropped greedily while the failure stays."""
+    k = fc.first_divergence(prog, path, kind)
+    if k is not None:
+        prog = fc.prefix_program(prog, k)
+
+    def still_fails(p):
+        try:
+            compiled = fg.compile_program(p)
+            eager, _ = fc.eager_outcome(p, compiled)
+            return eager is not None and fc.judge(p, eager, path, compiled).status == kind
+        except Exception:  # noqa: BLE001 - a candidate that does not compile is not kept
+            return False
+
+    i = len(prog.stmts) - 2  # keep the last (failing) statement
+    while i >= 0:
+        candidate = prog.replace(stmts=prog.stmts[:i] + prog.stmts[i + 1:])
+        names = {n for s in candidate.stmts for n in fc.defined_names(s.code)}
+        candidate = candidate.replace(
+            returns=[r for r in candidate.returns if r in names or r in candidate.params()]
+            or list(candidate.params()))
+        if still_fails(candidate):
+            prog = candidate
+        i -= 1
+    return prog
+
+
+def run_one(seed: int, shrink_failures: bool = True) -> dict:
+    """Runs program `seed` through every path; a compact, picklable summary."""
+    prog, _ = fg.generate(seed)
+    compiled = fg.compile_program(prog)
+    eager, reason = fc.eager_outcome(prog, compiled)
+    if eager is None:
+        return {"seed": seed, "invalid": reason}
+    result = {"seed": seed, "paths": {}, "messages": {}, "failures": []}
+    for path in fc.ALL_PATHS:
+        r = fc.judge(prog, eager, path, compiled)
+        if r.status == "output_meta" and path.endswith("_mav"):
+            # Without views, outputs are *_copy values: their strides are not eager's by design.
+            r = fc.PathResult("ok")
+        result["paths"][path] = r.status
+        if r.status == "unsupported":
+            result["messages"][path] = fc.norm_message(r.message.split(": ", 1)[-1])
+        if r.status not in ("ok", "unsupported") and path in fc.OURS_PATHS:
+            small = shrink(prog, path, r.status) if shrink_failures else prog
+            detail = r.message or (r.diffs[0].where + ": " + r.diffs[0].detail if r.diffs else "")
+            result["failures"].append({"path": path, "kind": r.status, "detail": detail[:500],
+                                       "program": small.to_json()})
+    return result
+
+
+REPRO = '''"""Reproducer written by tools/fuzz.py: program seed {seed}, path {path}, {kind}.
+{detail}
+Run: python {name}  (prints eager's and the path's results and whether they agree)."""
+import json
+import sys
+sys.path.insert(0, {tools!r})
+import fuzz_check as fc
+import fuzz_gen as fg
+
+PROGRAM = fg.Program.from_json(json.loads({program!r}))
+
+if __name__ == "__main__":
+    fc.setup_process()
+    print(PROGRAM.source())
+    eager, reason = fc.eager_outcome(PROGRAM)
+    assert eager is not None, reason
+    result = fc.judge(PROGRAM, eager, {path!r})
+    print({path!r}, result.status, result.message)
+    for d in result.diffs:
+        print(" ", d.kind, d.where, d.detail[:400])
+    sys.exit(0 if result.status == "ok" else 1)
+'''
+
+
+def write_repro(out: Path, seed: int, failure: dict) -> Path:
+    name = out / f"repro_{seed}_{failure['path']}.py"
+    name.write_text(REPRO.format(seed=seed, path=failure["path"], kind=failure["kind"],
+                                 detail=failure["detail"].replace('"""', "'''")[:400],
+                                 name=name.name, program=json.dumps(failure["program"]),
+                                 tools=str(Path(__file__).resolve().parent)))
+    return name
+
+
+def _new_pool(workers):
+    return cf.ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
+                                  mp_context=multiprocessing.get_context("spawn"))
+
+
+def fuzz(seed: int, seconds: float, programs: int | None, workers: int, out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    stats = {"programs": 0, "valid": 0, "invalid": collections.Counter(),
+             "ours": collections.Counter(), "unsupported": collections.Counter(),
+             "torch_func_wrong_ours_right": collections.Counter(), "crash": [], "hang": [],
+             "repros": []}
+    start = time.time()
+    next_seed = seed
+    pool = _new_pool(workers)
+    pending = {}
+
+    def budget_left():
+        return (programs is None or next_seed - seed < programs) and time.time() - start < seconds
+
+    while pending or budget_left():
+        while budget_left() and len(pending) < 2 * workers:
+            pending[pool.submit(run_one, next_seed)] = (next_seed, time.time())
+            next_seed += 1
+        done, _ = cf.wait(pending, timeout=1.0, return_when=cf.FIRST_COMPLETED)
+        broken = False
+        for fut in done:
+            s, _ = pending.pop(fut)
+            stats["programs"] += 1
+            try:
+                r = fut.result()
+            except cf.process.BrokenProcessPool:
+                stats["crash"].append(s)
+                broken = True
+                continue
+            except Exception as error:  # noqa: BLE001 - the generator itself failed
+                stats["invalid"][f"harness: {type(error).__name__}"] += 1
+                continue
+            if "invalid" in r:
+                stats["invalid"][r["invalid"]] += 1
+                continue
+            stats["valid"] += 1
+            for path, status in r["paths"].items():
+                if path in fc.OURS_PATHS and status not in ("ok", "unsupported"):
+                    stats["ours"][f"{path}: {status}"] += 1
+                if status == "unsupported":
+                    stats["unsupported"][r["messages"][path]] += 1
+            for mode in ("mut", "mav"):
+                tf, ours = r["paths"][f"tf_{mode}"], r["paths"][f"ours_{mode}"]
+                if tf != "ok" and ours == "ok":
+                    stats["torch_func_wrong_ours_right"][tf] += 1
+            for failure in r["failures"]:
+                stats["repros"].append(str(write_repro(out, r["seed"], failure)))
+        now = time.time()
+        hung = [f for f, (_, t0) in pending.items() if now - t0 > HANG_SECONDS]
+        if broken or hung:
+            for f in hung:
+                stats["hang"].append(pending[f][0])
+                stats["programs"] += 1
+            # A crashed or hung worker takes the pool down: resubmit what was still pending.
+            resubmit = [s for f, (s, _) in pending.items() if f not in hung]
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+            pool = _new_pool(workers)
+            pending = {pool.submit(run_one, s): (s, time.time()) for s in resubmit}
+    pool.shutdown()
+    stats["seconds"] = time.time() - start
+    stats["seeds"] = (seed, next_seed - 1)
+    return stats
+
+
+def failures_of_ours(first_seed: int, count: int) -> list[tuple[int, str, str]]:
+    """(seed, path, kind) of every failure of ours on programs first_seed.. (in this process, no
+    shrinking): what test_fuzz.py compares with the known list."""
+    import warnings
+
+    import torch
+
+    saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.utils.deterministic.fill_uninitialized_memory)
+    found = []
+    with warnings.catch_warnings():
+        fc.setup_process()
+        try:
+            for seed in range(first_seed, first_seed + count):
+                r = run_one(seed, shrink_failures=False)
+                for path, status in r.get("paths", {}).items():
+                    if path in fc.OURS_PATHS and status not in ("ok", "unsupported"):
+                        found.append((seed, path, status))
+        finally:  # the caller's process settings (a test session) are left as they were
+            torch.set_num_threads(saved[0])
+            torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
+            torch.utils.deterministic.fill_uninitialized_memory = saved[3]
+    return found
+
+
+def report(stats: dict) -> str:
+    lines = [f"programs {stats['programs']:,} (seeds {stats['seeds'][0]}..{stats['seeds'][1]}), "
+             f"valid {stats['valid']:,}, {stats['seconds']:.0f} s"]
+    lines.append(f"invalid (eager raised or was nondeterministic): {dict(stats['invalid'])}")
+    lines.append(f"crashes: {stats['crash'] or 'none'}; hangs: {stats['hang'] or 'none'}")
+    lines.append(f"failures of ours: {dict(stats['ours']) or 'none'}")
+    for repro in stats["repros"][:50]:
+        lines.append(f"  reproducer: {repro}")
+    lines.append("named errors (unsupported), grouped:")
+    for message, n in stats["unsupported"].most_common(20):
+        lines.append(f"  {n:6d}  {message}")
+    lines.append("torch.func wrong where ours is right (by kind): "
+                 f"{dict(stats['torch_func_wrong_ours_right']) or 'none'}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=600)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--programs", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    parser.add_argument("--out", type=Path, default=Path("fuzz_out"))
+    args = parser.parse_args(argv)
+    stats = fuzz(args.seed, args.seconds, args.programs, args.workers, args.out)
+    print(report(stats))
+    return 1 if stats["ours"] or stats["crash"] or stats["hang"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

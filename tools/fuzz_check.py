@@ -1,0 +1,327 @@
+"""Runs one fuzz program through eager and the functionalize paths and compares them (the
+comparison rules are in tools/fuzz.py's header). Shared by tools/fuzz.py and
+test/python/test_fuzz.py; no process management here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import traceback
+import warnings
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torch_functionalize
+from fuzz_gen import Program, compile_program
+
+# ours_* / fx_* / tf_*: our functionalize called directly, our functionalize traced by make_fx and
+# the graph replayed on fresh inputs, torch.func.functionalize called directly.
+OURS_PATHS = ("ours_mut", "ours_mav", "fx_mut", "fx_mav")
+TF_PATHS = ("tf_mut", "tf_mav")
+ALL_PATHS = OURS_PATHS + TF_PATHS
+MODE = {"mut": "mutations", "mav": "mutations_and_views"}
+
+# Kinds, worst first. Contract kinds are what torch.func's contract promises (values of outputs,
+# values and metadata of inputs afterwards, and no error); the others are this engine's claims.
+KINDS = ("crash", "hang", "error", "unsupported", "value", "input_meta", "alias", "output_meta")
+CONTRACT = {"crash", "hang", "error", "unsupported", "value", "input_meta"}
+
+
+def setup_process():
+    """Process-wide settings every run uses: one thread (deterministic reductions), and
+    deterministic fill of uninitialized memory (torch.empty, resize_ growth: NaN / max int), so a
+    program that reads memory it never wrote gives the same values eagerly and functionalized."""
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    warnings.simplefilter("ignore")
+
+
+@dataclasses.dataclass
+class TSnap:
+    dtype: torch.dtype
+    shape: tuple
+    stride: tuple
+    offset: int
+    values: torch.Tensor   # a copy (complex as view_as_real, conj/neg resolved)
+    storage: int           # storage data pointer, 0 for an empty storage
+    nbytes: int
+
+
+def _plain(t):
+    t = t.detach().resolve_conj().resolve_neg()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return t.clone()
+
+
+def snap(t):
+    st = t.untyped_storage()
+    return TSnap(t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(), _plain(t),
+                 st.data_ptr() if st.nbytes() else 0, st.nbytes())
+
+
+def storage_values(t, dtype):
+    """The whole storage of t, reinterpreted as dtype (uint8 if the size does not divide)."""
+    st = t.untyped_storage()
+    size = torch.empty(0, dtype=dtype).element_size()
+    if st.nbytes() % size:
+        dtype, size = torch.uint8, 1
+    whole = torch.empty(0, dtype=dtype).set_(st, 0, (st.nbytes() // size,), (1,))
+    return _plain(whole)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one path did: the outputs and inputs afterwards, or the error it raised."""
+    outputs: list | None = None
+    inputs: list | None = None
+    out_alias: list | None = None     # per output: frozenset of input indices sharing storage
+    out_is: list | None = None        # per output: index of the input it is, or None
+    in_groups: list | None = None     # per input: smallest input index sharing its storage
+    storages: dict | None = None      # input group -> whole-storage values
+    error: BaseException | None = None
+    error_stmt: int | None = None
+    error_tb: str = ""
+
+
+def _record(outs, inputs):
+    if not isinstance(outs, (tuple, list)):
+        outs = (outs,)
+    o = Outcome()
+    o.outputs = [snap(t) if isinstance(t, torch.Tensor) else t for t in outs]
+    o.inputs = [snap(t) for t in inputs]
+    ptr = [s.storage for s in o.inputs]
+    o.out_alias = [frozenset(j for j, p in enumerate(ptr) if p and isinstance(t, torch.Tensor)
+                             and t.untyped_storage().nbytes()
+                             and t.untyped_storage().data_ptr() == p) for t in outs]
+    o.out_is = [next((j for j, x in enumerate(inputs) if x is t), None) for t in outs]
+    o.in_groups = [next(k for k in range(len(ptr)) if (ptr[k] == ptr[j] and ptr[j]) or k == j)
+                   for j in range(len(ptr))]
+    # The storage of each group, read as its first floating input's dtype (so float values are
+    # compared with a tolerance even when an integer view of the same bytes is an input too).
+    o.storages = {}
+    for g in sorted(set(o.in_groups)):
+        members = [inputs[j] for j in range(len(inputs)) if o.in_groups[j] == g]
+        fl = [m for m in members if m.dtype.is_floating_point or m.dtype.is_complex]
+        o.storages[g] = storage_values(members[0], (fl or members)[0].dtype)
+    return o
+
+
+def error_stmt(prog, exc):
+    """Index of the statement of f the exception came from (deepest '<fuzz>' frame of f)."""
+    k = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename == "<fuzz>" and frame.f_code.co_name == "f":
+            k = prog.stmt_of_line(lineno)
+    return k
+
+
+def run_path(prog: Program, path: str, compiled=None) -> Outcome:
+    """Runs prog eagerly (path "eager") or through one functionalize path on fresh inputs."""
+    make_inputs, f = compiled or compile_program(prog)
+    try:
+        if path == "eager":
+            inputs = make_inputs()
+            outs = f(*inputs)
+        elif path.startswith("ours_"):
+            inputs = make_inputs()
+            outs = torch_functionalize.functionalize(f, remove=MODE[path[5:]])(*inputs)
+        elif path.startswith("tf_"):
+            inputs = make_inputs()
+            outs = torch.func.functionalize(f, remove=MODE[path[3:]])(*inputs)
+        elif path.startswith("fx_"):
+            gm = make_fx(torch_functionalize.functionalize(f, remove=MODE[path[3:]]))(
+                *make_inputs())
+            inputs = make_inputs()
+            # f seeds the generator at its start; the graph does not, so its replay does.
+            torch.manual_seed(prog.rng_seed)
+            outs = gm(*inputs)
+        else:
+            raise ValueError(path)
+        return _record(outs, inputs)
+    except Exception as e:  # noqa: BLE001  (every error is a result here)
+        return Outcome(error=e, error_stmt=error_stmt(prog, e),
+                       error_tb="".join(traceback.format_exception(e))[-3000:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison
+
+TOL = {torch.float64: (1e-9, 1e-9), torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2),
+       torch.float16: (2e-3, 2e-3)}
+
+
+def values_equal(a, e):
+    if a.dtype != e.dtype or a.shape != e.shape:
+        return False
+    if a.dtype.is_floating_point:
+        rtol, atol = TOL.get(a.dtype, (1e-5, 1e-5))
+        return bool(torch.allclose(a.double(), e.double(), rtol=rtol, atol=atol, equal_nan=True))
+    return bool(torch.equal(a, e))
+
+
+def strides_equal(a: TSnap, e: TSnap):
+    """Strides of dims of size > 1 (others are meaningless); none for empty tensors."""
+    if a.shape != e.shape or 0 in e.shape:
+        return a.shape == e.shape
+    return all(x == y for x, y, s in zip(a.stride, e.stride, e.shape) if s > 1)
+
+
+@dataclasses.dataclass
+class Diff:
+    kind: str
+    where: str
+    detail: str
+
+
+def _desc(s: TSnap):
+    vals = s.values.flatten()[:8].tolist()
+    return (f"{str(s.dtype)[6:]}{list(s.shape)} stride={s.stride} offset={s.offset} "
+            f"values[:8]={[round(v, 4) if isinstance(v, float) else v for v in vals]}")
+
+
+def compare(eager: Outcome, got: Outcome, path: str) -> list[Diff]:
+    """Differences of got from eager under the rules of path (see tools/fuzz.py's header)."""
+    diffs = []
+    graph = path.startswith("fx_")
+    ours = not path.startswith("tf_")
+    keep_views = path.endswith("_mut")
+    if len(got.outputs) != len(eager.outputs):
+        return [Diff("value", "outputs", f"{len(got.outputs)} outputs, eager {len(eager.outputs)}")]
+    for i, (a, e) in enumerate(zip(got.outputs, eager.outputs)):
+        w = f"output {i}"
+        if not isinstance(e, TSnap) or not isinstance(a, TSnap):
+            if type(a) is not type(e):
+                diffs.append(Diff("value", w, f"type {type(a).__name__}, eager {type(e).__name__}"))
+            continue
+        if a.dtype != e.dtype or a.shape != e.shape or not values_equal(a.values, e.values):
+            diffs.append(Diff("value", w, f"got {_desc(a)}; eager {_desc(e)}"))
+            continue
+        if not graph and not strides_equal(a, e):
+            diffs.append(Diff("output_meta", w, f"stride {a.stride}, eager {e.stride}"))
+        if ours:
+            extra = got.out_alias[i] - eager.out_alias[i]
+            if extra:
+                diffs.append(Diff("alias", w, f"shares storage with input(s) {sorted(extra)}; "
+                                              f"eager's does not"))
+            if keep_views and not graph:
+                missing = eager.out_alias[i] - got.out_alias[i]
+                if missing:
+                    diffs.append(Diff("alias", w, f"does not share storage with input(s) "
+                                                  f"{sorted(missing)}; eager's does"))
+                elif eager.out_is[i] is not None and got.out_is[i] != eager.out_is[i]:
+                    diffs.append(Diff("alias", w, f"is not input {eager.out_is[i]} itself"))
+                elif eager.out_alias[i] and a.offset != e.offset:
+                    diffs.append(Diff("output_meta", w, f"storage offset {a.offset}, eager "
+                                                        f"{e.offset}"))
+    for j, (a, e) in enumerate(zip(got.inputs, eager.inputs)):
+        w = f"input {j}"
+        if a.dtype != e.dtype or a.shape != e.shape or not values_equal(a.values, e.values):
+            diffs.append(Diff("value", w, f"got {_desc(a)}; eager {_desc(e)}"))
+            continue
+        if not strides_equal(a, e) or a.offset != e.offset:
+            diffs.append(Diff("input_meta", w, f"stride {a.stride} offset {a.offset}, eager "
+                                               f"{e.stride} offset {e.offset}"))
+        elif a.nbytes != e.nbytes:
+            diffs.append(Diff("input_meta", w, f"storage of {a.nbytes} bytes, eager {e.nbytes}"))
+    if got.in_groups != eager.in_groups:
+        diffs.append(Diff("input_meta", "inputs", f"storage sharing {got.in_groups}, eager "
+                                                  f"{eager.in_groups}"))
+    else:
+        for g, ev in eager.storages.items():
+            av = got.storages[g]
+            if not values_equal(av, ev):
+                diffs.append(Diff("value", f"storage of input {g}",
+                                  f"bytes outside the inputs' elements differ "
+                                  f"(got {av.flatten()[:8].tolist()}, eager "
+                                  f"{ev.flatten()[:8].tolist()})"))
+    order = {k: n for n, k in enumerate(KINDS)}
+    return sorted(diffs, key=lambda d: order[d.kind])
+
+
+def is_named_error(e: BaseException) -> bool:
+    """Our named errors: NotImplementedError/RuntimeError whose message starts 'functionalize:'."""
+    return isinstance(e, (NotImplementedError, RuntimeError)) and \
+        str(e).lstrip().startswith("functionalize:")
+
+
+def error_kind(e):
+    return "unsupported" if is_named_error(e) else "error"
+
+
+def norm_message(msg: str) -> str:
+    """An error message with numbers, shapes and names blurred (for grouping)."""
+    first = msg.strip().splitlines()[0] if msg.strip() else ""
+    first = re.sub(r"\[[^\]]*\]", "[..]", first)
+    first = re.sub(r"\([^)]*\)", "(..)", first)
+    first = re.sub(r"\b\d+\b", "N", first)
+    first = re.sub(r"0x[0-9a-f]+", "P", first)
+    return first[:110]
+
+
+@dataclasses.dataclass
+class PathResult:
+    status: str            # "ok" or a kind
+    diffs: list = dataclasses.field(default_factory=list)
+    message: str = ""
+    stmt: int | None = None
+
+
+def judge(prog: Program, eager: Outcome, path: str, compiled=None) -> PathResult:
+    got = run_path(prog, path, compiled)
+    if got.error is not None:
+        e = got.error
+        return PathResult(error_kind(e), message=f"{type(e).__name__}: {str(e)[:2000]}",
+                          stmt=got.error_stmt, diffs=[Diff(error_kind(e), "call", got.error_tb)])
+    diffs = compare(eager, got, path)
+    if not diffs:
+        return PathResult("ok")
+    return PathResult(diffs[0].kind, diffs=diffs)
+
+
+def defined_names(stmt_code: str):
+    m = re.match(r"^\s*((?:v\d+\s*,\s*)*v\d+)\s*=[^=]", stmt_code)
+    return [n.strip() for n in m.group(1).split(",")] if m else []
+
+
+def prefix_program(prog: Program, k: int) -> Program:
+    """Statements 0..k, returning every variable they define (and the inputs when none)."""
+    stmts = prog.stmts[:k + 1]
+    names = []
+    for s in stmts:
+        for n in defined_names(s.code):
+            if n not in names:
+                names.append(n)
+    return prog.replace(stmts=stmts, returns=names or list(prog.params()))
+
+
+def eager_outcome(prog: Program, compiled=None):
+    """Eager's outcome, or (None, reason) when the program is not a valid test: eager raises, or
+    two eager runs disagree (the program reads memory or random state it does not control)."""
+    compiled = compiled or compile_program(prog)
+    e1 = run_path(prog, "eager", compiled)
+    if e1.error is not None:
+        return None, "eager_error"
+    e2 = run_path(prog, "eager", compiled)
+    if e2.error is not None or compare(e1, e2, "ours_mut"):
+        return None, "eager_nondeterministic"
+    return e1, None
+
+
+def first_divergence(prog: Program, path: str, kind: str) -> int | None:
+    """Smallest k such that the prefix program of statements 0..k (returning all it defines)
+    fails on path with the same kind: the statement after which the states first differ."""
+    for k in range(len(prog.stmts)):
+        p = prefix_program(prog, k)
+        try:
+            compiled = compile_program(p)
+        except Exception:  # noqa: BLE001
+            continue
+        eager, _ = eager_outcome(p, compiled)
+        if eager is None:
+            continue
+        if judge(p, eager, path, compiled).status == kind:
+            return k
+    return None
