@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for pkg in cmake ninja-build g++ ccache libgtest-dev; do
+for pkg in cmake ninja-build g++ ccache libgtest-dev clang-format; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then

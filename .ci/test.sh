@@ -4,6 +4,8 @@
 # sweeps are not part of this run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# C++ formatting follows .clang-format (.ci/setup.sh installs clang-format).
+clang-format --dry-run --Werror $(git ls-files '*.cpp' '*.h')
 ctest --test-dir build/python --output-on-failure
 # C++ users: install the CMake package, then build and run examples/cpp against it.
 rm -rf build/install

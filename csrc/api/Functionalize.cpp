@@ -18,8 +18,10 @@ using detail::maybe_get_impl;
 Remove parse_remove(const std::string& remove) {
   if (remove == "mutations") return Remove::Mutations;
   if (remove == "mutations_and_views") return Remove::MutationsAndViews;
-  TORCH_CHECK_VALUE(false, "functionalize: remove must be \"mutations\" or "
-                           "\"mutations_and_views\"; got \"", remove, "\".");
+  TORCH_CHECK_VALUE(false,
+                    "functionalize: remove must be \"mutations\" or "
+                    "\"mutations_and_views\"; got \"",
+                    remove, "\".");
 }
 
 bool is_functional(const at::Tensor& t) {
@@ -92,8 +94,8 @@ bool ensure_registered_then_true() {
 }  // namespace
 
 FunctionalizeGuard::FunctionalizeGuard(Remove remove)
-    : state_((ensure_registered_then_true(),
-              std::make_unique<State>(remove == Remove::Mutations))) {}
+    : state_(
+          (ensure_registered_then_true(), std::make_unique<State>(remove == Remove::Mutations))) {}
 
 FunctionalizeGuard::~FunctionalizeGuard() = default;
 

@@ -7,10 +7,10 @@
 #include "core/Layer.h"
 #include "kernels/Registration.h"
 
-#include <torch/csrc/Exceptions.h>
-#include <torch/csrc/utils/pybind.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <memory>
 #include <optional>
@@ -51,8 +51,8 @@ py::dict classify(const std::string& name, const std::string& overload) {
   const auto& info = plan.info;
   py::dict d;
   d["kind"] = tfz::detail::to_string(info.kind);
-  d["special"] = plan.special != nullptr ? std::optional<std::string>(plan.special->name)
-                                         : std::nullopt;
+  d["special"] =
+      plan.special != nullptr ? std::optional<std::string>(plan.special->name) : std::nullopt;
   d["functional"] = op_name(info.functional_op);
   d["view"] = op_name(info.view_op);
   d["copy"] = op_name(info.copy_op);

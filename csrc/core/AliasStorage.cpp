@@ -1,4 +1,5 @@
-// Update queue and commit of mutations made through views. See Note [Alias: storage and generations].
+// Update queue and commit of mutations made through views.
+// See Note [Alias: storage and generations].
 #include "core/AliasStorage.h"
 
 #include "core/Layer.h"

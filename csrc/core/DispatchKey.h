@@ -47,13 +47,14 @@ inline c10::DispatchKeySet wrapper_key_set() {
 // `is_conj()` and `is_neg()` read the Conjugate and Negative dispatch keys of a tensor, so a
 // wrapper reports eager's answer only if it carries the bits its value has (x.conj().is_conj() is
 // True in eager). Carrying them changes no kernel: our kernel sits at the autograd key, above
-// Conjugate and Negative, unwraps, and runs on values that carry the bits themselves. Where autograd
-// keys are excluded (inference mode), the bits' fallbacks run on the wrapper before our backend-key
-// kernel, materializing through ops that reach us as usual, which is what eager does to a plain
-// tensor. Rejected: copying the value's whole key set, as torch's own wrapper does; it would put
-// the value's backend keys (CPU, CUDA) on the wrapper and let their kernels see wrappers.
+// Conjugate and Negative, unwraps, and runs on values that carry the bits themselves. Where
+// autograd keys are excluded (inference mode), the bits' fallbacks run on the wrapper before our
+// backend-key kernel, materializing through ops that reach us as usual, which is what eager does to
+// a plain tensor. Rejected: copying the value's whole key set, as torch's own wrapper does; it
+// would put the value's backend keys (CPU, CUDA) on the wrapper and let their kernels see wrappers.
 inline c10::DispatchKeySet mirrored_key_set(c10::DispatchKeySet value_keys) {
-  return value_keys & c10::DispatchKeySet({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+  return value_keys &
+         c10::DispatchKeySet({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
 }
 
 /// Keys a functionalize layer adds to the thread's included set (see Note [Layer: TLS scheme]).
@@ -68,8 +69,8 @@ inline c10::DispatchKeySet layer_hidden_keys() {
 
 /// Every runtime key our boxed kernel is registered at, per op and as fallback.
 inline constexpr c10::DispatchKey kFallbackKeys[] = {
-    c10::DispatchKey::AutogradPrivateUse3, c10::DispatchKey::PrivateUse3,
-    c10::DispatchKey::SparsePrivateUse3,   c10::DispatchKey::QuantizedPrivateUse3,
+    c10::DispatchKey::AutogradPrivateUse3,  c10::DispatchKey::PrivateUse3,
+    c10::DispatchKey::SparsePrivateUse3,    c10::DispatchKey::QuantizedPrivateUse3,
     c10::DispatchKey::SparseCsrPrivateUse3, c10::DispatchKey::NestedTensorPrivateUse3,
 };
 

@@ -19,8 +19,7 @@ c10::Storage make_storage(const at::Tensor& value) {
 }  // namespace
 
 FunctionalTensorImpl::FunctionalTensorImpl(const at::Tensor& value, int64_t layer_id)
-    : c10::TensorImpl(make_storage(value), wrapper_key_set(), value.dtype()),
-      layer_id_(layer_id) {
+    : c10::TensorImpl(make_storage(value), wrapper_key_set(), value.dtype()), layer_id_(layer_id) {
   TORCH_INTERNAL_ASSERT(maybe_get_impl(value) == nullptr, "wrapping a wrapper");
   // The TensorImpl constructor adds ADInplaceOrView (and drops autograd keys under
   // inference_mode); a wrapper must carry exactly our keys. See Note [Which dispatch key].

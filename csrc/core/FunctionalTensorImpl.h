@@ -16,8 +16,8 @@ namespace tfz::detail {
 
 /// An in-place view op applied to a wrapper, kept to replay it on the user's input at the end.
 struct MetadataMutation {
-  c10::OperatorHandle op;          // the in-place op as called (e.g. aten::t_)
-  std::vector<c10::IValue> args;   // arguments after self
+  c10::OperatorHandle op;         // the in-place op as called (e.g. aten::t_)
+  std::vector<c10::IValue> args;  // arguments after self
 };
 
 class FunctionalTensorImpl final : public c10::TensorImpl {
@@ -79,8 +79,8 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
 
  private:
   const char* tensorimpl_type_name() const override;
-  void set_value_(const at::Tensor& value);  // value_ + mirrored metadata
-  void mirror_autograd_(const at::Tensor& value);  // See Note [Wrapper: autograd mirrored]
+  void set_value_(const at::Tensor& value);           // value_ + mirrored metadata
+  void mirror_autograd_(const at::Tensor& value);     // See Note [Wrapper: autograd mirrored]
   void copy_metadata_(const c10::TensorImpl& inner);  // non-symbolic sizes/strides + flags
   void copy_fields_to_(FunctionalTensorImpl& dest) const;
 

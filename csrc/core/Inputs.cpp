@@ -83,8 +83,8 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
     // The storage's physical elements: conjugate and negative bits undone, then (mixed dtypes)
     // seen as bytes. See Note [Inputs: aliased inputs].
     InnerCallGuard guard;
-    base_value = reapply ? first->as_strided({numel}, {1}, 0)
-                         : at::as_strided_copy(*first, {numel}, {1}, 0);
+    base_value =
+        reapply ? first->as_strided({numel}, {1}, 0) : at::as_strided_copy(*first, {numel}, {1}, 0);
     if (first->is_conj()) base_value = reapply ? at::_conj(base_value) : at::_conj_copy(base_value);
     if (first->is_neg()) {
       base_value = reapply ? at::_neg_view(base_value) : at::_neg_view_copy(base_value);
@@ -103,14 +103,16 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
       const int64_t item = static_cast<int64_t>(m.itemsize());
       const int64_t usable = base_bytes / item * item;
       if (usable != base_bytes) {
-        w = view_step(w, value, ViewMeta::as_strided({c10::SymInt(usable)}, {c10::SymInt(1)},
-                                                     c10::SymInt(0), reapply));
+        w = view_step(
+            w, value,
+            ViewMeta::as_strided({c10::SymInt(usable)}, {c10::SymInt(1)}, c10::SymInt(0), reapply));
       }
       w = view_step(w, value,
                     ViewMeta::of({"aten::view", "dtype"}, {c10::IValue(m.scalar_type())}, reapply));
     }
     w = view_step(
-        w, value, ViewMeta::as_strided(m.sym_sizes(), m.sym_strides(), m.sym_storage_offset(), reapply));
+        w, value,
+        ViewMeta::as_strided(m.sym_sizes(), m.sym_strides(), m.sym_storage_offset(), reapply));
     if (m.is_conj()) w = view_step(w, value, ViewMeta::of({"aten::_conj", ""}, {}, reapply));
     if (m.is_neg()) w = view_step(w, value, ViewMeta::of({"aten::_neg_view", ""}, {}, reapply));
     if (!reapply) unsafe_get_impl(w)->set_reference_metadata_(m);
@@ -285,7 +287,8 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
     const auto& members = groups[storage];
     bool any_metadata = false;
     for (size_t i : members) any_metadata |= unsafe_get_impl(wrappers[i])->has_metadata_mutation();
-    const int cover = members.size() > 1 && !any_metadata ? covering_member(originals, members) : -1;
+    const int cover =
+        members.size() > 1 && !any_metadata ? covering_member(originals, members) : -1;
     if (cover >= 0) {
       write_data(originals[members[cover]], *unsafe_get_impl(wrappers[members[cover]]));
       continue;

@@ -15,16 +15,16 @@ namespace tfz::detail {
 //   included = entry.included - {PreDispatch} | {AutogradPrivateUse3, DeferredInit}
 //   excluded = entry.excluded | {Python, PythonTLSSnapshot}
 // Including our keys makes tensor-free ops (torch.zeros, at::arange, the lift_fresh behind
-// torch.tensor) reach our kernel, so their results can be wrapped (Note [Which dispatch key]). Hiding Python keeps TorchDispatchModes
-// (make_fx's proxy mode) from ever seeing a wrapper, and keeps PythonTLSSnapshot from
-// snapshotting a TLS that still includes our key. Every redispatch on inner tensors runs under
-// InnerCallGuard, which undoes exactly these changes on top of whatever the TLS is *now*, so the
-// tracer below sees the caller's keys.
-// Only full snapshot/restore is used (_force_tls_local_dispatch_key_set): our included key
-// carries the PrivateUse3 *backend* bit, which DispatchKeySet::operator- does not clear, so the
-// delta-based Include/ExcludeDispatchKeyGuard would leak it into the thread forever.
-// Rejected: a functorch-style DynamicLayer front/back key pair. Those keys belong to functorch
-// and its interpreter stack; borrowing them would entangle us with torch.func transforms.
+// torch.tensor) reach our kernel, so their results can be wrapped (Note [Which dispatch key]).
+// Hiding Python keeps TorchDispatchModes (make_fx's proxy mode) from ever seeing a wrapper, and
+// keeps PythonTLSSnapshot from snapshotting a TLS that still includes our key. Every redispatch on
+// inner tensors runs under InnerCallGuard, which undoes exactly these changes on top of whatever
+// the TLS is *now*, so the tracer below sees the caller's keys. Only full snapshot/restore is used
+// (_force_tls_local_dispatch_key_set): our included key carries the PrivateUse3 *backend* bit,
+// which DispatchKeySet::operator- does not clear, so the delta-based
+// Include/ExcludeDispatchKeyGuard would leak it into the thread forever. Rejected: a
+// functorch-style DynamicLayer front/back key pair. Those keys belong to functorch and its
+// interpreter stack; borrowing them would entangle us with torch.func transforms.
 
 namespace {
 // One thread_local object rather than two: in a dlopen'ed library every access to a distinct
@@ -85,9 +85,8 @@ InnerCallGuard::InnerCallGuard() : saved_tls_(c10::impl::tls_local_dispatch_key_
   saved_suspended_ = state.suspended;
   c10::impl::LocalDispatchKeySet inner = saved_tls_;
   if (saved_layer_ != nullptr) {
-    inner.included_ =
-        raw_union(raw_minus(saved_tls_.included_, saved_layer_->added_included),
-                  saved_layer_->removed_included);
+    inner.included_ = raw_union(raw_minus(saved_tls_.included_, saved_layer_->added_included),
+                                saved_layer_->removed_included);
     inner.excluded_ = saved_tls_.excluded_ - saved_layer_->added_excluded;
   } else {
     // No layer (or already inside an inner call): just make sure our key is gone.

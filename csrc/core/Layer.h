@@ -13,13 +13,13 @@ namespace tfz::detail {
 
 /// One active functionalize call on this thread.
 struct Layer {
-  int64_t id = 0;      // unique per process; wrappers remember the id of the layer that made them
+  int64_t id = 0;  // unique per process; wrappers remember the id of the layer that made them
   bool reapply_views = true;  // remove="mutations" (true) or "mutations_and_views" (false)
   c10::impl::LocalDispatchKeySet entry_tls =  // the TLS to restore exactly on exit
       c10::impl::tls_local_dispatch_key_set();
-  c10::DispatchKeySet added_included;        // raw bits this layer added to the included set
-  c10::DispatchKeySet removed_included;      // keys this layer took out of the included set
-  c10::DispatchKeySet added_excluded;        // keys this layer added to the excluded set
+  c10::DispatchKeySet added_included;    // raw bits this layer added to the included set
+  c10::DispatchKeySet removed_included;  // keys this layer took out of the included set
+  c10::DispatchKeySet added_excluded;    // keys this layer added to the excluded set
   // torch.func transforms active on entry, moved out while user code runs and swapped back in
   // for inner calls; null when there were none.
   // See Note [Functorch: torch.func transforms].

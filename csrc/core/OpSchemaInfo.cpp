@@ -40,7 +40,8 @@ namespace tfz::detail {
 //   functional_args  per functional-variant argument, where its value comes from: the mutable
 //                    argument of the same name (never an out= argument, except for the functional
 //                    companions of custom ops, which keep them), the schema default, or, for the
-//                    TensorOptions of factory out= ops, the first out= tensor's dtype/layout/device;
+//                    TensorOptions of factory out= ops, the first out= tensor's
+//                    dtype/layout/device;
 //   written          per written argument, the functional return holding its new value: the
 //                    returns the mutable op itself has come first, in order, then the appended
 //                    ones (appended_written_args); out= arguments may change shape (resized, as in
@@ -323,11 +324,10 @@ void forget_functional_candidate(const c10::OperatorName& name) {
   std::lock_guard<std::mutex> lock(table.mutex);
   for (auto* index : {&table.by_signature, &table.by_argument_names}) {
     for (auto& [sig, ops] : *index) {
-      ops.erase(std::remove_if(ops.begin(), ops.end(),
-                               [&](const c10::OperatorHandle& op) {
-                                 return op.operator_name() == name;
-                               }),
-                ops.end());
+      ops.erase(
+          std::remove_if(ops.begin(), ops.end(),
+                         [&](const c10::OperatorHandle& op) { return op.operator_name() == name; }),
+          ops.end());
     }
   }
 }

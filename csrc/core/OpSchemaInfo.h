@@ -42,10 +42,10 @@ struct ArgSource {
 
 /// A written argument of a mutable op, and where its new value comes from.
 struct WrittenArg {
-  int index = -1;             // argument index in the mutable op
+  int index = -1;              // argument index in the mutable op
   int functional_return = -1;  // index of its new value among the functional variant's returns
-  bool is_out = false;        // an out= argument: resized to the value, not held to its shape
-  bool is_returned = false;   // the mutable op returns it (its return aliases the argument)
+  bool is_out = false;         // an out= argument: resized to the value, not held to its shape
+  bool is_returned = false;    // the mutable op returns it (its return aliases the argument)
 };
 
 /// What the kernel does for an operator: its kind and the plan of that kind.

@@ -117,8 +117,10 @@ Tensor transpose_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m
 Tensor unfold_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
   const int64_t dim = c10::maybe_wrap_dim(m.arg(0).toInt(), std::max<int64_t>(base.dim(), 1));
   const int64_t size = m.arg(1).toInt(), step = m.arg(2).toInt();
-  TORCH_CHECK_NOT_IMPLEMENTED(size <= step, "functionalize: aten::unfold: writing through "
-                              "unfold(dimension=", dim, ", size=", size, ", step=", step,
+  TORCH_CHECK_NOT_IMPLEMENTED(size <= step,
+                              "functionalize: aten::unfold: writing through "
+                              "unfold(dimension=",
+                              dim, ", size=", size, ", step=", step,
                               ") is not supported: the windows overlap. Clone it first.");
   const Tensor dense = base.is_contiguous() ? base : base.contiguous();
   std::vector<c10::SymInt> sizes(dense.sym_sizes().begin(), dense.sym_sizes().end());

@@ -31,7 +31,7 @@ struct ViewMeta {
         reapply(reapply),
         inverse_fn(inverse_fn) {}
 
-  c10::OperatorHandle op;                      // the (out-of-place) view op, e.g. aten::slice.Tensor
+  c10::OperatorHandle op;  // the (out-of-place) view op, e.g. aten::slice.Tensor
   std::optional<c10::OperatorHandle> copy_op;  // its *_copy twin, if any
   std::vector<c10::IValue> args;               // every argument after self, as passed
   int64_t out_index;                           // output index of a multi-output view, -1 otherwise

@@ -81,8 +81,8 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
       }
     });
   }
-  if (!any_functional && layer != nullptr && !layer->reapply_views &&
-      info.kind == OpKind::View && !info.wraps_plain_outputs) {  // lift_fresh wraps, below
+  if (!any_functional && layer != nullptr && !layer->reapply_views && info.kind == OpKind::View &&
+      !info.wraps_plain_outputs) {  // lift_fresh wraps, below
     lift_captured_self(op, stack, *layer);
     return view_kernel(info, op, stack, *layer);
   }
@@ -136,7 +136,8 @@ void functional_kernel(const OpInfo& /*info*/, const c10::OperatorHandle& op,
   }
   op.callBoxed(stack);
   const size_t num_returns = op.schema().returns().size();
-  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end();
+       ++it) {
     transform_tensors(*it, [&](const at::Tensor& t) {
       for (const auto& [impl, wrapper] : passed) {
         if (t.unsafeGetTensorImpl() == impl) return wrapper;

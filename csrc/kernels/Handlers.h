@@ -48,8 +48,8 @@ void mutable_kernel_on_wrappers(const OpInfo& info, const c10::OperatorHandle& o
 
 // Pieces of mutable_kernel shared with the unboxed in-place/out= kernels.
 /// Eager's rules for writing `value` into `written` (Note [Kernel: eager errors of in-place ops]).
-void check_eager_rules(std::string_view op_name, const at::Tensor& written,
-                       const at::Tensor& value, bool resizes);
+void check_eager_rules(std::string_view op_name, const at::Tensor& written, const at::Tensor& value,
+                       bool resizes);
 /// `t`, passed as written argument `arg_name`, must be a wrapper without internal overlap.
 void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t);
 /// The written wrapper now holds `value`: replace, commit to its alias storage, sync.

@@ -9,9 +9,9 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 
-#include <algorithm>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
+#include <algorithm>
 
 namespace tfz::detail {
 
@@ -90,15 +90,15 @@ c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg
 
 }  // namespace
 
-void check_eager_rules(std::string_view op_name, const at::Tensor& written,
-                       const at::Tensor& value, bool resizes) {
+void check_eager_rules(std::string_view op_name, const at::Tensor& written, const at::Tensor& value,
+                       bool resizes) {
   TORCH_CHECK(resizes || written.sym_sizes() == value.sym_sizes(), "functionalize: ", op_name,
-              ": output with shape ", written.sym_sizes(),
-              " doesn't match the broadcast shape ", value.sym_sizes(),
+              ": output with shape ", written.sym_sizes(), " doesn't match the broadcast shape ",
+              value.sym_sizes(),
               " (an in-place op cannot change the shape of the tensor it writes to).");
-  TORCH_CHECK(c10::canCast(value.scalar_type(), written.scalar_type()), "functionalize: ",
-              op_name, ": result type ", value.scalar_type(),
-              " can't be cast to the desired output type ", written.scalar_type(), ".");
+  TORCH_CHECK(c10::canCast(value.scalar_type(), written.scalar_type()), "functionalize: ", op_name,
+              ": result type ", value.scalar_type(), " can't be cast to the desired output type ",
+              written.scalar_type(), ".");
   // An out= tensor of the wrong shape is resized by eager; a view cannot be resized here (its
   // new extent would overwrite its base's other elements, which no view inverse expresses).
   // Found by tools/fuzz.py: it failed inside the scatter with torch's size-mismatch message.
@@ -121,16 +121,17 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
               "' (a tensor created outside the function, e.g. a global). Pass it to the "
               "function as an input, or clone it inside the function first.");
   TORCH_CHECK(!impl->alias_storage().captured(), "functionalize: ", op_name,
-              ": cannot write through '", arg_name, "', a view of a tensor captured from outside "
+              ": cannot write through '", arg_name,
+              "', a view of a tensor captured from outside "
               "the function (a parameter, buffer or global), with remove=\"mutations_and_views\": "
               "the write would not reach that tensor. Pass the tensor to the function as an "
               "input, or use remove=\"mutations\".");
   TORCH_CHECK(impl->value().layout() != c10::kStrided ||
-                  t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-                  !has_internal_overlap(t),
+                  t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || !has_internal_overlap(t),
               "functionalize: ", op_name, ": the tensor passed as '", arg_name,
               "' has internal overlap (more than one element refers to the same memory "
-              "location: sizes ", t.sizes(), ", strides ", t.strides(),
+              "location: sizes ",
+              t.sizes(), ", strides ", t.strides(),
               ", e.g. from expand, unfold with size > step or as_strided), so the result "
               "of writing to it is not defined. Clone it before writing.");
 }
@@ -187,8 +188,8 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value) {
 namespace {
 
 // See Note [Schema: argument plan] for the plan this follows.
-void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack, const Layer& layer,
-                 bool on_wrappers) {
+void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
+                 const Layer& layer, bool on_wrappers) {
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const size_t num_returns = schema.returns().size();
@@ -245,7 +246,8 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
       torch::jit::push(*stack, args[info.return_aliases[i]]);
     } else {
       c10::IValue fresh = std::move(fstack[i]);
-      transform_tensors(fresh, [&](const at::Tensor& t) { return make_fresh_wrapper(t, layer.id); });
+      transform_tensors(fresh,
+                        [&](const at::Tensor& t) { return make_fresh_wrapper(t, layer.id); });
       torch::jit::push(*stack, std::move(fresh));
     }
   }

@@ -44,8 +44,7 @@ namespace {
 
 class OpKernel final : public c10::OperatorKernel {
  public:
-  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
-                  torch::jit::Stack* stack) {
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     // Double-checked rather than std::call_once: libstdc++'s call_once writes two thread_locals
     // and calls pthread_once on every call, which showed up per op under callgrind.
     if (classified_at_.load(std::memory_order_acquire) != schema_epoch() + 1) classify(op);
@@ -74,7 +73,8 @@ struct Registry {
   std::unordered_set<c10::OperatorName> registered;
   std::vector<c10::RegistrationHandleRAII> handles;
   std::vector<c10::OperatorName> deregistered;  // filled by the listener, drained by drain()
-  std::unordered_map<c10::OperatorName, std::pair<uint64_t, KernelPlan>> fallback_plans;  // epoch, plan
+  std::unordered_map<c10::OperatorName, std::pair<uint64_t, KernelPlan>>
+      fallback_plans;                // epoch, plan
   std::vector<std::string> unboxed;  // ops registered with an unboxed kernel, "name.overload"
 };
 
@@ -139,9 +139,9 @@ void register_fallbacks_and_listener() {
   auto& d = c10::Dispatcher::singleton();
   auto& r = registry();
   for (auto key : kFallbackKeys) {
-    r.handles.push_back(d.registerFallback(
-        key, c10::KernelFunction::makeFromBoxedFunction<&fallback_kernel>(),
-        "torch_functionalize fallback"));
+    r.handles.push_back(
+        d.registerFallback(key, c10::KernelFunction::makeFromBoxedFunction<&fallback_kernel>(),
+                           "torch_functionalize fallback"));
   }
   // Every op skips the factory key unless registered there (see Note [Which dispatch key]).
   r.handles.push_back(d.registerFallback(kFactoryKey, c10::KernelFunction::makeFallthrough(),

@@ -56,7 +56,8 @@ bool is_aten(const c10::OperatorHandle& op) {
 
 bool writes_an_argument(const c10::OperatorHandle& op) {
   const auto& args = op.schema().arguments();
-  return std::any_of(args.begin(), args.end(), [](const c10::Argument& a) { return is_written(a); });
+  return std::any_of(args.begin(), args.end(),
+                     [](const c10::Argument& a) { return is_written(a); });
 }
 
 bool returns_an_alias(const c10::OperatorHandle& op) {
@@ -124,8 +125,8 @@ void native_batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op,
   const bool training = args[kTraining].toBool();
   const auto& mean = args[kRunningMean];
   const auto& var = args[kRunningVar];
-  const bool has_stats = mean.isTensor() && mean.toTensor().defined() && var.isTensor() &&
-                         var.toTensor().defined();
+  const bool has_stats =
+      mean.isTensor() && mean.toTensor().defined() && var.isTensor() && var.toTensor().defined();
   if (!training || !has_stats) return functional_kernel(info, op, stack, layer);
   for (const auto* stat : {&mean, &var}) {
     TORCH_CHECK(maybe_get_impl(stat->toTensor()) != nullptr, "functionalize: ", info.name,
@@ -167,8 +168,9 @@ void native_batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op,
 // elements the storage still holds) and only reallocates, copying the old storage, past its end.
 // Program:                         Functionalized:
 //   x = torch.arange(4.)             x0 = arange(4)
-//   x.resize_(2); x.resize_(4)       x1 = as_strided(x0, [2], [1], 0); x2 = as_strided(x0, [4], [1], 0)
-//   return x + 1                     add(x2, 1)          (eager: [1, 2, 3, 4], old elements back)
+//   x.resize_(2); x.resize_(4)       x1 = as_strided(x0, [2], [1], 0); x2 = as_strided(x0, [4],
+//   [1], 0) return x + 1                     add(x2, 1)          (eager: [1, 2, 3, 4], old elements
+//   back)
 // So a resize_ that fits is a view step: as_strided(size, strides, base offset) of the alias
 // storage's base at the tensor's own offset, replacing the wrapper's chain (views included: the
 // step restates the view over the storage). Past the end of
@@ -204,7 +206,8 @@ void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit
   std::vector<int64_t> strides;
   {
     MetaComputeGuard guard;  // eager's strides for this size and memory format
-    strides = at::empty(size, self.options().device(c10::kMeta).memory_format(format)).strides().vec();
+    strides =
+        at::empty(size, self.options().device(c10::kMeta).memory_format(format)).strides().vec();
   }
   const auto needed = static_cast<int64_t>(at::detail::computeStorageNbytes(size, strides, 1));
 
@@ -227,20 +230,21 @@ void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit
     at::Tensor grown;
     {
       InnerCallGuard guard;
-      const at::Tensor old = layer.reapply_views ? base.as_strided({capacity}, {1}, offset)
-                                                 : at::as_strided_copy(base, {capacity}, {1}, offset);
+      const at::Tensor old = layer.reapply_views
+                                 ? base.as_strided({capacity}, {1}, offset)
+                                 : at::as_strided_copy(base, {capacity}, {1}, offset);
       grown = at::resize(old, {needed});
     }
     impl->replace_storage_(grown);
     view_offset = 0;
   }
-  auto step = ViewMeta::as_strided(c10::fromIntArrayRefSlow(size), c10::fromIntArrayRefSlow(strides),
-                                   view_offset, layer.reapply_views);
+  auto step =
+      ViewMeta::as_strided(c10::fromIntArrayRefSlow(size), c10::fromIntArrayRefSlow(strides),
+                           view_offset, layer.reapply_views);
   // Replayed on the caller's tensor as resize_(size, memory_format): resize_as_'s template may be
   // a wrapper, which must not reach the epilogue.
   static const auto resize = c10::Dispatcher::singleton().findSchemaOrThrow("aten::resize_", "");
-  impl->resize_chain_(std::move(step),
-                      MetadataMutation{resize, {c10::IValue(size), args[2]}});
+  impl->resize_chain_(std::move(step), MetadataMutation{resize, {c10::IValue(size), args[2]}});
   torch::jit::drop(*stack, num_args);
   torch::jit::push(*stack, self);
 }
@@ -324,7 +328,8 @@ void plan_unsafe_split(const c10::OperatorHandle& op, OpInfo& info) {
   set_view_plan(*view, info);
 }
 
-// --- composite ops with raw fast paths ------------------------------------------------------------
+// --- composite ops with raw fast paths
+// ------------------------------------------------------------
 
 // Note [Kernel: composites intercepted whole]
 // CompositeImplicitAutograd (CIA) ops normally decompose above our key, so we only see the ops
@@ -372,7 +377,6 @@ bool has_raw_fast_path(const c10::OperatorHandle& op) {
   return has_out;
 }
 
-
 void composite_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                       const Layer& layer) {
   if (!c10::impl::TorchDispatchModeTLS::any_modes_set()) {
@@ -383,7 +387,8 @@ void composite_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* 
   op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
 }
 
-// --- in-place _foreach_ ops -------------------------------------------------------------------------
+// --- in-place _foreach_ ops
+// -------------------------------------------------------------------------
 
 // Note [Kernel: _foreach_ ops on aliased lists]
 // An in-place _foreach_ op's functional variant computes every element from the values before the
@@ -570,9 +575,10 @@ void refuse_custom_view(const c10::OperatorHandle& /*op*/, OpInfo& info) {
 // --- the table ------------------------------------------------------------------------------
 
 constexpr std::array<SpecialOp, 11> kSpecialOps{{
-    // name                      matches               adjust                handle                   composite
+    // name                      matches               adjust                handle composite
     {"set_", &is_set, &refuse_set, nullptr, false},
-    {"native_batch_norm", &is_native_batch_norm, &plan_native_batch_norm, &native_batch_norm_kernel, false},
+    {"native_batch_norm", &is_native_batch_norm, &plan_native_batch_norm, &native_batch_norm_kernel,
+     false},
     {"resize_", &is_resize, nullptr, &resize_kernel, false},
     {"lift_fresh", &is_lift, &wrap_lifted, nullptr, false},
     {"_unsafe_view", &is_unsafe_view, &plan_unsafe_view, nullptr, false},
@@ -595,7 +601,8 @@ const SpecialOp* find_special_op(const c10::OperatorHandle& op) {
 
 KernelPlan plan_for_kernel(const c10::OperatorHandle& op) {
   KernelPlan plan{classify(op), find_special_op(op)};
-  if (plan.special != nullptr && plan.special->adjust != nullptr) plan.special->adjust(op, plan.info);
+  if (plan.special != nullptr && plan.special->adjust != nullptr)
+    plan.special->adjust(op, plan.info);
   return plan;
 }
 

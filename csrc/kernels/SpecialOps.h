@@ -12,11 +12,12 @@ namespace tfz::detail {
 
 /// One row of the table. `adjust` and `handle` may be null (the schema's plan / generic handler).
 struct SpecialOp {
-  const char* name;                                      // the row's name, for diagnostics
-  bool (*matches)(const c10::OperatorHandle& op);        // which operators the row takes
+  const char* name;                                             // the row's name, for diagnostics
+  bool (*matches)(const c10::OperatorHandle& op);               // which operators the row takes
   void (*adjust)(const c10::OperatorHandle& op, OpInfo& info);  // plan changes at classification
   Handler handle;  // runs calls with wrapper arguments instead of the generic handler
-  bool intercepts_composite;  // registered although CompositeImplicitAutograd (decomposes otherwise)
+  bool
+      intercepts_composite;  // registered although CompositeImplicitAutograd (decomposes otherwise)
 };
 
 /// What the kernel runs for an operator: its classification and its row (nullptr: none).

@@ -32,8 +32,8 @@ std::optional<c10::IValue> meta_reference(const c10::OperatorHandle& op, const a
                                           const std::vector<c10::IValue>& extra) {
   if (self.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return std::nullopt;
   MetaComputeGuard guard;
-  const auto nbytes = at::detail::computeStorageNbytes(self.sizes(), self.strides(), 1,
-                                                      self.storage_offset());
+  const auto nbytes =
+      at::detail::computeStorageNbytes(self.sizes(), self.strides(), 1, self.storage_offset());
   auto storage = at::empty({static_cast<int64_t>(nbytes)}, self.options().device(c10::kMeta));
   torch::jit::Stack stack{storage.as_strided(self.sizes(), self.strides(), self.storage_offset())};
   stack.insert(stack.end(), extra.begin(), extra.end());

@@ -28,7 +28,7 @@ int main() {
   const auto got = tfz::functionalize(step, tfz::Remove::MutationsAndViews)({func_x});
 
   const bool ok = torch::equal(got[0], expected[0]) && torch::equal(func_x, eager_x);
-  std::cout << "functionalized output: " << got[0] << "\ninput after the call:\n" << func_x
-            << "\nmatches eager: " << (ok ? "yes" : "NO") << std::endl;
+  std::cout << "functionalized output: " << got[0] << "\ninput after the call:\n"
+            << func_x << "\nmatches eager: " << (ok ? "yes" : "NO") << std::endl;
   return ok ? 0 : 1;
 }

@@ -1,6 +1,7 @@
-// Tests of the public whole-call transform `tfz::functionalize`, used the way a LibTorch user would.
-// Every behaviour test runs a program eagerly on clones and functionalized on other clones, then
-// compares outputs and the final state of the inputs. Errors and thread dispatch state are checked too.
+// Tests of the public whole-call transform `tfz::functionalize`, used the way a LibTorch user
+// would. Every behaviour test runs a program eagerly on clones and functionalized on other clones,
+// then compares outputs and the final state of the inputs. Errors and thread dispatch state are
+// checked too.
 #include <torch_functionalize/functionalize.h>
 
 #include "TestUtils.h"
@@ -21,11 +22,10 @@ namespace {
 
 using namespace tfz::test;
 
-// Runs `fn` eagerly on clones and functionalized on other clones; outputs and final inputs must agree.
-void expect_matches_eager(
-    const tfz::TensorFn& fn,
-    const std::vector<at::Tensor>& inputs,
-    tfz::Remove remove) {
+// Runs `fn` eagerly on clones and functionalized on other clones; outputs and final inputs must
+// agree.
+void expect_matches_eager(const tfz::TensorFn& fn, const std::vector<at::Tensor>& inputs,
+                          tfz::Remove remove) {
   SCOPED_TRACE("remove=" + mode_name(remove));
   std::vector<at::Tensor> eager_inputs = clone_all(inputs);
   const std::vector<at::Tensor> eager_outputs = fn(eager_inputs);
@@ -48,9 +48,8 @@ void expect_matches_eager(
   }
 }
 
-void expect_matches_eager_in_both_modes(
-    const tfz::TensorFn& fn,
-    const std::vector<at::Tensor>& inputs) {
+void expect_matches_eager_in_both_modes(const tfz::TensorFn& fn,
+                                        const std::vector<at::Tensor>& inputs) {
   for (tfz::Remove remove : kBothModes) {
     expect_matches_eager(fn, inputs, remove);
   }
@@ -94,11 +93,8 @@ c10::IValue deep_clone(const c10::IValue& v) {
   return v;
 }
 
-void expect_same_ivalue(
-    const c10::IValue& actual,
-    const c10::IValue& expected,
-    const std::string& path,
-    bool check_strides) {
+void expect_same_ivalue(const c10::IValue& actual, const c10::IValue& expected,
+                        const std::string& path, bool check_strides) {
   SCOPED_TRACE(path);
   ASSERT_EQ(actual.tagKind(), expected.tagKind());
   if (expected.isTensor()) {
@@ -123,9 +119,8 @@ void expect_same_ivalue(
     ASSERT_EQ(a.size(), e.size());
     for (const auto& entry : e) {
       ASSERT_TRUE(a.contains(entry.key())) << "missing key " << entry.key();
-      expect_same_ivalue(
-          a.at(entry.key()), entry.value(), path + "{" + entry.key().toStringRef() + "}",
-          check_strides);
+      expect_same_ivalue(a.at(entry.key()), entry.value(),
+                         path + "{" + entry.key().toStringRef() + "}", check_strides);
     }
   } else {
     EXPECT_TRUE(actual == expected) << "got " << actual << ", eager " << expected;
@@ -322,8 +317,8 @@ TEST(FunctionalizeApiTest, OutVariantsWriteFreshAndInputOutTensors) {
     at::mul_out(input_out, xs[0], xs[1]);
     return {out, out.sum(1)};
   };
-  expect_matches_eager_in_both_modes(
-      fn, {float_grid(2, 3), float_grid(2, 3, 3.0), at::zeros({2, 3})});
+  expect_matches_eager_in_both_modes(fn,
+                                     {float_grid(2, 3), float_grid(2, 3, 3.0), at::zeros({2, 3})});
 }
 
 TEST(FunctionalizeApiTest, ProgramWithoutMutationLeavesInputsUnchanged) {
@@ -442,8 +437,8 @@ TEST(FunctionalizeApiTest, IValueOverloadPassesWrappersEverywhereInsideFn) {
   c10::List<at::Tensor> list;
   list.push_back(float_grid(1, 2));
   const at::Tensor x = float_grid(2, 2);
-  const c10::IValue out = tfz::functionalize(fn)(
-      {x, list, c10::ivalue::Tuple::create({float_grid(1, 1)})});
+  const c10::IValue out =
+      tfz::functionalize(fn)({x, list, c10::ivalue::Tuple::create({float_grid(1, 1)})});
   EXPECT_EQ(seen, std::vector<bool>({true, true, true}));
   ASSERT_TRUE(out.isTensor());
   expect_same_tensor(out.toTensor(), x * 2, "result", true);

@@ -1,6 +1,7 @@
 // Tests of manual use: tfz::FunctionalizeGuard with to_functional / from_functional / sync, the
-// mutation queries and propagate_input_mutation. Expected values come from the same ops run eagerly.
-// Also checks that the guard restores the thread's dispatch state and leaves plain tensors alone.
+// mutation queries and propagate_input_mutation. Expected values come from the same ops run
+// eagerly. Also checks that the guard restores the thread's dispatch state and leaves plain tensors
+// alone.
 #include <torch_functionalize/functionalize.h>
 
 #include "TestUtils.h"

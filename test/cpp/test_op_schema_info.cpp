@@ -126,8 +126,10 @@ TEST_F(OpSchemaInfoTest, NormalizedSignatureDropsOutArgumentsAndAliasAnnotations
 TEST_F(OpSchemaInfoTest, NormalizedSignatureSpellsEveryKindOfDefault) {
   // Scalar (alpha=1), float, bool, None, int list and string defaults all print: the code path
   // that streams default values (an int through ostream << long) runs for each.
-  for (auto [name, overload] : {std::pair{"aten::add", "Tensor"}, {"aten::leaky_relu", ""},
-                                {"aten::mean", "dim"}, {"aten::max_pool2d", ""},
+  for (auto [name, overload] : {std::pair{"aten::add", "Tensor"},
+                                {"aten::leaky_relu", ""},
+                                {"aten::mean", "dim"},
+                                {"aten::max_pool2d", ""},
                                 {"aten::gelu", ""}}) {
     const std::string sig = normalized_signature(op(name, overload).schema());
     EXPECT_NE(sig.find(std::string(name).substr(6)), std::string::npos) << sig;
@@ -157,8 +159,10 @@ TEST_F(OpSchemaInfoTest, SpecialRowsAdjustThePlan) {
 }
 
 TEST_F(OpSchemaInfoTest, OrdinaryOpsHaveNoSpecialRow) {
-  for (auto [name, overload] : {std::pair{"aten::add", "Tensor"}, {"aten::add_", "Tensor"},
-                                {"aten::slice", "Tensor"}, {"aten::t_", ""}}) {
+  for (auto [name, overload] : {std::pair{"aten::add", "Tensor"},
+                                {"aten::add_", "Tensor"},
+                                {"aten::slice", "Tensor"},
+                                {"aten::t_", ""}}) {
     EXPECT_EQ(plan_by_name(name, overload).special, nullptr) << name;
   }
 }

@@ -40,41 +40,124 @@ auto fixed(Args args) {
 
 const std::vector<InverseCase>& cases() {
   static const std::vector<InverseCase> all = {
-      {"aten::as_strided", "", [] { return grid({4, 4}); },
+      {"aten::as_strided", "",
+       [] {
+         return grid({4, 4});
+       },
        fixed({std::vector<int64_t>{2, 2}, std::vector<int64_t>{4, 1}, int64_t{5}})},
-      {"aten::diagonal", "", [] { return grid({3, 4}); }, fixed({int64_t{1}, int64_t{0}, int64_t{1}})},
+      {"aten::diagonal", "",
+       [] {
+         return grid({3, 4});
+       },
+       fixed({int64_t{1}, int64_t{0}, int64_t{1}})},
       {"aten::expand", "", [] { return grid({3}); }, fixed({std::vector<int64_t>{1, 3}, false})},
-      {"aten::permute", "", [] { return grid({2, 3, 4}); }, fixed({std::vector<int64_t>{2, 0, 1}})},
-      {"aten::_reshape_alias", "", [] { return grid({2, 3}); },
+      {"aten::permute", "",
+       [] {
+         return grid({2, 3, 4});
+       },
+       fixed({std::vector<int64_t>{2, 0, 1}})},
+      {"aten::_reshape_alias", "",
+       [] {
+         return grid({2, 3});
+       },
        fixed({std::vector<int64_t>{3, 2}, std::vector<int64_t>{2, 1}})},
-      {"aten::view", "", [] { return grid({2, 3}); }, fixed({std::vector<int64_t>{6}})},
-      {"aten::view", "dtype", [] { return grid({2, 3}, at::kInt); }, fixed({at::kFloat})},
-      {"aten::squeeze", "", [] { return grid({2, 1, 3}); }, fixed({})},
-      {"aten::squeeze", "dim", [] { return grid({2, 1, 3}); }, fixed({int64_t{1}})},
-      {"aten::squeeze", "dims", [] { return grid({2, 1, 3}); }, fixed({std::vector<int64_t>{1}})},
-      {"aten::unsqueeze", "", [] { return grid({2, 3}); }, fixed({int64_t{1}})},
-      {"aten::select", "int", [] { return grid({3, 4}); }, fixed({int64_t{1}, int64_t{2}})},
-      {"aten::slice", "Tensor", [] { return grid({5, 3}); },
+      {"aten::view", "",
+       [] {
+         return grid({2, 3});
+       },
+       fixed({std::vector<int64_t>{6}})},
+      {"aten::view", "dtype",
+       [] {
+         return grid({2, 3}, at::kInt);
+       },
+       fixed({at::kFloat})},
+      {"aten::squeeze", "",
+       [] {
+         return grid({2, 1, 3});
+       },
+       fixed({})},
+      {"aten::squeeze", "dim",
+       [] {
+         return grid({2, 1, 3});
+       },
+       fixed({int64_t{1}})},
+      {"aten::squeeze", "dims",
+       [] {
+         return grid({2, 1, 3});
+       },
+       fixed({std::vector<int64_t>{1}})},
+      {"aten::unsqueeze", "",
+       [] {
+         return grid({2, 3});
+       },
+       fixed({int64_t{1}})},
+      {"aten::select", "int",
+       [] {
+         return grid({3, 4});
+       },
+       fixed({int64_t{1}, int64_t{2}})},
+      {"aten::slice", "Tensor",
+       [] {
+         return grid({5, 3});
+       },
        fixed({int64_t{0}, int64_t{1}, int64_t{4}, int64_t{2}})},
-      {"aten::split", "Tensor", [] { return grid({5, 3}); }, fixed({int64_t{2}, int64_t{0}}), 2},
-      {"aten::split_with_sizes", "", [] { return grid({5, 3}); },
+      {"aten::split", "Tensor",
+       [] {
+         return grid({5, 3});
+       },
+       fixed({int64_t{2}, int64_t{0}}), 2},
+      {"aten::split_with_sizes", "",
+       [] {
+         return grid({5, 3});
+       },
        fixed({std::vector<int64_t>{2, 3}, int64_t{0}}), 1},
-      {"aten::unbind", "int", [] { return grid({3, 4}); }, fixed({int64_t{1}}), 2},
-      {"aten::t", "", [] { return grid({2, 3}); }, fixed({})},
-      {"aten::transpose", "int", [] { return grid({2, 3, 4}); }, fixed({int64_t{0}, int64_t{2}})},
+      {"aten::unbind", "int",
+       [] {
+         return grid({3, 4});
+       },
+       fixed({int64_t{1}}), 2},
+      {"aten::t", "",
+       [] {
+         return grid({2, 3});
+       },
+       fixed({})},
+      {"aten::transpose", "int",
+       [] {
+         return grid({2, 3, 4});
+       },
+       fixed({int64_t{0}, int64_t{2}})},
       // size < step: a gapped unfold, whose gaps must keep their values.
       {"aten::unfold", "", [] { return grid({7}); }, fixed({int64_t{0}, int64_t{2}, int64_t{3}})},
-      {"aten::alias", "", [] { return grid({2, 3}); }, fixed({})},
-      {"aten::detach", "", [] { return grid({2, 3}); }, fixed({})},
-      {"aten::lift_fresh", "", [] { return grid({2, 3}); }, fixed({})},
+      {"aten::alias", "",
+       [] {
+         return grid({2, 3});
+       },
+       fixed({})},
+      {"aten::detach", "",
+       [] {
+         return grid({2, 3});
+       },
+       fixed({})},
+      {"aten::lift_fresh", "",
+       [] {
+         return grid({2, 3});
+       },
+       fixed({})},
       {"aten::view_as_real", "", [] { return grid({3}, at::kComplexFloat); }, fixed({})},
-      {"aten::view_as_complex", "", [] { return grid({3, 2}); }, fixed({})},
+      {"aten::view_as_complex", "",
+       [] {
+         return grid({3, 2});
+       },
+       fixed({})},
       {"aten::_conj", "", [] { return grid({3}, at::kComplexFloat) * c10::complex<float>(1, 2); },
        fixed({})},
       {"aten::_neg_view", "", [] { return grid({3}); }, fixed({})},
       // slice_inverse(self, src, ...) views the storage self (a slice of src's shape) lives in
       // as a tensor shaped like src: the base here is itself a slice of a larger tensor.
-      {"aten::slice_inverse", "", [] { return grid({5, 3}).slice(0, 1, 4); },
+      {"aten::slice_inverse", "",
+       [] {
+         return grid({5, 3}).slice(0, 1, 4);
+       },
        [](const at::Tensor&) {
          return Args{grid({5, 3}), int64_t{0}, int64_t{1}, int64_t{4}, int64_t{1}};
        }},
@@ -105,7 +188,8 @@ class ViewInverseTest : public ::testing::TestWithParam<std::tuple<size_t, bool>
 TEST(ViewInverseTableTest, EveryRowHasAnEagerCheck) {
   std::set<std::string> rows, checked;
   for (const auto& name : view_ops_with_inverse()) rows.insert(c10::toString(name));
-  for (const auto& c : cases()) checked.insert(c10::toString(c10::OperatorName(c.name, c.overload)));
+  for (const auto& c : cases())
+    checked.insert(c10::toString(c10::OperatorName(c.name, c.overload)));
   EXPECT_EQ(rows, checked);
 }
 
@@ -128,7 +212,9 @@ TEST_P(ViewInverseTest, InverseRebuildsTheBaseEagerLeavesAfterAWriteThroughTheVi
   ASSERT_EQ(rebuilt.sizes(), eager_base.sizes());
   ASSERT_EQ(rebuilt.scalar_type(), eager_base.scalar_type());
   EXPECT_TRUE(at::equal(rebuilt.resolve_conj().resolve_neg(), eager_base.resolve_conj()))
-      << "rebuilt\n" << rebuilt << "\neager\n" << eager_base;
+      << "rebuilt\n"
+      << rebuilt << "\neager\n"
+      << eager_base;
   if (!reapply) {
     // No view of the old base may survive (the written values themselves may become the base).
     EXPECT_FALSE(shares_storage(rebuilt, base)) << "views removed: the new base aliases the old";
