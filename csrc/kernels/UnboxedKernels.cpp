@@ -281,54 +281,55 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
 
 // The ops with an unboxed kernel. Order does not matter; a name that a torch version lacks is a
 // compile error, which is the point (the list is checked against the headers we build with).
-#define TFZ_UNBOXED_OPS(_)                                                                         \
-  /* pointwise binary */                                                                           \
-  _(add_Tensor)                                                                                    \
-  _(add_Scalar) _(sub_Tensor) _(sub_Scalar) _(rsub_Tensor) _(rsub_Scalar) _(mul_Tensor)            \
-      _(mul_Scalar) _(div_Tensor) _(div_Scalar) _(div_Tensor_mode) _(pow_Tensor_Tensor)            \
-          _(pow_Tensor_Scalar) _(pow_Scalar) _(remainder_Tensor) _(remainder_Scalar)               \
-              _(fmod_Tensor) _(maximum) _(minimum) _(atan2) _(eq_Tensor) _(eq_Scalar) _(ne_Tensor) \
-                  _(ne_Scalar) _(lt_Tensor) _(lt_Scalar) _(le_Tensor) _(le_Scalar) _(gt_Tensor)    \
-                      _(gt_Scalar) _(ge_Tensor) _(ge_Scalar) _(logical_and) _(logical_or)          \
-                          _(bitwise_and_Tensor) _(where_self) _(clamp) _(clamp_Tensor)             \
-                              _(clamp_min) _(clamp_max) _(lerp_Scalar) _(lerp_Tensor) _(addcmul)   \
-                                  _(addcdiv) _(masked_fill_Scalar)                                 \
-                                      _(masked_fill_Tensor) /* pointwise unary */                  \
-      _(abs) _(neg) _(exp) _(exp2) _(log) _(log2) _(log1p) _(expm1) _(sqrt) _(rsqrt) _(reciprocal) \
-          _(sin) _(cos) _(tan) _(tanh) _(sigmoid) _(erf) _(erfinv) _(floor) _(ceil) _(round)       \
-              _(trunc) _(sign) _(sgn) _(logical_not) _(isnan)                                      \
-                  _(nan_to_num) /* activations and their backward */                               \
-      _(relu) _(gelu) _(silu) _(mish) _(hardtanh) _(leaky_relu) _(elu) _(softplus) _(hardswish)    \
-          _(hardsigmoid) _(gelu_backward) _(threshold_backward) _(sigmoid_backward)                \
-              _(tanh_backward) /* reductions */                                                    \
-      _(sum) _(sum_dim_IntList) _(mean) _(mean_dim) _(prod) _(amax) _(amin) _(max) _(min)          \
-          _(max_dim) _(min_dim) _(argmax) _(argmin) _(var_correction) _(std_correction) _(cumsum)  \
-              _(all) _(any) _(all_dim) _(any_dim) _(linalg_vector_norm) /* matmuls */              \
-      _(mm) _(bmm) _(addmm) _(baddbmm) _(addmv) _(mv) _(dot)            /* nn */                   \
-      _(_softmax) _(_log_softmax) _(_softmax_backward_data) _(_log_softmax_backward_data)          \
-          _(native_layer_norm) _(native_layer_norm_backward) _(convolution)                        \
-              _(convolution_backward) _(embedding) _(embedding_dense_backward) _(nll_loss_forward) \
-                  _(nll_loss_backward) _(mse_loss) _(index_select) _(gather)                       \
-                      _(scatter_src) /* copies */                                                  \
-      _(clone) _(_to_copy)
+// The X-macro lists keep their rows (clang-format does not settle on a layout for them).
+// clang-format off
+#define TFZ_UNBOXED_OPS(_)                                                                      \
+  /* pointwise binary */                                                                        \
+  _(add_Tensor) _(add_Scalar) _(sub_Tensor) _(sub_Scalar) _(rsub_Tensor) _(rsub_Scalar)         \
+  _(mul_Tensor) _(mul_Scalar) _(div_Tensor) _(div_Scalar) _(div_Tensor_mode)                    \
+  _(pow_Tensor_Tensor) _(pow_Tensor_Scalar) _(pow_Scalar) _(remainder_Tensor)                   \
+  _(remainder_Scalar) _(fmod_Tensor) _(maximum) _(minimum) _(atan2) _(eq_Tensor) _(eq_Scalar)   \
+  _(ne_Tensor) _(ne_Scalar) _(lt_Tensor) _(lt_Scalar) _(le_Tensor) _(le_Scalar) _(gt_Tensor)    \
+  _(gt_Scalar) _(ge_Tensor) _(ge_Scalar) _(logical_and) _(logical_or) _(bitwise_and_Tensor)     \
+  _(where_self) _(clamp) _(clamp_Tensor) _(clamp_min) _(clamp_max) _(lerp_Scalar)               \
+  _(lerp_Tensor) _(addcmul) _(addcdiv) _(masked_fill_Scalar) _(masked_fill_Tensor)              \
+  /* pointwise unary */                                                                         \
+  _(abs) _(neg) _(exp) _(exp2) _(log) _(log2) _(log1p) _(expm1) _(sqrt) _(rsqrt) _(reciprocal)  \
+  _(sin) _(cos) _(tan) _(tanh) _(sigmoid) _(erf) _(erfinv) _(floor) _(ceil) _(round) _(trunc)   \
+  _(sign) _(sgn) _(logical_not) _(isnan) _(nan_to_num)                                          \
+  /* activations and their backward */                                                          \
+  _(relu) _(gelu) _(silu) _(mish) _(hardtanh) _(leaky_relu) _(elu) _(softplus) _(hardswish)     \
+  _(hardsigmoid) _(gelu_backward) _(threshold_backward) _(sigmoid_backward) _(tanh_backward)    \
+  /* reductions */                                                                              \
+  _(sum) _(sum_dim_IntList) _(mean) _(mean_dim) _(prod) _(amax) _(amin) _(max) _(min)           \
+  _(max_dim) _(min_dim) _(argmax) _(argmin) _(var_correction) _(std_correction) _(cumsum)       \
+  _(all) _(any) _(all_dim) _(any_dim) _(linalg_vector_norm)                                     \
+  /* matmuls */                                                                                 \
+  _(mm) _(bmm) _(addmm) _(baddbmm) _(addmv) _(mv) _(dot)                                        \
+  /* nn */                                                                                      \
+  _(_softmax) _(_log_softmax) _(_softmax_backward_data) _(_log_softmax_backward_data)           \
+  _(native_layer_norm) _(native_layer_norm_backward) _(convolution) _(convolution_backward)     \
+  _(embedding) _(embedding_dense_backward) _(nll_loss_forward) _(nll_loss_backward)             \
+  _(mse_loss) _(index_select) _(gather) _(scatter_src)                                          \
+  /* copies */                                                                                  \
+  _(clone) _(_to_copy)
 
 // In-place and out= twins of functional ops above: (mutable op, its functional variant).
-#define TFZ_UNBOXED_INPLACE_OPS(_)                                                           \
-  _(add__Tensor, add_Tensor)                                                                 \
-  _(add__Scalar, add_Scalar) _(sub__Tensor, sub_Tensor) _(sub__Scalar, sub_Scalar)           \
-      _(mul__Tensor, mul_Tensor) _(mul__Scalar, mul_Scalar) _(div__Tensor, div_Tensor)       \
-          _(div__Scalar, div_Scalar) _(pow__Scalar, pow_Tensor_Scalar) _(clamp_, clamp)      \
-              _(clamp_min_, clamp_min) _(clamp_max_, clamp_max) _(neg_, neg) _(exp_, exp)    \
-                  _(sqrt_, sqrt) _(relu_, relu) _(sigmoid_, sigmoid) _(tanh_, tanh)          \
-                      _(addcmul_, addcmul) _(addcdiv_, addcdiv) _(lerp__Scalar, lerp_Scalar) \
-                          _(lerp__Tensor, lerp_Tensor) _(masked_fill__Scalar, masked_fill_Scalar)
+#define TFZ_UNBOXED_INPLACE_OPS(_)                                                              \
+  _(add__Tensor, add_Tensor) _(add__Scalar, add_Scalar) _(sub__Tensor, sub_Tensor)              \
+  _(sub__Scalar, sub_Scalar) _(mul__Tensor, mul_Tensor) _(mul__Scalar, mul_Scalar)              \
+  _(div__Tensor, div_Tensor) _(div__Scalar, div_Scalar) _(pow__Scalar, pow_Tensor_Scalar)       \
+  _(clamp_, clamp) _(clamp_min_, clamp_min) _(clamp_max_, clamp_max) _(neg_, neg) _(exp_, exp)  \
+  _(sqrt_, sqrt) _(relu_, relu) _(sigmoid_, sigmoid) _(tanh_, tanh) _(addcmul_, addcmul)        \
+  _(addcdiv_, addcdiv) _(lerp__Scalar, lerp_Scalar) _(lerp__Tensor, lerp_Tensor)                \
+  _(masked_fill__Scalar, masked_fill_Scalar)
 #define TFZ_UNBOXED_OUT_OPS(_)                                                                  \
-  _(add_out, add_Tensor)                                                                        \
-  _(sub_out, sub_Tensor) _(mul_out, mul_Tensor) _(div_out, div_Tensor) _(neg_out, neg)          \
-      _(exp_out, exp) _(sqrt_out, sqrt) _(tanh_out, tanh) _(sigmoid_out, sigmoid) _(mm_out, mm) \
-          _(bmm_out, bmm) _(addmm_out, addmm) _(clamp_out, clamp) _(addcmul_out, addcmul)       \
-              _(addcdiv_out, addcdiv) _(maximum_out, maximum) _(minimum_out, minimum)           \
-                  _(where_self_out, where_self)
+  _(add_out, add_Tensor) _(sub_out, sub_Tensor) _(mul_out, mul_Tensor) _(div_out, div_Tensor)   \
+  _(neg_out, neg) _(exp_out, exp) _(sqrt_out, sqrt) _(tanh_out, tanh) _(sigmoid_out, sigmoid)   \
+  _(mm_out, mm) _(bmm_out, bmm) _(addmm_out, addmm) _(clamp_out, clamp)                         \
+  _(addcmul_out, addcmul) _(addcdiv_out, addcdiv) _(maximum_out, maximum)                       \
+  _(minimum_out, minimum) _(where_self_out, where_self)
+// clang-format on
 
 struct Entry {
   c10::KernelFunction (*kernel)();
