@@ -45,6 +45,24 @@ Layer* suspended_layer() {
   return tls_state.suspended;
 }
 
+// Note [Layer: torch's untraced regions]
+// torch.tensor(data) builds its tensor in a scope that hides it from every transform: it excludes
+// the Python key (so make_fx's mode does not see it) and functorch's FuncTorchDynamicLayerFrontMode
+// (so torch.func does not), calls at::empty, and fills the memory with a raw copy no op records.
+// Our factory key is not among the excluded keys, so that at::empty reached us, and our inner call
+// unhid Python: with deterministic fill of uninitialized memory on, empty's own fill_ then reached
+// make_fx and the graph refilled the constant with the fill value at every replay (the fuzzer's
+// largest class of wrong graph results, "fx error: index 9223372036854775807 out of bounds").
+// Python cannot tell us apart (the layer hides it too), but the functorch key can: when the
+// thread excludes FuncTorchDynamicLayerFrontMode and the layer's entry TLS did not, torch is in
+// such a scope, and a call with only plain tensors runs as if no layer were active, neither
+// traced nor wrapped (the lift_fresh that follows wraps the finished tensor). Rejected: a
+// torch.tensor special case in Python (the C++ API and torch.as_tensor take the same path).
+bool in_untraced_region(const Layer& layer) {
+  constexpr auto key = c10::DispatchKey::FuncTorchDynamicLayerFrontMode;
+  return c10::impl::tls_is_dispatch_key_excluded(key) && !layer.entry_tls.excluded_.has(key);
+}
+
 LayerGuard::LayerGuard(bool reapply_views) {
   TORCH_CHECK(
       tls_state.layer == nullptr,

@@ -35,6 +35,10 @@ Layer* current_layer();
 /// inside the function does), which the engine cannot serve.
 Layer* suspended_layer();
 
+/// True while torch runs one of its own tensor constructions that transforms must not see
+/// (torch.tensor's data copy): see Note [Layer: torch's untraced regions].
+bool in_untraced_region(const Layer& layer);
+
 /// Enters a layer: includes our key, hides Python-level keys, stashes torch.func transforms.
 /// Refuses nesting. The destructor restores the thread's dispatch TLS (and functorch's stack)
 /// exactly as they were on entry.

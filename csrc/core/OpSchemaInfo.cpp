@@ -8,8 +8,10 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 
 namespace tfz::detail {
@@ -332,6 +334,17 @@ void forget_functional_candidate(const c10::OperatorName& name) {
   }
 }
 
+static bool is_elementwise(const c10::OperatorHandle& op) {
+  if (op.hasTag(at::Tag::pointwise)) return true;
+  // Elementwise ops torch does not tag pointwise (their out= and in-place forms alike).
+  static const std::array<std::string_view, 10> untagged = {
+      "aten::copy_",       "aten::copy",  "aten::fill_", "aten::fill", "aten::masked_fill_",
+      "aten::masked_fill", "aten::where", "aten::zero_", "aten::zero", "aten::_to_copy"};
+  const std::string& name = op.operator_name().name;
+  return std::find(untagged.begin(), untagged.end(), name) != untagged.end() ||
+         name.rfind("aten::_foreach_", 0) == 0;
+}
+
 OpInfo classify(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   OpInfo info;
@@ -365,6 +378,7 @@ OpInfo classify(const c10::OperatorHandle& op) {
       return info;
     }
     plan_mutable_with(op, *functional, info);
+    info.elementwise = is_elementwise(op);
     return info;
   }
   if (returns_alias) {

@@ -70,6 +70,13 @@ struct OpInfo {
   std::vector<WrittenArg> written;         // returned ones in return order, then the others
   std::vector<int> return_aliases;         // per mutable-op return: the written argument it
                                            // aliases, or -1 for a fresh return
+  // Mutable: each written element depends only on the argument elements at its own index, so an
+  // argument may share memory with the written tensor.
+  // See Note [Kernel: writes that read their own memory].
+  bool elementwise = false;
+  // Mutable: a tensor passed as two arguments stays one tensor in the functional variant (custom
+  // ops' companions clone per distinct tensor), so eager's order is kept for that pair.
+  bool keeps_identical_arguments = false;
 };
 
 /// Computes the OpInfo of `op` from its schema (slow: schema analysis and a table lookup; cache

@@ -86,6 +86,11 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
     lift_captured_self(op, stack, *layer);
     return view_kernel(info, op, stack, *layer);
   }
+  if (!any_functional && layer != nullptr && in_untraced_region(*layer)) {
+    // Below our keys with Python still hidden. See Note [Layer: torch's untraced regions].
+    MetaComputeGuard guard;
+    return op.callBoxed(stack);
+  }
   if (!any_functional) {
     const bool wrap = layer != nullptr && info.wraps_plain_outputs;
     {

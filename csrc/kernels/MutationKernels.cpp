@@ -5,6 +5,7 @@
 #include "core/Conversions.h"
 #include "core/FunctorchInterop.h"
 
+#include <ATen/EmptyTensor.h>
 #include <c10/core/ScalarType.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -67,6 +68,65 @@ bool has_internal_overlap(const at::Tensor& t) {
     reach += (size - 1) * stride;
   }
   return false;
+}
+
+// Note [Kernel: writes that read their own memory]
+// x.masked_scatter_(m, x), torch.amax(x, 0, out=x), torch.matmul(a, b, out=a): the written tensor
+// shares memory with an argument the op reads. Eager kernels of such ops read and write that
+// memory in their own order (masked_scatter_ reads source elements it has already overwritten,
+// reductions and matmuls initialize out before reading), so eager's numbers depend on the kernel,
+// and the functional form, which reads every argument before anything is written, cannot give
+// them (the fuzzer found 8 such classes of wrong values). Such a call raises, naming the op and
+// the argument. Elementwise ops (the pointwise tag, copy_, fill_, masked_fill_, where, _foreach_)
+// are exempt: an element is read before it is written, so x.mul_(x) and x.copy_(x) are the same
+// eagerly and functionally (partial overlaps eager itself refuses). "Shares memory" is judged
+// on the eager byte extents of wrappers of one alias storage, conservatively (two interleaved
+// slices count as sharing). A custom op's companion runs the op's own kernel on one clone per
+// distinct tensor (Note [Kernel: custom mutable ops]), so the same tensor passed twice keeps
+// eager's order there and is allowed. Rejected: running the op in place on a copy of the storage to
+// get eager's numbers: the graph would then hold a mutation, and the numbers a kernel detail.
+struct ByteSpan {
+  int64_t begin, end;
+};
+
+ByteSpan byte_span(const at::Tensor& t) {
+  const auto item = static_cast<int64_t>(t.itemsize());
+  const auto extent =
+      static_cast<int64_t>(at::detail::computeStorageNbytes(t.sizes(), t.strides(), item));
+  return {t.storage_offset() * item, t.storage_offset() * item + extent};
+}
+
+bool may_share_memory(const at::Tensor& a, const at::Tensor& b) {
+  auto* ia = maybe_get_impl(a);
+  auto* ib = maybe_get_impl(b);
+  if (ia == nullptr || ib == nullptr || &ia->alias_storage() != &ib->alias_storage()) return false;
+  if (a.numel() == 0 || b.numel() == 0 || a.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      b.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    return false;
+  }
+  const ByteSpan sa = byte_span(a), sb = byte_span(b);
+  return sa.begin < sb.end && sb.begin < sa.end;
+}
+
+void check_no_read_of_written_memory(const OpInfo& info, const c10::FunctionSchema& schema,
+                                     const std::vector<c10::IValue>& args) {
+  for (const auto& w : info.written) {
+    for (size_t j = 0; j < args.size(); ++j) {
+      if (static_cast<int>(j) == w.index) continue;
+      for_each_tensor(args[w.index], [&](const at::Tensor& written) {
+        for_each_tensor(args[j], [&](const at::Tensor& read) {
+          if (info.keeps_identical_arguments && read.is_same(written)) return;
+          TORCH_CHECK_NOT_IMPLEMENTED(
+              !may_share_memory(written, read), "functionalize: ", info.name, ": '",
+              schema.arguments()[j].name(), "' shares memory with '",
+              schema.arguments()[w.index].name(),
+              "', which the op writes; eager's result then depends on the order its kernel "
+              "reads and writes, which a functional program cannot reproduce. Pass a clone of '",
+              schema.arguments()[j].name(), "' (or write into a fresh tensor).");
+        });
+      });
+    }
+  }
 }
 
 c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg,
@@ -204,6 +264,7 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
       if (w.is_out && !first_out.defined()) first_out = t;
     });
   }
+  if (!info.elementwise) check_no_read_of_written_memory(info, schema, args);
 
   const auto& fschema = info.functional_op->schema();
   Stack fstack;

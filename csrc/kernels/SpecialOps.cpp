@@ -555,6 +555,7 @@ bool is_custom_mutable(const c10::OperatorHandle& op) {
 
 void plan_custom_mutable(const c10::OperatorHandle& op, OpInfo& info) {
   if (info.kind == OpKind::Unsupported) info = classify_mutable_with(op, functional_companion(op));
+  info.keeps_identical_arguments = true;  // one clone per distinct tensor, see above
 }
 
 // Note [Kernel: custom view ops]

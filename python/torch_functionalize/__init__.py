@@ -17,6 +17,9 @@ if _BUILT_WITH is not None:
     _check_torch_version(_BUILT_WITH, torch.__version__)
 
 from . import _C  # noqa: E402, F401
+from . import _tensor_methods  # noqa: E402
+
+_tensor_methods.install()
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
 from .dynamo import backend
 from .graph import functionalize_graph

@@ -1,0 +1,37 @@
+"""Tensor methods that torch implements outside the dispatcher and that cannot work on our
+wrappers as they are: replaced, for wrappers only, by their dispatcher-level equivalents.
+See Note [API: Tensor.new_tensor on wrappers]."""
+import torch
+
+from . import _C
+
+# Note [API: Tensor.new_tensor on wrappers]
+# `t.new_tensor(data)` is not an ATen op: torch's Python binding derives the new tensor's backend
+# from t's dispatch keys (legacyExtractDispatchKey). A wrapper carries our PrivateUse3 keys and
+# not its value's CPU/CUDA keys (Note [Which dispatch key]), so eager torch failed with "DispatchKey
+# PrivateUse3 doesn't correspond to a device" (found by the fuzzer, tools/fuzz.py). For wrappers the
+# method is what its documentation says it is, torch.tensor(data) with t's dtype and device
+# (torch.tensor then reaches our kernel through lift_fresh, like any constant in the function);
+# every other tensor takes torch's own method. Rejected: giving wrappers their value's backend
+# keys (CPU kernels would then see wrappers whenever our keys are excluded); a TorchFunctionMode
+# (about 3 us on every torch call inside the function).
+_torch_new_tensor = torch.Tensor.new_tensor
+
+
+def _new_tensor(self, data, *args, **kwargs):
+    if args or not _C._is_functional(self):  # positional extras: torch's own error
+        return _torch_new_tensor(self, data, *args, **kwargs)
+    kwargs.setdefault("dtype", self.dtype)
+    kwargs.setdefault("device", self.device)
+    if kwargs["dtype"] is None:
+        kwargs["dtype"] = self.dtype
+    if kwargs["device"] is None:
+        kwargs["device"] = self.device
+    return torch.tensor(data, **kwargs)
+
+
+_new_tensor.__doc__ = _torch_new_tensor.__doc__
+
+
+def install() -> None:
+    torch.Tensor.new_tensor = _new_tensor
