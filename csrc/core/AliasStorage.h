@@ -38,6 +38,11 @@ class AliasStorage : public c10::StorageImpl {
   void mark_captured() { captured_ = true; }
   bool captured() const { return captured_; }
 
+  /// A storage whose base is the flat storage of aliased inputs (Note [Inputs: aliased inputs]):
+  /// element i of the base is element i of eager's storage.
+  void mark_flat() { flat_ = true; }
+  bool flat() const { return flat_; }
+
  private:
   struct Update {
     at::Tensor value;
@@ -47,6 +52,7 @@ class AliasStorage : public c10::StorageImpl {
   std::vector<Update> updates_;
   uint64_t generation_ = 0;
   bool captured_ = false;
+  bool flat_ = false;
 };
 
 }  // namespace tfz::detail

@@ -199,10 +199,19 @@ void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
   metadata_mutations_.push_back(std::move(mutation));
 }
 
+void FunctionalTensorImpl::set_chain_from_base_(std::shared_ptr<const ViewMeta> step) {
+  chain_.clear();
+  chain_.push_back(std::move(step));
+}
+
 void FunctionalTensorImpl::replace_storage_(const at::Tensor& new_base) {
   TORCH_INTERNAL_ASSERT(storage_.use_count() == 1, "replace_storage_ with other aliases alive");
+  // The new storage holds the old one's elements: if those were written, so is it (the input
+  // epilogue skips storages never written, and a write before growing was lost).
+  const bool written = alias_storage().generation() != 0;
   storage_ = make_storage(new_base);
-  generation_ = 0;
+  if (written) alias_storage().set_base_(new_base);  // bumps the new storage's generation
+  generation_ = alias_storage().generation();
   chain_.clear();
   chain_is_resize_ = false;
   set_value_(new_base);

@@ -49,6 +49,35 @@ Span span_of(const at::Tensor& t) {
   return {t.storage_offset() * item, t.storage_offset() * item + static_cast<int64_t>(extent)};
 }
 
+// Note [Inputs: inputs that do not start their storage]
+// Storage coordinates (as_strided's offset, resize_'s room to grow, the elements a shrunk input
+// keeps) are only right on a base whose element i is the storage's element i. An input that is
+// its whole storage, densely from offset 0 (the usual case), is such a base, and so is every new
+// value a write gives it (same sizes, dense). An input like b[1:] or b[::2] is not: its base starts
+// at b's element 1, and after a write its fresh value starts at 0, so x.add_(1);
+// x.as_strided((2,), (1,), 1) read the wrong elements (found by the fuzzer). Such an input gets
+// the base aliased inputs get (Note [Inputs: aliased inputs]): the flat storage, with the input
+// as one as_strided view of it. That costs a scatter into the storage per write, so it is done
+// only when the storage is at most twice the input's extent plus 4 KiB; a slice of a large
+// buffer (a KV cache's used part) keeps its own base, and storage-coordinate ops on it after a
+// write are refused by name (Note [Kernel: resize_], Note [Kernel: as_strided without views]).
+// Rejected: the flat base for every such input (a decode step writing one row of a slice
+// would scatter into the whole cache); translating offsets at each as_strided (only possible for
+// inputs without gaps, and every view inverse would need it too).
+constexpr int64_t kFlatBaseSlackBytes = 4096;
+
+bool wants_flat_base(const at::Tensor& t) {
+  if (t.layout() != c10::kStrided || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      !t.has_storage() || t.numel() == 0) {
+    return false;
+  }
+  const Span span = span_of(t);
+  const auto storage_bytes = static_cast<int64_t>(t.storage().nbytes());
+  const bool whole_storage =
+      t.storage_offset() == 0 && t.is_non_overlapping_and_dense() && span.end == storage_bytes;
+  return !whole_storage && storage_bytes <= 2 * (span.end - span.begin) + kFlatBaseSlackBytes;
+}
+
 bool can_group(const std::vector<at::Tensor>& members) {
   for (const auto& t : members) {
     if (t.layout() != c10::kStrided || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
@@ -94,6 +123,7 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
     }
   }
   const at::Tensor base = make_fresh_wrapper(base_value, layer.id);
+  if (!mixed) unsafe_get_impl(base)->alias_storage().mark_flat();
   const int64_t base_bytes = numel * static_cast<int64_t>(first->itemsize());
   std::vector<at::Tensor> wrapped;
   for (const auto& m : members) {
@@ -161,7 +191,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
                  "they are functionalized independently, so a write through one is not seen "
                  "through the others inside the function.");
     }
-    if (members.size() == 1 || !can_group(members)) {
+    if ((members.size() == 1 && !wants_flat_base(members[0])) || !can_group(members)) {
       for (size_t i : indices) out[i] = make_fresh_wrapper(inputs[i], layer.id);
       continue;
     }
@@ -231,6 +261,44 @@ void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensor
   }
 }
 
+// Note [Inputs: writes before a metadata change]
+// x.add_(1); x.resize_(2) (or torch.neg(y, out=x) with a smaller result, or a write through a view
+// of x after it shrank): eager wrote every element of x's storage that x covered on entry, and x
+// then covers fewer. The epilogue replays the metadata change and copies x's final value, which
+// reaches only the final elements, so the writes to the others were lost (the fuzzer's largest
+// remaining class of wrong storages). So an input whose metadata changed and whose storage was
+// written first gets its entry elements back as the storage now holds them: its base (a lone
+// input's base is the input itself) or, for aliased inputs, as_strided_copy of the flat base at
+// the input's entry geometry. Skipped, rather than guessed, where the base is no longer the entry
+// storage (grown past its end: a new storage) or is a byte view of mixed-dtype inputs.
+// Rejected: copying the whole flat storage back for aliased inputs (a view of the caller's
+// tensor in the epilogue, which speaks only copy_, as_strided_ and resize_).
+void write_entry_elements(const at::Tensor& original, const at::Tensor& wrapper) {
+  const FunctionalTensorImpl& impl = *unsafe_get_impl(wrapper);
+  const AliasStorage& storage = impl.alias_storage();
+  const at::Tensor& base = storage.base();
+  if (storage.generation() == 0 || base.scalar_type() != original.scalar_type() ||
+      original.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    return;
+  }
+  const Span entry = span_of(original), final = span_of(wrapper);
+  if (wrapper.is_non_overlapping_and_dense() && final.begin <= entry.begin &&
+      entry.end <= final.end) {
+    return;
+  }
+  if (storage.flat()) {
+    if (base.is_conj() != original.is_conj() || base.is_neg() != original.is_neg()) return;
+    const auto needed = static_cast<int64_t>(at::detail::computeStorageNbytes(
+        original.sizes(), original.strides(), 1, original.storage_offset()));
+    if (needed > base.numel()) return;
+    original.copy_(
+        at::as_strided_copy(base, original.sizes(), original.strides(), original.storage_offset()));
+    return;
+  }
+  if (base.sizes() == original.sizes()) original.copy_(base);
+}
+
 void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
   const at::Tensor& value = impl.value();
   if (!impl.has_metadata_mutation() && original.sym_sizes() != value.sym_sizes()) {
@@ -277,6 +345,7 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
     if (!originals[i].defined()) continue;
     auto* impl = get_impl(wrappers[i]);
     TORCH_CHECK(impl->is_up_to_date(), "functionalize: write-back: sync the wrappers first.");
+    if (impl->has_metadata_mutation()) write_entry_elements(originals[i], wrappers[i]);
     apply_metadata_mutations(originals[i], *impl);
     auto& group = groups[&impl->alias_storage()];
     if (group.empty()) order.push_back(&impl->alias_storage());

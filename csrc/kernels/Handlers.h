@@ -52,8 +52,13 @@ void check_eager_rules(std::string_view op_name, const at::Tensor& written, cons
                        bool resizes);
 /// `t`, passed as written argument `arg_name`, must be a wrapper without internal overlap.
 void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t);
-/// The written wrapper now holds `value`: replace, commit to its alias storage, sync.
+/// The written wrapper now holds `value`: replace, commit to its alias storage, sync. An out=
+/// wrapper of another shape is first resized as eager's resize_output does (resize_functional).
 void write_back(const at::Tensor& wrapper, const at::Tensor& value);
+/// resize_ of a wrapper (Note [Kernel: resize_]); `layer` is the layer the wrapper belongs to.
+void resize_functional(std::string_view op_name, const at::Tensor& self,
+                       const std::vector<int64_t>& size, const c10::IValue& memory_format,
+                       const Layer& layer);
 /// Whether an in-place op may write the wrapper's inner value directly, because nothing else
 /// can observe it (Note [Kernel: in-place on the inner value]).
 bool can_write_inner_in_place(const at::Tensor& wrapper);

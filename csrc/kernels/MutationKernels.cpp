@@ -238,8 +238,27 @@ void commit_written_in_place(const at::Tensor& wrapper) {
   unsafe_get_impl(wrapper)->commit_update_();
 }
 
+// Note [Kernel: out= resize]
+// torch.cumsum(v, 0, out=x) with x of another shape: eager's resize_output resizes x in place
+// (resize_: the storage keeps the elements x no longer covers, and views of x keep seeing them),
+// then writes. Replacing x's value by the result instead dropped those elements, and views of x
+// then regenerated from the new shape (wrong values, found by the fuzzer). So an out= tensor of
+// another shape is resized through the resize_ rule first (an as_strided step over its storage,
+// replayed on the input by the epilogue), then written like any in-place op. Symbolic shapes keep
+// the replacement (the resize_ rule needs concrete sizes).
 void write_back(const at::Tensor& wrapper, const at::Tensor& value) {
   auto* impl = unsafe_get_impl(wrapper);
+  if (!wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+      !value.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+      wrapper.sizes() != value.sizes()) {
+    const Layer* layer = suspended_layer();  // write_back runs under the kernel's InnerCallGuard
+    TORCH_INTERNAL_ASSERT(layer != nullptr && layer->id == impl->layer_id(),
+                          "out= resize outside the wrapper's layer");
+    static const auto resize_op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::resize_", "");
+    resize_functional(c10::toString(resize_op.operator_name()), wrapper, value.sizes().vec(),
+                      c10::IValue(), *layer);
+  }
   impl->replace_(value);
   impl->commit_update_();
   impl->sync_();

@@ -188,20 +188,29 @@ void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit
   const size_t num_args = op.schema().arguments().size();
   std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
   const at::Tensor self = args[0].toTensor();
-  auto* impl = maybe_get_impl(self);
-  TORCH_CHECK(impl != nullptr, "functionalize: ", info.name,
-              ": cannot resize a plain tensor (created outside the function) inside it. Pass it "
-              "to the function as an input.");
-  TORCH_CHECK_NOT_IMPLEMENTED(!self.unsafeGetTensorImpl()->has_symbolic_sizes_strides(),
-                              "functionalize: ", info.name, ": symbolic sizes are not supported.");
   const bool is_resize_as = op.schema().name() == "aten::resize_as_";
   const std::vector<int64_t> size =
       is_resize_as ? args[1].toTensor().sizes().vec() : args[1].toIntVector();
-  const auto format = args[2].isNone() ? c10::MemoryFormat::Contiguous : args[2].toMemoryFormat();
-  if (self.sizes() == c10::IntArrayRef(size) && args[2].isNone()) {
-    torch::jit::drop(*stack, num_args);  // same size: eager changes nothing, strides included
-    torch::jit::push(*stack, self);
-    return;
+  resize_functional(info.name, self, size, args[2], layer);
+  torch::jit::drop(*stack, num_args);
+  torch::jit::push(*stack, self);
+}
+
+}  // namespace
+
+void resize_functional(std::string_view op_name, const at::Tensor& self,
+                       const std::vector<int64_t>& size, const c10::IValue& memory_format,
+                       const Layer& layer) {
+  auto* impl = maybe_get_impl(self);
+  TORCH_CHECK(impl != nullptr, "functionalize: ", op_name,
+              ": cannot resize a plain tensor (created outside the function) inside it. Pass it "
+              "to the function as an input.");
+  TORCH_CHECK_NOT_IMPLEMENTED(!self.unsafeGetTensorImpl()->has_symbolic_sizes_strides(),
+                              "functionalize: ", op_name, ": symbolic sizes are not supported.");
+  const auto format =
+      memory_format.isNone() ? c10::MemoryFormat::Contiguous : memory_format.toMemoryFormat();
+  if (self.sizes() == c10::IntArrayRef(size) && memory_format.isNone()) {
+    return;  // same size: eager changes nothing, strides included
   }
   std::vector<int64_t> strides;
   {
@@ -219,24 +228,36 @@ void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit
   const int64_t capacity = static_cast<int64_t>(base.storage().nbytes() / base.itemsize()) - offset;
   int64_t view_offset = offset;
   if (needed > capacity) {
+    // A lone input that does not start its storage is a view of the flat storage
+    // (Note [Inputs: inputs that do not start their storage]): it grows the whole storage, as
+    // eager reallocates it, and keeps its offset.
+    const bool flat = impl->alias_storage().flat();
     TORCH_CHECK_NOT_IMPLEMENTED(
-        impl->is_resizable_base(), "functionalize: ", info.name,
+        impl->is_resizable_base() || flat, "functionalize: ", op_name,
         ": growing a view past the end of its storage is not supported (eager would reallocate "
         "the storage it shares). Resize the base tensor, or clone the view first.");
     TORCH_CHECK_NOT_IMPLEMENTED(
-        impl->storage().use_count() == 1, "functionalize: ", info.name,
+        impl->storage().use_count() == 1, "functionalize: ", op_name,
         ": growing a tensor past its storage while views of it are alive is not supported (the "
         "views would no longer match eager). Resize before taking views, or clone first.");
     at::Tensor grown;
     {
       InnerCallGuard guard;
-      const at::Tensor old = layer.reapply_views
-                                 ? base.as_strided({capacity}, {1}, offset)
-                                 : at::as_strided_copy(base, {capacity}, {1}, offset);
-      grown = at::resize(old, {needed});
+      if (flat) {
+        grown = at::resize(base, {offset + needed});
+      } else {
+        const at::Tensor old = layer.reapply_views
+                                   ? base.as_strided({capacity}, {1}, offset)
+                                   : at::as_strided_copy(base, {capacity}, {1}, offset);
+        grown = at::resize(old, {needed});
+      }
     }
     impl->replace_storage_(grown);
-    view_offset = 0;
+    if (flat) {
+      impl->alias_storage().mark_flat();
+    } else {
+      view_offset = 0;
+    }
   }
   auto step =
       ViewMeta::as_strided(c10::fromIntArrayRefSlow(size), c10::fromIntArrayRefSlow(strides),
@@ -244,10 +265,19 @@ void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit
   // Replayed on the caller's tensor as resize_(size, memory_format): resize_as_'s template may be
   // a wrapper, which must not reach the epilogue.
   static const auto resize = c10::Dispatcher::singleton().findSchemaOrThrow("aten::resize_", "");
-  impl->resize_chain_(std::move(step), MetadataMutation{resize, {c10::IValue(size), args[2]}});
-  torch::jit::drop(*stack, num_args);
-  torch::jit::push(*stack, self);
+  impl->resize_chain_(std::move(step),
+                      MetadataMutation{resize, {c10::IValue(size), memory_format}});
+  if (!layer.reapply_views) {
+    // The value is an as_strided_copy (offset 0); the wrapper reports eager's geometry, whose
+    // offset the next resize_ or as_strided reads (Note [Kernel: eager strides without views]).
+    MetaComputeGuard guard;
+    const auto meta = self.options().device(c10::kMeta);
+    const at::Tensor room = at::empty({view_offset + needed}, meta);
+    impl->set_reference_metadata_(room.as_strided(size, strides, view_offset));
+  }
 }
+
+namespace {
 
 // --- lift / lift_fresh / lift_fresh_copy ---------------------------------------------------------
 

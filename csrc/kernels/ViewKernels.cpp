@@ -60,6 +60,21 @@ FunctionalTensorImpl* self_wrapper(const OpInfo& info, const torch::jit::Stack& 
   return impl;
 }
 
+// Note [Kernel: as_strided without views]
+// as_strided reads storage coordinates: x[1:].as_strided((2,), (1,), 3) means elements 3 and 4
+// of x's storage, wherever x starts. With remove="mutations" the view's value shares the base's
+// storage, so running as_strided on it is right. Without views it is a *_copy, a fresh tensor
+// whose storage starts at x's first element, and as_strided_copy on it read the wrong elements or
+// failed ("setStorage: ... out of bounds", found by the fuzzer). So without views the step is
+// taken from the storage's base, whose element i is the storage's element i, and the view's chain
+// is that one step (the base's view inverse, as_strided_scatter, writes it back).
+// Rejected: the same in both modes (the graphs of remove="mutations" would then name the base
+// where torch.func's name the view, for the same numbers).
+bool is_as_strided(const c10::OperatorHandle& op) {
+  static const c10::OperatorName name{"aten::as_strided", ""};
+  return op.operator_name() == name;
+}
+
 }  // namespace
 
 void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
@@ -77,9 +92,11 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   std::optional<c10::IValue> reference;
   if (!layer.reapply_views) reference = meta_reference(view_op, self, extra);
 
+  const bool from_base = !layer.reapply_views && is_as_strided(view_op) && !impl->chain().empty();
+  if (from_base) impl->sync_();  // the base must be current: the step reads it directly
   InnerCallGuard guard;
   torch::jit::drop(*stack, num_args);
-  torch::jit::push(*stack, impl->value());
+  torch::jit::push(*stack, from_base ? impl->alias_storage().base() : impl->value());
   for (const auto& a : extra) {
     c10::IValue v = a;
     transform_tensors(v, sync_and_unwrap);
@@ -93,7 +110,10 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
                                             layer.reapply_views, info.inverse);
   };
   if (out.isTensor()) {
-    auto wrapper = make_view_wrapper(out.toTensor(), self, make_step(-1));
+    auto step = make_step(-1);
+    auto wrapper = make_view_wrapper(out.toTensor(), self, step);
+    // See Note [Kernel: as_strided without views].
+    if (from_base) unsafe_get_impl(wrapper)->set_chain_from_base_(std::move(step));
     if (reference) set_reference(wrapper, reference->toTensor());
     torch::jit::push(*stack, std::move(wrapper));
     return;

@@ -2,6 +2,8 @@
 program per class, compared with eager (docs/reliability.md lists the classes). The classes still
 open are strict xfails whose reason names the bug."""
 
+import warnings
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -87,31 +89,102 @@ def test_elementwise_writes_may_read_the_written_memory(remove):
     assert_matches_eager(f, torch.randn(6), remove=remove)
 
 
-# --- open classes ------------------------------------------------------------------------------
+# --- storage coordinates of inputs that do not start their storage -----------------------------
 
 def _slice_input():
     return (torch.arange(6.0)[1:],)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: as_strided after an in-place op on an input that starts past its storage's beginning "
-    "uses storage offsets against the fresh value (wrong values); fuzzer class 'as_strided/"
-    "resize_ on offset inputs', docs/reliability.md"))
-def test_as_strided_after_write_to_offset_input(remove):
+def _transposed_input():
+    return (torch.arange(6.0).view(2, 3).t(),)
+
+
+def _write_then_as_strided(x):
+    x.add_(1)
+    return x.as_strided((2,), (1,), 1) * 2
+
+
+def _write_then_shrink(x):
+    x.add_(1)
+    x.resize_(2)
+    return x
+
+
+def _shrink_write_grow(x):
+    x.resize_(2)
+    x.add_(1)
+    x.resize_(4)
+    return x + 0
+
+
+def _write_through_view_after_shrink(x):
+    v = x[2:]
+    x.resize_(2)
+    v.mul_(2)
+    return v + 0
+
+
+def _write_then_grow_past_storage(x):
+    x.add_(1)
+    x.resize_(7)
+    x[5:].fill_(0)
+    return x + 0
+
+
+@pytest.mark.parametrize("program", [
+    _write_then_as_strided, _write_then_shrink, _shrink_write_grow,
+    _write_through_view_after_shrink, _write_then_grow_past_storage,
+], ids=lambda p: p.__name__.strip("_"))
+@pytest.mark.parametrize("make", [_slice_input, _transposed_input], ids=["slice", "transposed"])
+def test_storage_coordinates_after_writes(remove, program, make):
+    # as_strided and resize_ read storage coordinates, and the epilogue must write the elements an
+    # input covered on entry before its metadata changes. Each gave wrong values.
+    # See Note [Inputs: inputs that do not start their storage].
+    # See Note [Inputs: writes before a metadata change].
+    assert_matches_eager(program, make_inputs=make, remove=remove)
+
+
+def test_as_strided_of_a_view_without_views(remove):
+    # Found by the fuzzer (program 71): as_strided of an unfold view with remove=
+    # "mutations_and_views" failed with "setStorage: ... out of bounds".
+    # See Note [Kernel: as_strided without views].
     def f(x):
-        x.add_(1)
-        return x.as_strided((2,), (1,), 1) * 2
+        v = x.unfold(0, 2, 2)
+        w = v.as_strided((1, 2, 2), (1, 2, 1), 4)
+        w.mul_(10)
+        return v + 0, w + 0
 
-    assert_matches_eager(f, make_inputs=_slice_input, remove=remove, check_graph=False)
+    assert_matches_eager(f, torch.randn(12), remove=remove)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a write to an input followed by a shrinking resize_ loses the write to the elements "
-    "the input no longer covers (the epilogue writes only the final geometry); docs/reliability.md"))
-def test_write_then_shrinking_resize_of_input(remove):
-    def f(x):
-        x.add_(1)
-        x.resize_(2)
-        return x
+def _out_resize_after_write(x):
+    # Program 62: the shrinking out= resize must keep the elements x no longer covers.
+    x.addcdiv_(x, x + 2, value=0.5)
+    torch.cumsum(torch.full((), 0.5), 0, out=x)
+    return x + 0
 
-    assert_matches_eager(f, make_inputs=_slice_input, remove=remove, check_graph=False)
+
+def _view_survives_out_resize(x):
+    # Program 105: a view of x keeps seeing the storage after torch.abs(.., out=x) shrinks x.
+    v = x.narrow(0, 1, 1)
+    torch.abs(torch.arange(-2.0, 2.0), out=x)
+    return v + 0, x + 0
+
+
+def _out_resize_then_grow(x):
+    # Program 244: a write into a shrunk out= tensor must survive a later grow past the storage.
+    torch.logsumexp(torch.ones(2, 1), 0, keepdim=True, out=x)
+    x.resize_((6,))
+    return x[:3] + 0
+
+
+@pytest.mark.parametrize("program", [
+    _out_resize_after_write, _view_survives_out_resize, _out_resize_then_grow,
+], ids=lambda p: p.__name__.strip("_"))
+def test_out_resize_keeps_the_storage(remove, program):
+    # See Note [Kernel: out= resize].
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # eager's "output ... was resized"
+        shape = (2, 4, 2) if program is _view_survives_out_resize else (6,)
+        data = torch.randn(shape)
+        assert_matches_eager(program, make_inputs=lambda: (data.clone(),), remove=remove)
