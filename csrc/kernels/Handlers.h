@@ -50,6 +50,10 @@ void mutable_kernel_on_wrappers(const OpInfo& info, const c10::OperatorHandle& o
 /// Eager's rules for writing `value` into `written` (Note [Kernel: eager errors of in-place ops]).
 void check_eager_rules(std::string_view op_name, const at::Tensor& written, const at::Tensor& value,
                        bool resizes);
+/// Argument `read_index` of `op` may not share memory with the written argument `written_index`
+/// in a way eager's kernel order would observe (Note [Kernel: writes that read their own memory]).
+void check_read_of_written(const c10::OperatorName& op, const at::Tensor& written,
+                           int written_index, const at::Tensor& read, int read_index);
 /// `t`, passed as written argument `arg_name`, must be a wrapper without internal overlap.
 void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t);
 /// The written wrapper now holds `value`: replace, commit to its alias storage, sync. An out=

@@ -78,13 +78,21 @@ bool has_internal_overlap(const at::Tensor& t) {
 // and the functional form, which reads every argument before anything is written, cannot give
 // them (the fuzzer found 8 such classes of wrong values). Such a call raises, naming the op and
 // the argument. Elementwise ops (the pointwise tag, copy_, fill_, masked_fill_, where, _foreach_)
-// are exempt: an element is read before it is written, so x.mul_(x) and x.copy_(x) are the same
-// eagerly and functionally (partial overlaps eager itself refuses). "Shares memory" is judged
-// on the eager byte extents of wrappers of one alias storage, conservatively (two interleaved
-// slices count as sharing). A custom op's companion runs the op's own kernel on one clone per
-// distinct tensor (Note [Kernel: custom mutable ops]), so the same tensor passed twice keeps
-// eager's order there and is allowed. Rejected: running the op in place on a copy of the storage to
-// get eager's numbers: the graph would then hold a mutation, and the numbers a kernel detail.
+// are allowed one more case: an argument with the written tensor's exact geometry (offset,
+// sizes, strides, item size; for lists, at the same position), since each element is read just
+// before the same element is written, so x.mul_(x) and x.copy_(x) are the same eagerly and
+// functionally. Any other overlap is refused for them too: `v[0::2] += v.diagonal()` reads
+// elements an earlier step of the loop wrote; eager refuses it only where its own overlap check
+// can decide (contiguous operands) and otherwise returns numbers that depend on its loop order
+// (fuzzer program 213).
+// "Shares memory" is exact for wrappers of one alias storage: when the byte ranges overlap, the
+// elements' byte intervals are compared, so interleaved slices (x[0::2] and x[1::2]) do not count
+// as sharing. Above kExactOverlapLimit elements the range overlap alone decides (conservative:
+// a refusal, never a wrong number). A custom op's companion runs the op's own kernel on one clone
+// per distinct tensor (Note [Kernel: custom mutable ops]), so the same tensor passed twice keeps
+// eager's order there and is allowed.
+// Rejected: running the op in place on a copy of the storage to get eager's numbers: the graph
+// would then hold a mutation, and the numbers a kernel detail.
 struct ByteSpan {
   int64_t begin, end;
 };
@@ -96,6 +104,43 @@ ByteSpan byte_span(const at::Tensor& t) {
   return {t.storage_offset() * item, t.storage_offset() * item + extent};
 }
 
+constexpr int64_t kExactOverlapLimit = int64_t{1} << 20;
+
+// The sorted byte offsets of t's elements in its storage (numel entries).
+std::vector<int64_t> element_byte_offsets(const at::Tensor& t) {
+  const auto item = static_cast<int64_t>(t.itemsize());
+  std::vector<int64_t> offsets{t.storage_offset() * item};
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t step = t.stride(d) * item;
+    const size_t n = offsets.size();
+    offsets.reserve(n * static_cast<size_t>(t.size(d)));
+    for (int64_t k = 1; k < t.size(d); ++k) {
+      for (size_t i = 0; i < n; ++i) offsets.push_back(offsets[i] + k * step);
+    }
+    if (t.size(d) == 0) offsets.clear();
+  }
+  std::sort(offsets.begin(), offsets.end());
+  return offsets;
+}
+
+bool elements_overlap(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() + b.numel() > kExactOverlapLimit) return true;
+  const auto oa = element_byte_offsets(a), ob = element_byte_offsets(b);
+  const auto ia = static_cast<int64_t>(a.itemsize()), ib = static_cast<int64_t>(b.itemsize());
+  // Two sorted lists of intervals [o, o + item): walk both, advancing the one that ends first.
+  size_t i = 0, j = 0;
+  while (i < oa.size() && j < ob.size()) {
+    if (oa[i] + ia <= ob[j]) {
+      ++i;
+    } else if (ob[j] + ib <= oa[i]) {
+      ++j;
+    } else {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool may_share_memory(const at::Tensor& a, const at::Tensor& b) {
   auto* ia = maybe_get_impl(a);
   auto* ib = maybe_get_impl(b);
@@ -105,29 +150,108 @@ bool may_share_memory(const at::Tensor& a, const at::Tensor& b) {
     return false;
   }
   const ByteSpan sa = byte_span(a), sb = byte_span(b);
-  return sa.begin < sb.end && sb.begin < sa.end;
+  if (!(sa.begin < sb.end && sb.begin < sa.end)) return false;
+  return elements_overlap(a, b);
+}
+
+bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
+  return a.itemsize() == b.itemsize() && a.storage_offset() == b.storage_offset() &&
+         a.sizes() == b.sizes() && a.strides() == b.strides();
+}
+
+// The pair check of the Note: argument `read_index` (list position read_position) against the
+// written argument `written_index` (list position written_position), both of one alias storage.
+void check_pair(bool elementwise, bool keeps_identical, const std::string& op_name,
+                const c10::FunctionSchema& schema, const at::Tensor& written, int written_index,
+                size_t written_position, const at::Tensor& read, int read_index,
+                size_t read_position) {
+  if (read_index == written_index) return;
+  if (keeps_identical && read.is_same(written)) return;
+  if (elementwise && read_position == written_position && same_geometry(read, written)) return;
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !may_share_memory(written, read), "functionalize: ", op_name, ": '",
+      schema.arguments()[read_index].name(), "' shares memory with '",
+      schema.arguments()[written_index].name(),
+      "', which the op writes; eager's result then depends on the order its kernel reads and "
+      "writes, which a functional program cannot reproduce. Pass a clone of '",
+      schema.arguments()[read_index].name(), "' (or write into a fresh tensor).");
+}
+
+// Calls fn(tensor, position) on each defined tensor of a tensor or list argument; position is
+// the index within the list (0 for a lone tensor).
+template <typename Fn>
+void for_each_positioned_tensor(const c10::IValue& v, Fn&& fn) {
+  size_t position = 0;
+  if (v.isTensor()) {
+    if (v.toTensor().defined()) fn(v.toTensor(), position);
+    return;
+  }
+  if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) {
+      if (t.defined()) fn(t, position);
+      ++position;
+    }
+    return;
+  }
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toList()) {
+      if (e.isTensor() && e.toTensor().defined()) fn(e.toTensor(), position);
+      ++position;
+    }
+  }
 }
 
 void check_no_read_of_written_memory(const OpInfo& info, const c10::FunctionSchema& schema,
                                      const std::vector<c10::IValue>& args) {
+  // Written wrappers sorted by alias storage, so a _foreach_ call over N tensors costs
+  // O(N log N) pointer comparisons, not N * N.
+  struct Written {
+    const AliasStorage* storage;
+    at::Tensor tensor;
+    int index;
+    size_t position;
+  };
+  std::vector<Written> written;
   for (const auto& w : info.written) {
-    for (size_t j = 0; j < args.size(); ++j) {
-      if (static_cast<int>(j) == w.index) continue;
-      for_each_tensor(args[w.index], [&](const at::Tensor& written) {
-        for_each_tensor(args[j], [&](const at::Tensor& read) {
-          if (info.keeps_identical_arguments && read.is_same(written)) return;
-          TORCH_CHECK_NOT_IMPLEMENTED(
-              !may_share_memory(written, read), "functionalize: ", info.name, ": '",
-              schema.arguments()[j].name(), "' shares memory with '",
-              schema.arguments()[w.index].name(),
-              "', which the op writes; eager's result then depends on the order its kernel "
-              "reads and writes, which a functional program cannot reproduce. Pass a clone of '",
-              schema.arguments()[j].name(), "' (or write into a fresh tensor).");
-        });
-      });
-    }
+    for_each_positioned_tensor(args[w.index], [&](const at::Tensor& t, size_t position) {
+      if (auto* impl = maybe_get_impl(t)) {
+        written.push_back({&impl->alias_storage(), t, w.index, position});
+      }
+    });
+  }
+  if (written.empty()) return;
+  const auto by_storage = [](const Written& a, const Written& b) { return a.storage < b.storage; };
+  std::sort(written.begin(), written.end(), by_storage);
+  for (size_t j = 0; j < args.size(); ++j) {
+    for_each_positioned_tensor(args[j], [&](const at::Tensor& read, size_t position) {
+      auto* impl = maybe_get_impl(read);
+      if (impl == nullptr) return;
+      const Written key{&impl->alias_storage(), {}, 0, 0};
+      const auto [lo, hi] = std::equal_range(written.begin(), written.end(), key, by_storage);
+      for (auto it = lo; it != hi; ++it) {
+        check_pair(info.elementwise, info.keeps_identical_arguments, info.name, schema, it->tensor,
+                   it->index, it->position, read, static_cast<int>(j), position);
+      }
+    });
   }
 }
+
+}  // namespace
+
+void check_read_of_written(const c10::OperatorName& op_name, const at::Tensor& written,
+                           int written_index, const at::Tensor& read, int read_index) {
+  auto* wi = maybe_get_impl(written);
+  auto* ri = maybe_get_impl(read);
+  if (wi == nullptr || ri == nullptr || &wi->alias_storage() != &ri->alias_storage()) return;
+  // Rare path (two arguments of one alias storage): the op's classification is looked up here.
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(op_name.name.c_str(),
+                                                                 op_name.overload_name.c_str());
+  const OpInfo info = classify(op);
+  check_pair(info.elementwise, info.keeps_identical_arguments, info.name, op.schema(), written,
+             written_index, 0, read, read_index, 0);
+}
+
+namespace {
 
 c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg,
                            const std::vector<c10::IValue>& args, const at::Tensor& first_out) {
@@ -283,8 +407,6 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
       if (w.is_out && !first_out.defined()) first_out = t;
     });
   }
-  if (!info.elementwise) check_no_read_of_written_memory(info, schema, args);
-
   const auto& fschema = info.functional_op->schema();
   Stack fstack;
   fstack.reserve(info.functional_args.size());
@@ -317,6 +439,8 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
                   check_eager_rules(info.name, t, v, /*resizes=*/w.is_out);
                 });
   }
+  // After the functional call, so that eager's own errors (list lengths, shapes) come first.
+  check_no_read_of_written_memory(info, schema, args);
   for (const auto& w : info.written) {
     zip_written(args[w.index], fstack[w.functional_return], write_back);
   }

@@ -222,6 +222,12 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
 
   impl->sync_();
   const at::Tensor base = impl->alias_storage().base();
+  // Inputs that reinterpret each other's dtype share a byte base (Note [Inputs: aliased inputs]);
+  // the as_strided step below counts in the base's elements, so it would hand back bytes.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      base.scalar_type() == self.scalar_type(), "functionalize: ", op_name, ": resizing a ",
+      self.scalar_type(), " tensor that shares memory with a tensor of another dtype (",
+      base.scalar_type(), " storage) is not supported. Clone it before resizing.");
   // The wrapper's own offset is eager's (mirrored, or the reference metadata without views), and
   // the storage's base starts where eager's storage does, so it is an offset into the base.
   const int64_t offset = self.storage_offset();

@@ -211,6 +211,28 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     MutOp::call(in_place_arg<I>(call, refs, inner)...);
   }
 
+  // Note [Kernel: writes that read their own memory], for each tensor argument but the written.
+  template <size_t I, class Refs>
+  static void check_read(const at::Tensor& written, Refs& refs) {
+    using Arg = std::tuple_element_t<I, std::tuple<Args...>>;
+    if constexpr (I != kWritten && (is_tensor_v<Arg> || is_optional_tensor_v<Arg>)) {
+      const auto& read = std::get<I>(refs);
+      if constexpr (is_tensor_v<Arg>) {
+        check_read_of_written(op_name(), written, kWritten, read, I);
+      } else if (read.has_value()) {
+        check_read_of_written(op_name(), written, kWritten, *read, I);
+      }
+    }
+  }
+  template <class Refs, size_t... I>
+  static void check_reads(const at::Tensor& written, Refs& refs, std::index_sequence<I...>) {
+    (check_read<I>(written, refs), ...);
+  }
+  static const c10::OperatorName& op_name() {
+    static const c10::OperatorName n(MutOp::name, MutOp::overload_name);
+    return n;
+  }
+
   static at::Tensor& call(c10::DispatchKeySet ks, Args... args) {
     if (C10_UNLIKELY(functorch_processing())) {  // See run_boxed_kernel.
       return MutOp::redispatch(autograd_delegate_keys(ks), args...);
@@ -247,6 +269,8 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     InnerCallGuard guard;
     at::Tensor value = call_functional(call, refs, std::make_index_sequence<kFunctionalArgs>());
     check_eager_rules(name(), written, value, /*resizes=*/kOut);
+    // The in-place path above ran eager's own kernel, so only the functional one needs this.
+    check_reads(written, refs, std::make_index_sequence<kArgs>());
     write_back(written, value);
     return written;
   }

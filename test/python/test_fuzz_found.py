@@ -89,6 +89,54 @@ def test_elementwise_writes_may_read_the_written_memory(remove):
     assert_matches_eager(f, torch.randn(6), remove=remove)
 
 
+def test_elementwise_write_with_a_partial_overlap_is_refused(remove):
+    # Fuzzer program 213: v[0::2] += diagonal reads elements an earlier step of eager's loop wrote
+    # (eager's own overlap check cannot decide for strided operands); it returned the functional
+    # numbers, which differ from eager's.
+    def f(x):
+        v = x.roll(1)
+        v[0::2] += v.diagonal(0, 0, 1)
+        return v
+
+    with pytest.raises(NotImplementedError, match=r"aten::add_.Tensor: 'other' shares memory with 'self'"):
+        functionalize(f, remove=remove)(torch.randn(3, 2))
+
+
+def test_interleaved_slices_do_not_share_memory(remove):
+    # Disjoint elements inside overlapping byte ranges: allowed for every op, elementwise or not
+    # (the check compares elements, not extents).
+    def f(x):
+        x[0::2].add_(x[1::2])
+        torch.mm(x[1::2], torch.ones(3, 3), out=x[0::2])
+        torch.amax(x[:, 1::2], 1, keepdim=True, out=x[:, 0:1])
+        return x
+
+    assert_matches_eager(f, torch.randn(6, 3), remove=remove)
+
+
+def test_foreach_reads_another_position_of_the_written_list(remove):
+    # _foreach_add_([a, b], [b, a]): eager updates a, then adds the new a to b; see
+    # Note [Kernel: _foreach_ ops on aliased lists]. The same position may alias.
+    def f(a, b):
+        torch._foreach_add_([a, b], [b, a])
+        torch._foreach_mul_([a, b], [a, b])
+        return a, b
+
+    assert_matches_eager(f, torch.randn(3), torch.randn(3), remove=remove)
+
+
+def test_resize_of_a_dtype_reinterpreting_alias_is_refused(remove):
+    # Fuzzer program 168: the resized value came back as the shared byte storage (uint8).
+    def f(x0, x1):
+        v0 = x1.unsqueeze(0)
+        v0.resize_((2,))
+        return v0
+
+    b = torch.randn(2)
+    with pytest.raises(NotImplementedError, match=r"aten::resize_: resizing a Int tensor that shares memory"):
+        functionalize(f, remove=remove)(b, b.view(torch.int32))
+
+
 # --- storage coordinates of inputs that do not start their storage -----------------------------
 
 def _slice_input():
