@@ -3,6 +3,7 @@ figures are in docs/reliability.md): memory and live tensors stay flat over repe
 concurrent functionalize calls on several threads, beside a thread running plain eager code,
 all give eager's results."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,7 +23,10 @@ def test_program_mix_matches_eager_in_both_modes_and_traced():
 def test_soak_short_run_keeps_memory_and_live_tensors_flat():
     result = stress.soak(20_000, samples=5)
     assert result.failures == []
-    assert result.rss_growth_mib <= 16, result.samples
+    # Under AddressSanitizer (tools/sanitize.sh) freed memory waits in its quarantine, whose cap
+    # that script sets and passes here: RSS rises by up to the cap, then stays flat.
+    slack = float(os.environ.get("TFZ_RSS_SLACK_MIB", "0"))
+    assert result.rss_growth_mib <= 16 + slack, result.samples
     assert result.tensor_growth <= 0, result.samples
 
 

@@ -1,0 +1,12 @@
+# TFZ_SANITIZE=address,undefined (any list -fsanitize accepts) builds our own targets, never torch,
+# with the sanitizers: the flags travel on the tfz_warnings INTERFACE target that every target links.
+# tools/sanitize.sh drives such a build and runs the C++ and Python suites under it
+# (docs/reliability.md, "Sanitizers").
+set(TFZ_SANITIZE "" CACHE STRING "Comma-separated -fsanitize list for our targets (e.g. address,undefined)")
+if(TFZ_SANITIZE)
+  # -fno-sanitize-recover: a UBSan finding fails the run instead of scrolling past in the log.
+  set(_tfz_san -fsanitize=${TFZ_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  target_compile_options(tfz_warnings INTERFACE ${_tfz_san})
+  target_link_options(tfz_warnings INTERFACE ${_tfz_san})
+  message(STATUS "torch-functionalize: sanitizers ${TFZ_SANITIZE} on our targets")
+endif()
