@@ -40,4 +40,10 @@ bool is_intercepted(const c10::OperatorHandle& op);
 /// new name, if the op was redefined with another schema). See Note [Kernel: custom mutable ops].
 c10::OperatorHandle functional_companion(const c10::OperatorHandle& op);
 
+/// The row for torch.distributed's c10d ops (every c10d:: op that takes a ProcessGroup) and its
+/// handler, in CollectiveKernels.cpp. See Note [Collectives: in-place c10d ops].
+bool is_c10d_collective(const c10::OperatorHandle& op);
+void collective_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                       const Layer& layer);
+
 }  // namespace tfz::detail
