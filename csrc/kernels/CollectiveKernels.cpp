@@ -68,6 +68,20 @@ namespace tfz::detail {
 // the new value depending on the wrapper's bookkeeping, and a Work that is never waited (legal
 // eagerly when the tensor is never read) would leave an unwaited collective in the graph.
 
+// Note [Collectives: in place when unobserved]
+// all_reduce on a gradient is the hot path of data-parallel training, and the functional form
+// costs a full copy of the buffer per call (all_reduce clones its input before reducing the clone;
+// the same cost upstream's functional collectives have, pytorch/pytorch#134388). When the written
+// tensors are contiguous bases that nothing else can observe and nothing traces (the rule of
+// can_write_inner_in_place, see Note [Kernel: in-place on the inner value]), allreduce_,
+// broadcast_ and allreduce_coalesced_ run their in-place functional forms
+// (_c10d_functional.all_reduce_, broadcast_, all_reduce_coalesced_) plus wait_tensor on the inner
+// values instead, and the value becomes its storage's new base: eager's memory traffic, and no
+// graph can see the difference because none is being recorded. Outputs of other shapes (all_gather,
+// reduce_scatter, all_to_all) and anything traced, viewed or aliased take the functional path.
+// Inputs of the function never qualify (their caller holds them), so they pay the clone and the
+// copy_ epilogue.
+
 namespace {
 
 using Stack = torch::jit::Stack;
@@ -85,6 +99,10 @@ class CallArgs {
   const std::string& op_name() const { return name_; }
   /// remove="mutations": reshaping the collective's result may use views (else *_copy ops).
   bool views() const { return views_; }
+  /// Run the in-place functional op on the inner values.
+  /// See Note [Collectives: in place when unobserved].
+  bool in_place() const { return in_place_; }
+  void set_in_place(bool in_place) { in_place_ = in_place; }
 
   bool has(std::string_view arg) const { return schema_.argumentIndexWithName(arg).has_value(); }
 
@@ -108,6 +126,7 @@ class CallArgs {
   const c10::FunctionSchema& schema_;
   std::string name_;
   bool views_;
+  bool in_place_ = false;
   std::vector<c10::IValue> values_;
 };
 
@@ -184,12 +203,14 @@ std::vector<at::Tensor> allreduce(const CallArgs& a, const std::vector<at::Tenso
   TORCH_CHECK_NOT_IMPLEMENTED(a["sparse_indices"].isNone(), "functionalize: ", a.op_name(),
                               ": sparse all_reduce has no _c10d_functional form. Reduce the dense "
                               "tensor, or call it outside the function.");
-  return collective("_c10d_functional::all_reduce", {in[0], a.reduce_op(), a.group().name});
+  return collective(a.in_place() ? "_c10d_functional::all_reduce_" : "_c10d_functional::all_reduce",
+                    {in[0], a.reduce_op(), a.group().name});
 }
 
 std::vector<at::Tensor> allreduce_coalesced(const CallArgs& a, const std::vector<at::Tensor>& in,
                                             const std::vector<at::Tensor>& /*out*/) {
-  return collective("_c10d_functional::all_reduce_coalesced",
+  return collective(a.in_place() ? "_c10d_functional::all_reduce_coalesced_"
+                                 : "_c10d_functional::all_reduce_coalesced",
                     {as_list(in), a.reduce_op(), a.group().name});
 }
 
@@ -198,7 +219,8 @@ std::vector<at::Tensor> broadcast(const CallArgs& a, const std::vector<at::Tenso
   check_one_tensor(a, in);
   TORCH_CHECK_NOT_IMPLEMENTED(a["root_tensor"].toInt() == 0, "functionalize: ", a.op_name(),
                               ": root_tensor must be 0; got ", a["root_tensor"].toInt(), ".");
-  return collective("_c10d_functional::broadcast", {in[0], a["root_rank"], a.group().name});
+  return collective(a.in_place() ? "_c10d_functional::broadcast_" : "_c10d_functional::broadcast",
+                    {in[0], a["root_rank"], a.group().name});
 }
 
 std::vector<at::Tensor> allgather_base(const CallArgs& a, const std::vector<at::Tensor>& in,
@@ -299,20 +321,22 @@ struct Collective {
   const char* read;     // the argument the functional form reads
   const char* written;  // the argument the op writes (Tensor, Tensor[] or Tensor[][])
   Compute compute;
+  bool has_in_place;  // compute has an in-place functional form (reads and writes one argument)
 };
 
 constexpr std::array<Collective, 11> kCollectives{{
-    {"c10d::allreduce_", "tensors", "tensors", &allreduce},
-    {"c10d::allreduce_coalesced_", "tensors", "tensors", &allreduce_coalesced},
-    {"c10d::broadcast_", "tensors", "tensors", &broadcast},
-    {"c10d::_allgather_base_", "input_tensor", "output_tensor", &allgather_base},
-    {"c10d::allgather_", "input_tensors", "output_tensors", &allgather_list},
-    {"c10d::allgather_into_tensor_coalesced_", "inputs", "outputs", &allgather_coalesced},
-    {"c10d::_reduce_scatter_base_", "input_tensor", "output_tensor", &reduce_scatter_base},
-    {"c10d::reduce_scatter_", "input_tensors", "output_tensors", &reduce_scatter_list},
-    {"c10d::reduce_scatter_tensor_coalesced_", "inputs", "outputs", &reduce_scatter_coalesced},
-    {"c10d::alltoall_base_", "input", "output", &alltoall_base},
-    {"c10d::alltoall_", "input_tensors", "output_tensors", &alltoall_list},
+    {"c10d::allreduce_", "tensors", "tensors", &allreduce, true},
+    {"c10d::allreduce_coalesced_", "tensors", "tensors", &allreduce_coalesced, true},
+    {"c10d::broadcast_", "tensors", "tensors", &broadcast, true},
+    {"c10d::_allgather_base_", "input_tensor", "output_tensor", &allgather_base, false},
+    {"c10d::allgather_", "input_tensors", "output_tensors", &allgather_list, false},
+    {"c10d::allgather_into_tensor_coalesced_", "inputs", "outputs", &allgather_coalesced, false},
+    {"c10d::_reduce_scatter_base_", "input_tensor", "output_tensor", &reduce_scatter_base, false},
+    {"c10d::reduce_scatter_", "input_tensors", "output_tensors", &reduce_scatter_list, false},
+    {"c10d::reduce_scatter_tensor_coalesced_", "inputs", "outputs", &reduce_scatter_coalesced,
+     false},
+    {"c10d::alltoall_base_", "input", "output", &alltoall_base, false},
+    {"c10d::alltoall_", "input_tensors", "output_tensors", &alltoall_list, false},
 }};
 
 // c10d ops with no functional form, and what to use instead.
@@ -387,10 +411,15 @@ void collective_kernel(const OpInfo& /*info*/, const c10::OperatorHandle& op, St
   const std::string op_name = op.operator_name().name;
   const Collective* row = find_collective(op_name);
   if (row == nullptr) refuse(c10::toString(op.operator_name()));
-  const CallArgs a(op, stack, layer.reapply_views);
+  CallArgs a(op, stack, layer.reapply_views);
 
   const std::vector<at::Tensor> written = a.tensors(row->written);
   for (const auto& t : written) check_writable(a.op_name(), row->written, t);
+  a.set_in_place(row->has_in_place && !written.empty() &&
+                 std::all_of(written.begin(), written.end(), [](const at::Tensor& t) {
+                   return can_write_inner_in_place(t) &&
+                          unsafe_get_impl(t)->value().is_contiguous();
+                 }));
 
   InnerCallGuard guard;  // syncs replay views below our key; write_back runs under it too
   std::vector<at::Tensor> in;
@@ -401,9 +430,13 @@ void collective_kernel(const OpInfo& /*info*/, const c10::OperatorHandle& op, St
   std::vector<at::Tensor> values = row->compute(a, in, out_values);
   TORCH_INTERNAL_ASSERT(values.size() == written.size(), a.op_name(), ": computed ", values.size(),
                         " values for ", written.size(), " written tensors");
+  if (a.in_place()) {
+    for (const auto& t : written) commit_written_in_place(t);
+    values.clear();
+  }
   // The functional forms return flat layouts (all_gather: the first dimension times the group
   // size); eager writes the same elements into the output's own shape, which must hold as many.
-  for (size_t i = 0; i < written.size(); ++i) {
+  for (size_t i = 0; i < values.size(); ++i) {
     TORCH_CHECK(values[i].numel() == written[i].numel(), "functionalize: ", a.op_name(),
                 ": the output tensor has ", written[i].numel(), " elements (sizes ",
                 written[i].sizes(), ") where the collective produces ", values[i].numel(),
@@ -414,7 +447,7 @@ void collective_kernel(const OpInfo& /*info*/, const c10::OperatorHandle& op, St
     if (values[i].sizes() != written[i].sizes())
       values[i] = reshaped(a, values[i], written[i].sizes());
   }
-  for (size_t i = 0; i < written.size(); ++i) write_back(written[i], values[i]);
+  for (size_t i = 0; i < values.size(); ++i) write_back(written[i], values[i]);
 
   for (const auto& ret : op.schema().returns()) {
     if (ret.type()->kind() == c10::TypeKind::ClassType) {

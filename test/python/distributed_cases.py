@@ -320,6 +320,14 @@ def err_premul_sum(x):
     return y
 
 
+def err_object_collective(x):
+    # Pickles the object into a byte tensor built with set_ on a storage: refused there, loudly
+    # (docs/distributed.md: call object collectives outside the function).
+    objs = [None] * _world()
+    dist.all_gather_object(objs, {"rank": dist.get_rank()})
+    return x * 2
+
+
 ERRORS = {
     # name: (f, exception type name, message fragment)
     "reduce": (err_reduce, "NotImplementedError", "c10d::reduce_: this collective has no functional form"),
@@ -327,6 +335,9 @@ ERRORS = {
     "scatter": (err_scatter, "NotImplementedError", "c10d::scatter_"),
     "send_recv": (err_send_recv, "NotImplementedError", "c10d::(send|recv_): .*point-to-point"),
     "premul_sum": (err_premul_sum, "NotImplementedError", "PREMUL_SUM"),
+    "all_gather_object": (err_object_collective, "NotImplementedError", "aten::set_"),
+    "barrier": (lambda x: (dist.barrier(), x * 2)[1], "NotImplementedError",
+                "c10d::barrier: .*outside the function"),
 }
 
 CHECKS = ("functionalize", "graph_replay", "graph_functional")
@@ -351,6 +362,8 @@ def case_ids(world):
     programs, modes, errors = _selected(world)
     ids = [f"{name}[{mode}]-{check}" for name in programs for mode in modes for check in CHECKS]
     ids += [f"error/{name}" for name in errors]
+    if world <= 2:
+        ids.append("speed/allreduce_in_place_no_copy")
     return ids
 
 
@@ -410,6 +423,39 @@ def _run_error(f, exc_name, fragment):
     return "did not raise"
 
 
+def _bytes_allocated(fn, *inputs):
+    """Sum of the CPU allocations torch.profiler records during one call of fn."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn(*inputs)
+    total, stack = 0, list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        fields = node.extra_fields
+        if isinstance(fields, torch._C._profiler._ExtraFields_Allocation) and fields.alloc_size > 0:
+            total += fields.alloc_size
+        stack.extend(node.children)
+    return total
+
+
+def _grad_sync(x):
+    g = x * 2  # a fresh gradient-like buffer, reduced in place as DDP does
+    dist.all_reduce(g)
+    return g
+
+
+def _run_no_extra_copy():
+    """Note [Collectives: in place when unobserved]: all_reduce of a fresh 1 MiB buffer inside
+    functionalize(f), called eagerly, allocates what eager does (no clone of the buffer)."""
+    x = _rank_tensor(256, 1024)
+    eager = _bytes_allocated(_grad_sync, x.clone())
+    ours = _bytes_allocated(functionalize(_grad_sync), x.clone())
+    if ours > eager + 64 * 1024:
+        return f"functionalize allocated {ours} bytes, eager {eager}"
+    return None
+
+
 _SUBGROUP = [None]
 
 
@@ -430,6 +476,8 @@ def run_all():
     for name, (f, exc_name, fragment) in errors.items():
         results[f"error/{name}"] = _run_error(f, exc_name, fragment)
         dist.barrier()
+    if world <= 2:
+        results["speed/allreduce_in_place_no_copy"] = _run_no_extra_copy()
     return results
 
 
