@@ -363,7 +363,7 @@ def case_ids(world):
     ids = [f"{name}[{mode}]-{check}" for name in programs for mode in modes for check in CHECKS]
     ids += [f"error/{name}" for name in errors]
     if world <= 2:
-        ids.append("speed/allreduce_in_place_no_copy")
+        ids += ["speed/allreduce_in_place_no_copy", "export/non_strict", "export/strict"]
     return ids
 
 
@@ -456,6 +456,33 @@ def _run_no_extra_copy():
     return None
 
 
+class _CollectiveModule(torch.nn.Module):
+    # all_reduce and all_gather_into_tensor: what torch.export (2.13) itself can export; it fails
+    # on dist.broadcast in both modes before functionalize_graph sees anything.
+    def forward(self, x):
+        y = x * 2
+        dist.all_reduce(y[1:])
+        out = torch.empty(_world() * y.shape[0], y.shape[1])
+        dist.all_gather_into_tensor(out, y)
+        return y + 1, out
+
+
+def _run_export(strict):
+    """torch.export (which already rewrites dist.* calls into functional collectives plus copy_)
+    followed by functionalize_graph: a functional graph that replays like eager."""
+    from torch_functionalize import functionalize_graph
+
+    make = _inputs((3, 2))
+    module = _CollectiveModule()
+    try:
+        ep = torch.export.export(module, make(), strict=strict)
+        gm = functionalize_graph(ep.module(), *make())
+    except Exception as error:  # noqa: BLE001
+        return f"export/functionalize_graph raised {type(error).__name__}: {error}"
+    return _graph_problem(gm, "mutations") or check_against_eager(
+        module, make(), [("export+functionalize_graph", gm)])
+
+
 _SUBGROUP = [None]
 
 
@@ -478,6 +505,9 @@ def run_all():
         dist.barrier()
     if world <= 2:
         results["speed/allreduce_in_place_no_copy"] = _run_no_extra_copy()
+        for strict in (False, True):
+            results[f"export/{'strict' if strict else 'non_strict'}"] = _run_export(strict)
+            dist.barrier()
     return results
 
 
