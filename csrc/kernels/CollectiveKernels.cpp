@@ -10,6 +10,7 @@
 
 #include <ATen/Functions.h>
 #include <ATen/core/class_type.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 
 #include <array>
@@ -103,8 +104,6 @@ class CallArgs {
   /// See Note [Collectives: in place when unobserved].
   bool in_place() const { return in_place_; }
   void set_in_place(bool in_place) { in_place_ = in_place; }
-
-  bool has(std::string_view arg) const { return schema_.argumentIndexWithName(arg).has_value(); }
 
   const c10::IValue& operator[](std::string_view arg) const {
     const auto index = schema_.argumentIndexWithName(arg);
@@ -400,6 +399,24 @@ const Collective* find_collective(std::string_view name) {
 }
 
 }  // namespace
+
+// Note [Collectives: captured tensors]
+// A collective whose tensors are all plain (a parameter, buffer or global that the function
+// captures instead of taking as an argument) has no wrapper to write back into. Like every op on
+// plain tensors it passes through and runs in place, as eager does. Under a tracer (a dispatch
+// mode on the thread: make_fx, export) that would record the in-place c10d op with its
+// ProcessGroup object, the graph this row exists to prevent, so there it raises instead, naming
+// the op and the remedy. Rejected: lifting the tensor into a wrapper, as views of captured
+// tensors are (see Note [Kernel: views of captured tensors]): the reduced value must reach the
+// captured tensor, and no graph output carries it there.
+void check_plain_collective(const c10::OperatorHandle& op) {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() == 0) return;
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, "functionalize: ", c10::toString(op.operator_name()),
+      ": every tensor of this collective was created outside the function (a parameter, buffer "
+      "or global), so under a tracer it would stay an in-place collective on a constant, with "
+      "the ProcessGroup baked into the graph. Pass the tensor to the function as an input.");
+}
 
 bool is_c10d_collective(const c10::OperatorHandle& op) {
   const auto& name = op.operator_name().name;

@@ -45,5 +45,8 @@ c10::OperatorHandle functional_companion(const c10::OperatorHandle& op);
 bool is_c10d_collective(const c10::OperatorHandle& op);
 void collective_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                        const Layer& layer);
+/// The row's call with only plain tensors, inside a layer: passes through, except under a tracer
+/// (raises). See Note [Collectives: captured tensors].
+void check_plain_collective(const c10::OperatorHandle& op);
 
 }  // namespace tfz::detail

@@ -363,7 +363,8 @@ def case_ids(world):
     ids = [f"{name}[{mode}]-{check}" for name in programs for mode in modes for check in CHECKS]
     ids += [f"error/{name}" for name in errors]
     if world <= 2:
-        ids += ["speed/allreduce_in_place_no_copy", "export/non_strict", "export/strict"]
+        ids += ["speed/allreduce_in_place_no_copy", "export/non_strict", "export/strict",
+                "error/captured_tensor"]
     return ids
 
 
@@ -483,6 +484,34 @@ def _run_export(strict):
         module, make(), [("export+functionalize_graph", gm)])
 
 
+def _run_captured():
+    """Note [Collectives: captured tensors]: a collective on a tensor the function captures runs
+    in place as in eager when called eagerly, and raises under make_fx instead of tracing an
+    in-place collective on a constant."""
+    import re
+
+    buf = _rank_tensor(3)
+
+    def f(x):
+        dist.all_reduce(buf)
+        return x + buf
+
+    expected_buf = buf.clone()
+    dist.all_reduce(expected_buf)
+    x = _rank_tensor(3)
+    out = functionalize(f)(x)
+    if not (torch.equal(buf, expected_buf) and torch.equal(out, x + expected_buf)):
+        return f"eager call: buffer {buf} (expected {expected_buf}), output {out}"
+    try:
+        make_fx(functionalize(f))(x)
+    except NotImplementedError as error:
+        if not re.search("c10d::allreduce_: every tensor of this collective was created outside",
+                         str(error)):
+            return f"message {str(error)!r}"
+        return None
+    return "make_fx traced a collective on a captured tensor"
+
+
 _SUBGROUP = [None]
 
 
@@ -505,6 +534,8 @@ def run_all():
         dist.barrier()
     if world <= 2:
         results["speed/allreduce_in_place_no_copy"] = _run_no_extra_copy()
+        results["error/captured_tensor"] = _run_captured()
+        dist.barrier()
         for strict in (False, True):
             results[f"export/{'strict' if strict else 'non_strict'}"] = _run_export(strict)
             dist.barrier()
