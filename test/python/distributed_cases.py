@@ -328,6 +328,12 @@ def err_object_collective(x):
     return x * 2
 
 
+def err_allgather_output_size(x):
+    out = torch.empty(_world() * x.numel() + 1)
+    dist.all_gather_into_tensor(out, x.reshape(-1))
+    return out
+
+
 ERRORS = {
     # name: (f, exception type name, message fragment)
     "reduce": (err_reduce, "NotImplementedError", "c10d::reduce_: this collective has no functional form"),
@@ -336,6 +342,8 @@ ERRORS = {
     "send_recv": (err_send_recv, "NotImplementedError", "c10d::(send|recv_): .*point-to-point"),
     "premul_sum": (err_premul_sum, "NotImplementedError", "PREMUL_SUM"),
     "all_gather_object": (err_object_collective, "NotImplementedError", "aten::set_"),
+    "allgather_output_size": (err_allgather_output_size, "RuntimeError",
+                              "c10d::_allgather_base_: the output tensor has 13 elements"),
     "barrier": (lambda x: (dist.barrier(), x * 2)[1], "NotImplementedError",
                 "c10d::barrier: .*outside the function"),
 }
