@@ -130,13 +130,15 @@ class CallArgs {
 };
 
 // `t` (contiguous) with sizes `sizes`: a view, or view_copy when views are removed.
-at::Tensor reshaped(const CallArgs& a, const at::Tensor& t, at::IntArrayRef sizes) {
-  return a.views() ? t.view(sizes) : at::view_copy(t, sizes);
+// Symbolic sizes throughout, so make_fx(tracing_mode="symbolic") traces these too.
+at::Tensor reshaped(const CallArgs& a, const at::Tensor& t, c10::SymIntArrayRef sizes) {
+  return a.views() ? t.view_symint(sizes) : at::view_copy_symint(t, sizes);
 }
 
 // The first dimension of `t` cut into pieces of `sizes`: split_with_sizes or its *_copy.
-std::vector<at::Tensor> split_rows(const CallArgs& a, const at::Tensor& t, at::IntArrayRef sizes) {
-  return a.views() ? t.split_with_sizes(sizes) : at::split_with_sizes_copy(t, sizes);
+std::vector<at::Tensor> split_rows(const CallArgs& a, const at::Tensor& t,
+                                   c10::SymIntArrayRef sizes) {
+  return a.views() ? t.split_with_sizes_symint(sizes) : at::split_with_sizes_copy_symint(t, sizes);
 }
 
 const c10::OperatorHandle& functional_op(const char* name) {
@@ -247,7 +249,7 @@ std::vector<at::Tensor> allgather_list(const CallArgs& a, const std::vector<at::
   at::Tensor flat = reshaped(a, in[0].contiguous(), {-1});
   at::Tensor gathered =
       collective("_c10d_functional::all_gather_into_tensor", {flat, g.size, g.name})[0];
-  return split_rows(a, gathered, std::vector<int64_t>(out.size(), flat.numel()));
+  return split_rows(a, gathered, std::vector<c10::SymInt>(out.size(), flat.sym_numel()));
 }
 
 std::vector<at::Tensor> reduce_scatter_base(const CallArgs& a, const std::vector<at::Tensor>& in,
@@ -278,7 +280,8 @@ std::vector<at::Tensor> reduce_scatter_list(const CallArgs& a, const std::vector
                     {at::cat(flat), a.reduce_op(), g.size, g.name});
 }
 
-std::vector<c10::SymInt> even_splits(const c10::IValue& given, int64_t dim0, int64_t group_size) {
+std::vector<c10::SymInt> even_splits(const c10::IValue& given, const c10::SymInt& dim0,
+                                     int64_t group_size) {
   std::vector<c10::SymInt> splits;
   for (int64_t s : given.toIntVector()) splits.emplace_back(s);
   if (splits.empty()) splits.assign(static_cast<size_t>(group_size), dim0 / group_size);
@@ -288,8 +291,8 @@ std::vector<c10::SymInt> even_splits(const c10::IValue& given, int64_t dim0, int
 std::vector<at::Tensor> alltoall_base(const CallArgs& a, const std::vector<at::Tensor>& in,
                                       const std::vector<at::Tensor>& out) {
   const auto g = a.group();
-  const int64_t in0 = in[0].dim() == 0 ? 1 : in[0].size(0);
-  const int64_t out0 = out[0].dim() == 0 ? 1 : out[0].size(0);
+  const c10::SymInt in0 = in[0].dim() == 0 ? c10::SymInt(1) : in[0].sym_size(0);
+  const c10::SymInt out0 = out[0].dim() == 0 ? c10::SymInt(1) : out[0].sym_size(0);
   return collective("_c10d_functional::all_to_all_single",
                     {in[0].contiguous(), even_splits(a["output_split_sizes"], out0, g.size),
                      even_splits(a["input_split_sizes"], in0, g.size), g.name});
@@ -303,16 +306,14 @@ std::vector<at::Tensor> alltoall_list(const CallArgs& a, const std::vector<at::T
   std::vector<c10::SymInt> in_splits, out_splits;
   for (const auto& t : in) {
     flat.push_back(reshaped(a, t.contiguous(), {-1}));
-    in_splits.emplace_back(t.numel());
+    in_splits.push_back(t.sym_numel());
   }
-  std::vector<int64_t> out_numels;
   for (const auto& t : out) {
-    out_splits.emplace_back(t.numel());
-    out_numels.push_back(t.numel());
+    out_splits.push_back(t.sym_numel());
   }
   at::Tensor received = collective("_c10d_functional::all_to_all_single",
                                    {at::cat(flat), out_splits, in_splits, g.name})[0];
-  return split_rows(a, received, out_numels);
+  return split_rows(a, received, out_splits);
 }
 
 struct Collective {
@@ -454,15 +455,15 @@ void collective_kernel(const OpInfo& /*info*/, const c10::OperatorHandle& op, St
   // The functional forms return flat layouts (all_gather: the first dimension times the group
   // size); eager writes the same elements into the output's own shape, which must hold as many.
   for (size_t i = 0; i < values.size(); ++i) {
-    TORCH_CHECK(values[i].numel() == written[i].numel(), "functionalize: ", a.op_name(),
-                ": the output tensor has ", written[i].numel(), " elements (sizes ",
-                written[i].sizes(), ") where the collective produces ", values[i].numel(),
-                " (sizes ", values[i].sizes(), "). Pass an output of the collective's size.");
+    TORCH_CHECK(values[i].sym_numel() == written[i].sym_numel(), "functionalize: ", a.op_name(),
+                ": the output tensor has ", written[i].sym_numel(), " elements (sizes ",
+                written[i].sym_sizes(), ") where the collective produces ", values[i].sym_numel(),
+                " (sizes ", values[i].sym_sizes(), "). Pass an output of the collective's size.");
     TORCH_CHECK(values[i].scalar_type() == written[i].scalar_type(), "functionalize: ", a.op_name(),
                 ": the output tensor has dtype ", written[i].scalar_type(), " and the input ",
                 values[i].scalar_type(), "; they must match.");
-    if (values[i].sizes() != written[i].sizes())
-      values[i] = reshaped(a, values[i], written[i].sizes());
+    if (values[i].sym_sizes() != written[i].sym_sizes())
+      values[i] = reshaped(a, values[i], written[i].sym_sizes());
   }
   for (size_t i = 0; i < values.size(); ++i) write_back(written[i], values[i]);
 

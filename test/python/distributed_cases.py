@@ -366,9 +366,16 @@ def _selected(world):
     return {k: programs[k] for k in FOUR_RANK_PROGRAMS}, ("mutations",), {}
 
 
+def _checks(world, mode):
+    # Symbolic-shape tracing once per program (remove="mutations"), on 2 ranks.
+    extra = ("graph_symbolic_replay",) if world <= 2 and mode == "mutations" else ()
+    return CHECKS + extra
+
+
 def case_ids(world):
     programs, modes, errors = _selected(world)
-    ids = [f"{name}[{mode}]-{check}" for name in programs for mode in modes for check in CHECKS]
+    ids = [f"{name}[{mode}]-{check}" for name in programs for mode in modes
+           for check in _checks(world, mode)]
     ids += [f"error/{name}" for name in errors]
     if world <= 2:
         ids += ["speed/allreduce_in_place_no_copy", "export/non_strict", "export/strict",
@@ -401,8 +408,17 @@ def _graph_problem(gm, remove):
     return None
 
 
-def _run_case(f, make_inputs, remove):
+def _run_case(f, make_inputs, remove, checks):
     results = {}
+    if "graph_symbolic_replay" in checks:
+        try:
+            gm = make_fx(functionalize(f, remove=remove), tracing_mode="symbolic")(
+                *clone_inputs(make_inputs()))
+            problem = _graph_problem(gm, remove) or check_against_eager(
+                f, make_inputs(), [("symbolic graph", gm)])
+        except Exception as error:  # noqa: BLE001 - reported to the parent, by name
+            problem = f"symbolic make_fx raised {type(error).__name__}: {str(error).splitlines()[0]}"
+        results["graph_symbolic_replay"] = problem
     results["functionalize"] = check_against_eager(
         f, make_inputs(), [("functionalize", functionalize(f, remove=remove))]
     )
@@ -531,9 +547,10 @@ def run_all():
     for name, (f, make_inputs) in programs.items():
         for mode in modes:
             try:
-                checks = _run_case(f, make_inputs, mode)
+                checks = _run_case(f, make_inputs, mode, _checks(world, mode))
             except Exception as error:  # noqa: BLE001
-                checks = {c: f"case raised {type(error).__name__}: {error}" for c in CHECKS}
+                checks = {c: f"case raised {type(error).__name__}: {error}"
+                          for c in _checks(world, mode)}
             for check, problem in checks.items():
                 results[f"{name}[{mode}]-{check}"] = problem
             dist.barrier()  # a failed case must not leave a peer waiting in the next one
