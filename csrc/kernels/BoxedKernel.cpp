@@ -92,6 +92,9 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
     return op.callBoxed(stack);
   }
   if (!any_functional) {
+    if (plan.special != nullptr && plan.special->handle == &collective_kernel) {
+      check_plain_collective(op);  // See Note [Collectives: captured tensors]
+    }
     const bool wrap = layer != nullptr && info.wraps_plain_outputs;
     {
       InnerCallGuard guard;

@@ -568,6 +568,11 @@ void foreach_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* st
   generic_kernel(info, op, stack, layer);
 }
 
+// --- c10d collectives -------------------------------------------------------------------------
+
+// torch.distributed's in-place collectives (c10d::allreduce_, ...): matcher and handler in
+// CollectiveKernels.cpp; see Note [Collectives: in-place c10d ops].
+
 // --- custom ops --------------------------------------------------------------------------------
 
 // Note [Kernel: custom mutable ops]
@@ -611,7 +616,7 @@ void refuse_custom_view(const c10::OperatorHandle& /*op*/, OpInfo& info) {
 
 // --- the table ------------------------------------------------------------------------------
 
-constexpr std::array<SpecialOp, 11> kSpecialOps{{
+constexpr std::array<SpecialOp, 12> kSpecialOps{{
     // name                      matches               adjust                handle composite
     {"set_", &is_set, &refuse_set, nullptr, false},
     {"native_batch_norm", &is_native_batch_norm, &plan_native_batch_norm, &native_batch_norm_kernel,
@@ -623,6 +628,7 @@ constexpr std::array<SpecialOp, 11> kSpecialOps{{
     {"unsafe_split", &is_unsafe_split, &plan_unsafe_split, nullptr, false},
     {"composite with raw fast path", &has_raw_fast_path, nullptr, &composite_kernel, true},
     {"in-place _foreach_", &is_inplace_foreach, nullptr, &foreach_kernel, false},
+    {"c10d collective", &is_c10d_collective, nullptr, &collective_kernel, false},
     {"custom mutable op", &is_custom_mutable, &plan_custom_mutable, nullptr, false},
     {"custom view op", &is_custom_view, &refuse_custom_view, nullptr, false},
 }};

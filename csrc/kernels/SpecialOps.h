@@ -40,4 +40,13 @@ bool is_intercepted(const c10::OperatorHandle& op);
 /// new name, if the op was redefined with another schema). See Note [Kernel: custom mutable ops].
 c10::OperatorHandle functional_companion(const c10::OperatorHandle& op);
 
+/// The row for torch.distributed's c10d ops (every c10d:: op that takes a ProcessGroup) and its
+/// handler, in CollectiveKernels.cpp. See Note [Collectives: in-place c10d ops].
+bool is_c10d_collective(const c10::OperatorHandle& op);
+void collective_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                       const Layer& layer);
+/// The row's call with only plain tensors, inside a layer: passes through, except under a tracer
+/// (raises). See Note [Collectives: captured tensors].
+void check_plain_collective(const c10::OperatorHandle& op);
+
 }  // namespace tfz::detail
