@@ -370,8 +370,26 @@ void commit_written_in_place(const at::Tensor& wrapper) {
 // another shape is resized through the resize_ rule first (an as_strided step over its storage,
 // replayed on the input by the epilogue), then written like any in-place op. Symbolic shapes keep
 // the replacement (the resize_ rule needs concrete sizes).
-void write_back(const at::Tensor& wrapper, const at::Tensor& value) {
+// Note [Kernel: writes keep the written tensor's strides]
+// Eager writes in place: the written tensor keeps its strides. The functional variant returns its
+// own layout, which for a tensor that is not dense (x.select_scatter(..) of a strided input keeps
+// stride 2; empty_strided) is contiguous, so after y.atan_() or torch.neg(y, out=y) the wrapper
+// reported strides eager's y does not have (fuzzer program 162). A base wrapper (its value is
+// not regenerated from a view chain) whose new value differs in the strides of a dimension of
+// size > 1 receives the value copied into its own geometry: copy(empty_strided(..), value), both
+// functional, in the graph too. Views need nothing: their value is regenerated from the base.
+// Rejected: keeping reference strides beside the value, as without views: the inner value's
+// layout is what later ops and the epilogue see, so it must be eager's.
+bool strides_differ(const at::Tensor& a, const at::Tensor& b) {
+  for (int64_t d = 0; d < a.dim(); ++d) {
+    if (a.size(d) > 1 && a.stride(d) != b.stride(d)) return true;
+  }
+  return false;
+}
+
+void write_back(const at::Tensor& wrapper, const at::Tensor& value_in) {
   auto* impl = unsafe_get_impl(wrapper);
+  at::Tensor value = value_in;
   if (!wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
       !value.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
       wrapper.sizes() != value.sizes()) {
@@ -382,6 +400,13 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value) {
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::resize_", "");
     resize_functional(c10::toString(resize_op.operator_name()), wrapper, value.sizes().vec(),
                       c10::IValue(), *layer);
+  }
+  if (impl->chain().empty() && !wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+      !value.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+      wrapper.sizes() == value.sizes() && strides_differ(wrapper, value)) {
+    value = at::copy(at::empty_strided(wrapper.sizes(), wrapper.strides(),
+                                       value.options().dtype(wrapper.scalar_type())),
+                     value);
   }
   impl->replace_(value);
   impl->commit_update_();

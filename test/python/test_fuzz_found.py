@@ -236,3 +236,28 @@ def test_out_resize_keeps_the_storage(remove, program):
         shape = (2, 4, 2) if program is _view_survives_out_resize else (6,)
         data = torch.randn(shape)
         assert_matches_eager(program, make_inputs=lambda: (data.clone(),), remove=remove)
+
+
+@pytest.mark.parametrize("write", ["atan_", "out=", "index_fill_"])
+def test_writes_keep_the_strides_of_a_non_dense_tensor(write):
+    # Fuzzer program 162: the functional result of a write into a tensor that is not dense came
+    # back contiguous (Note [Kernel: writes keep the written tensor's strides]). Views are kept
+    # only with remove="mutations"; without views the inner values are dense copies.
+    def f(x):
+        y = x.select_scatter(torch.randn(()), 0, 0)
+        if write == "atan_":
+            y.atan_()
+        elif write == "out=":
+            torch.neg(y, out=y)
+        else:
+            y.index_fill_(0, torch.tensor([1]), 2.0)
+        return y
+
+    def make():  # a fresh non-dense input each time (clone() would make it contiguous)
+        torch.manual_seed(0)
+        return torch.randn(3)[::2]
+
+    expected = f(make())
+    got = functionalize(f, remove="mutations")(make())
+    assert got.stride() == expected.stride() == (2,)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
