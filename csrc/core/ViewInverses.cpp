@@ -134,7 +134,9 @@ Tensor unfold_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
   strides[dim] = inner * step;
   sizes.push_back(size);
   strides.push_back(inner);
-  return at::as_strided_scatter_symint(dense, mv, sizes, strides, 0);
+  // as_strided_scatter counts storage_offset in the storage of `dense` (it clones with strides and
+  // offset preserved), so a base that does not start its storage passes its own offset.
+  return at::as_strided_scatter_symint(dense, mv, sizes, strides, dense.sym_storage_offset());
 }
 
 Tensor identity_inverse(const Tensor& /*base*/, const Tensor& mv, const ViewMeta& /*m*/) {

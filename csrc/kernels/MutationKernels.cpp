@@ -320,6 +320,20 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
               "of writing to it is not defined. Clone it before writing.");
 }
 
+// No tracer, torch.func transform or tensor subclass records ops on `value`, and autograd does
+// not (a tracer or a transform pushed inside the layer, a Python key or functorch wrapper on the
+// value): what is done to it cannot appear in a graph.
+bool nothing_records(const at::Tensor& value) {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
+      c10::impl::tls_local_dispatch_key_set().included_.has_any(functorch_mode_keys())) {
+    return false;
+  }
+  static const auto wrapped_value_keys =
+      c10::python_ks | c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
+                                            c10::DispatchKey::FuncTorchGradWrapper});
+  return !value.requires_grad() && !value.key_set().has_any(wrapped_value_keys);
+}
+
 // Note [Kernel: in-place on the inner value]
 // The functional form of x.add_(1) allocates a new tensor for every write: on large tensors that
 // is twice eager's memory traffic (measured: large/inplace at 2.2x eager). When nothing but the
@@ -345,17 +359,10 @@ bool can_write_inner_in_place(const at::Tensor& wrapper) {
       wrapper.storage().use_count() != 1) {
     return false;
   }
-  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
-      c10::impl::tls_local_dispatch_key_set().included_.has_any(functorch_mode_keys())) {
-    return false;  // a tracer, or a torch.func transform pushed inside the layer
-  }
-  static const auto wrapped_value_keys =
-      c10::python_ks | c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
-                                            c10::DispatchKey::FuncTorchGradWrapper});
   const at::Tensor& value = impl->value();
-  return value.unsafeGetTensorImpl() == storage.base().unsafeGetTensorImpl() &&
-         value.use_count() == 2 && value.has_storage() && value.storage().use_count() == 1 &&
-         !value.requires_grad() && !value.key_set().has_any(wrapped_value_keys);
+  return nothing_records(value) &&
+         value.unsafeGetTensorImpl() == storage.base().unsafeGetTensorImpl() &&
+         value.use_count() == 2 && value.has_storage() && value.storage().use_count() == 1;
 }
 
 void commit_written_in_place(const at::Tensor& wrapper) {
@@ -415,6 +422,43 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value_in) {
 
 namespace {
 
+// Note [Kernel: random fills of strided tensors]
+// x.bernoulli_(0.5) on a transposed or strided x: eager's kernel fills x where it lies, in its
+// memory order and, for tensors that are not contiguous, with its scalar (not its vectorized)
+// sampler; the functional variant bernoulli(x, 0.5) fills a fresh contiguous tensor in logical
+// order. Same distribution, other numbers (the fuzzer found ~20 programs: bernoulli_, normal_,
+// dropout's mask, rand(out=) into a transposed tensor). When no graph is being recorded (the
+// conditions of Note [Kernel: in-place on the inner value]: no dispatch mode, no torch.func
+// transform, no Python key, no autograd on the value), a seeded random op whose single written
+// tensor is not contiguous runs as called on a private tensor of the written tensor's exact
+// geometry (empty_strided, its current value copied in), so the generator is consumed exactly
+// as eagerly; that tensor becomes the new value. Under a tracer the functional variant stays:
+// a graph must be functional, so a traced program samples in logical order (docs/reliability.md).
+// Rejected: permuting to memory order around the functional variant: it fixes the order but not
+// the sampler, which eager picks by contiguity.
+std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
+                                                     const c10::OperatorHandle& op,
+                                                     const std::vector<c10::IValue>& args,
+                                                     std::vector<c10::IValue>& inner) {
+  if (info.written.size() != 1 || !op.hasTag(at::Tag::nondeterministic_seeded)) return {};
+  const auto& w = info.written[0];
+  if (w.functional_return != 0) return {};
+  if (!args[w.index].isTensor()) return {};
+  const at::Tensor& written = args[w.index].toTensor();
+  const at::Tensor& value = inner[w.index].toTensor();
+  if (written.layout() != c10::kStrided || value.layout() != c10::kStrided ||
+      written.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || written.is_contiguous() ||
+      written.sizes() != value.sizes() || !nothing_records(value)) {
+    return {};
+  }
+  at::Tensor target = at::empty_strided(written.sizes(), written.strides(), value.options());
+  target.copy_(value);
+  inner[w.index] = target;
+  std::vector<c10::IValue> call = inner;
+  op.callBoxed(call);
+  return target;
+}
+
 // See Note [Schema: argument plan] for the plan this follows.
 void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                  const Layer& layer, bool on_wrappers) {
@@ -453,8 +497,12 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
   if (!on_wrappers) {
     std::vector<c10::IValue> inner = args;
     for (auto& v : inner) transform_tensors(v, sync_and_unwrap);
-    push_functional_args(inner);
-    info.functional_op->callBoxed(fstack);
+    if (auto value = random_fill_in_eager_order(info, op, args, inner)) {
+      fstack.emplace_back(std::move(*value));
+    } else {
+      push_functional_args(inner);
+      info.functional_op->callBoxed(fstack);
+    }
   }
 
   // Check every write before changing anything, so a failing one leaves all inputs untouched.

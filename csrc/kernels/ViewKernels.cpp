@@ -93,7 +93,11 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   if (!layer.reapply_views) reference = meta_reference(view_op, self, extra);
 
   const bool from_base = !layer.reapply_views && is_as_strided(view_op) && !impl->chain().empty();
-  if (from_base) impl->sync_();  // the base must be current: the step reads it directly
+  if (from_base) {
+    impl->sync_();  // the base must be current: the step reads it directly
+    // Eager's default offset is self's own; on the base it would be the base's (0).
+    if (extra.size() >= 3 && extra[2].isNone()) extra[2] = c10::IValue(self.sym_storage_offset());
+  }
   InnerCallGuard guard;
   torch::jit::drop(*stack, num_args);
   torch::jit::push(*stack, from_base ? impl->alias_storage().base() : impl->value());

@@ -261,3 +261,49 @@ def test_writes_keep_the_strides_of_a_non_dense_tensor(write):
     got = functionalize(f, remove="mutations")(make())
     assert got.stride() == expected.stride() == (2,)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "name, f, make",
+    [
+        ("bernoulli_ of a transposed input", lambda x: x.bernoulli_(0.5),
+         lambda: torch.randn(3, 3).t()),
+        ("normal_ of a strided input", lambda x: x.normal_(0.0, 2.0),
+         lambda: torch.randn(3, 4, 4)[..., ::2]),
+        ("rand(out=) into a transposed input", lambda x: torch.rand((3, 6), out=x),
+         lambda: torch.randn(6, 3).t()),
+        ("dropout of a transposed input", lambda x: torch.nn.functional.dropout(x, 0.5, True),
+         lambda: torch.randn(4, 3).t()),
+    ],
+)
+def test_random_fills_of_strided_tensors_follow_eager(remove, name, f, make):
+    # Fuzzer class: the functional variant sampled a fresh contiguous tensor in logical order, so
+    # the numbers differed from eager's in-place fill (Note [Kernel: random fills of strided tensors]).
+    def seeded(x):
+        torch.manual_seed(0)
+        return f(x)
+
+    def make_inputs():
+        torch.manual_seed(1)
+        return (make(),)
+
+    assert_matches_eager(seeded, make_inputs=make_inputs, remove=remove)
+
+
+@pytest.mark.parametrize(
+    "name, f",
+    [
+        ("unfold", lambda x: x.unfold(0, 2, 2).mul_(0)),
+        ("unfold with gaps", lambda x: x.unfold(0, 1, 2).mul_(0)),
+        ("as_strided with the default offset", lambda x: x.as_strided((3, 2), (2, 1)).mul_(0)),
+    ],
+)
+def test_writes_through_views_of_an_input_that_does_not_start_its_storage(remove, name, f):
+    # Fuzzer programs 1458 and kin: unfold's inverse counted the offset twice, and as_strided's
+    # default offset (self's) became the storage base's 0 without views.
+    base = torch.arange(1.0, 8.0)
+    expected_base = base.clone()
+    expected = f(expected_base[1:])
+    got = functionalize(f, remove=remove)(base[1:])
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close(base, expected_base, rtol=0, atol=0)
