@@ -11,8 +11,10 @@ the torch build (CPU or CUDA), the build result, the test counts and each failur
 
 Not part of CI (about 10 minutes per version on 2 cores, more when torch must be downloaded); run
 it when torch publishes a release or the build changes. pip on the development machine may carry a
-global constraint capping torch (PIP_CONSTRAINT or /etc/xdg/pip): this command clears
-PIP_CONSTRAINT for its own installs so that newer releases can be tried, and says so in the table.
+global constraint capping torch (PIP_CONSTRAINT or `constraint` in /etc/xdg/pip/pip.conf): this
+command points PIP_CONSTRAINT at an empty file (os.devnull) for its own installs, which overrides
+the configured one (an empty PIP_CONSTRAINT does not: pip ignores empty variables), so that newer
+releases can be tried, and says so in the table.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def _env_for(venv: Path) -> dict:
     env = dict(os.environ)
     env["VIRTUAL_ENV"] = str(venv)
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
-    env["PIP_CONSTRAINT"] = ""  # see the module docstring
+    env["PIP_CONSTRAINT"] = os.devnull  # see the module docstring
     env.setdefault("MAX_JOBS", "2")
     env["TFZ_BUILD_TESTS"] = "1"
     return env
@@ -53,7 +55,7 @@ def check_version(version: str, envs: Path, log) -> dict:
     if not py.exists():
         _run([sys.executable, "-m", "venv", str(venv)], log=log)
     env = _env_for(venv)
-    pip = _run([str(py), "-m", "pip", "install", "-q", f"torch=={version}", "setuptools>=64",
+    pip = _run([str(py), "-m", "pip", "install", "-q", f"torch=={version}", "setuptools>=77",
                 "wheel"], env=env, log=log)
     if pip.returncode != 0:
         row["build"] = "torch not installable"
@@ -127,7 +129,8 @@ def main(argv=None) -> int:
             row = check_version(version, args.envs, log)
             print(f"  {row}", flush=True)
             rows.append(row)
-    write_table(rows, args.out, "python tools/compat.py --torch " + " ".join(args.torch))
+            # After each version, so an interrupted run keeps the rows it has.
+            write_table(rows, args.out, "python tools/compat.py --torch " + " ".join(args.torch))
     print(f"wrote {args.out} (log: {args.log})")
     return 0 if all(r["build"] == "ok" and "failed" not in r["pytest"] for r in rows) else 1
 
