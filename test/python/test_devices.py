@@ -28,9 +28,10 @@ def test_device_fixture_and_default_device_follow_tfz_test_device(device):
 @pytest.mark.parametrize("command", [
     ["-m", "pytest", "test/python/test_notes.py", "-q", "-p", "no:cacheprovider"],
     ["tools/opinfo_sweep.py", "--ops", "add", "--device", "cuda"],
+    ["test/python/opinfo_sweep.py", "--ops", "add", "--device", "cuda"],
     ["benchmarks/run.py", "--only", "tiny/inplace", "--device", "cuda"],
     ["tools/hidden_writes.py", "--ops", "add", "--device", "cuda"],
-], ids=["pytest", "opinfo_sweep", "benchmarks", "hidden_writes"])
+], ids=["pytest", "opinfo_sweep", "opinfo_sweep_test_path", "benchmarks", "hidden_writes"])
 def test_cuda_commands_refuse_a_machine_without_cuda(command):
     result = _run(command, TFZ_TEST_DEVICE="cuda")
     assert result.returncode != 0
