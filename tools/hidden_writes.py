@@ -169,8 +169,8 @@ HANDLING = {
 # Known from reading schemas and kernels, not reachable from CPU OpInfo samples.
 NOT_SEARCHABLE_HERE = [
     ("aten.cudnn_batch_norm / aten.miopen_batch_norm", "running_mean, running_var",
-     "CUDA / ROCm kernels only; same row as native_batch_norm (Note [Kernel: cudnn_batch_norm "
-     "and miopen_batch_norm]); tested with CPU stand-ins in test_hidden_writes.py"),
+     "CUDA / ROCm kernels only; same row as native_batch_norm (see SpecialOps.cpp: "
+     "Note [Kernel: cudnn_batch_norm and miopen_batch_norm]); CPU stand-ins test it"),
     ("aten._cudnn_rnn", "dropout_state",
      "suspected, unverified on a GPU: cuDNN keeps its dropout RNG state in this buffer. The "
      "buffer is not the program's: ATen's CUDA RNN path takes it from a per-device cache "
