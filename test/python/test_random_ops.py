@@ -411,3 +411,20 @@ def test_op_with_explicit_generator_traces(name, schemas, call, remove):
     assert_trees_match(pytree.tree_leaves(actual), pytree.tree_leaves(expected), "graph output")
     assert_trees_match(graph_x, eager_x, "graph input")
     assert torch.equal(g.get_state(), eager_state)
+
+
+def test_generator_passed_as_an_argument(remove):
+    # A Generator among f's arguments (not captured) passes through functionalize untouched: the
+    # same draws as eager and the generator left in eager's state.
+    def f(x, g):
+        x.normal_(generator=g)
+        return torch.randperm(5, generator=g), torch.rand(2, generator=g)
+
+    results = []
+    for impl in (f, functionalize(f, remove=remove)):
+        g, x = _generator(3), torch.zeros(3)
+        results.append((impl(x, g), x, g.get_state()))
+    (actual, func_x, func_state), (expected, eager_x, eager_state) = results[1], results[0]
+    assert_trees_match(actual, expected, "output")
+    assert_trees_match(func_x, eager_x, "input")
+    assert torch.equal(func_state, eager_state)
