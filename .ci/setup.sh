@@ -19,5 +19,5 @@ python3 -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13
   || python3 -m pip install -q torch==2.13.0   # pinned: an unpinned torch pulls CUDA wheels
 # Build tools first (--no-build-isolation builds with what is installed), then the package with
 # its test extra: every test dependency is declared once, in pyproject.toml.
-python3 -m pip install -q "setuptools>=64" wheel
+python3 -m pip install -q "setuptools>=77" wheel  # 77: PEP 639 license metadata
 TFZ_BUILD_TESTS=1 python3 -m pip install -q --no-build-isolation -e ".[test]"

@@ -378,9 +378,19 @@ def main() -> None:
     parser.add_argument("--wall", action="store_true",
                         help="time wall-clock instead of the thread's CPU time")
     args = parser.parse_args()
+    global CLOCK
     if args.wall:
-        global CLOCK
         CLOCK = time.perf_counter
+    device = os.environ.get("TFZ_BENCH_DEVICE", "cpu")  # set by run.py --device
+    if device != "cpu":
+        # Every factory in the workloads makes its tensors there; the clock waits for the device.
+        torch.set_default_device(device)
+
+        def synchronized_clock() -> float:
+            torch.cuda.synchronize()
+            return time.perf_counter()
+
+        CLOCK = synchronized_clock
     try:
         impls = args.impl or list(IMPLS)
         if args.worker:

@@ -3,6 +3,7 @@
     python benchmarks/run.py            # full run (4-10 minutes on 2 cores)
     python benchmarks/run.py --quick    # smoke run (1-2 minutes)
     python benchmarks/run.py --only tiny/inplace --only 'scale/views/*'
+    python benchmarks/run.py --device cuda   # inputs on the GPU, wall clock, writes results-cuda.md
 
 Each workload runs in its own process (_harness.py --worker), peak memory in one more process per
 workload (_harness.py --memory). Results are checked against eager before anything is timed. Prints
@@ -49,6 +50,7 @@ TIMING_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
 def _run_worker(argv: list[str], timeout: float, env: dict | None = None) -> dict:
     cmd = [sys.executable, os.path.join(HERE, "_harness.py")] + argv
     try:
+        # TFZ_BENCH_DEVICE (set by --device) reaches the worker through os.environ.
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env={**(env or {}), **os.environ})
     except subprocess.TimeoutExpired:
@@ -403,6 +405,8 @@ def environment(args, started: float, load_before: tuple) -> list[str]:
     if args.only:
         mode += f", only {' '.join(args.only)}"
     clock = "wall-clock" if args.wall else "CPU time of the timing thread"
+    if getattr(args, "device", "cpu") != "cpu":
+        clock += f", tensors on {args.device} (synchronized)"
     return [
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}, "
         f"wall time {time.perf_counter() - started:.0f} s, mode: {mode}",
@@ -469,7 +473,22 @@ def main() -> None:
     parser.add_argument("--plot", default=os.path.join(HERE, "scaling.png"),
                         help="scaling plot output (default benchmarks/scaling.png)")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    parser.add_argument("--device", default="cpu",
+                        help="where the workloads' tensors live (cpu, cuda); cuda times the wall "
+                             "clock with a device synchronize and writes results-cuda.md")
     args = parser.parse_args()
+    if args.device != "cpu":
+        import torch
+
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            sys.exit(f"benchmarks/run.py: --device {args.device}: no CUDA device on this machine "
+                     f"(torch {torch.__version__}, torch.cuda.is_available() is False)")
+        os.environ["TFZ_BENCH_DEVICE"] = args.device
+        args.wall = True  # the timing thread's CPU time does not see GPU work
+        if args.out == os.path.join(HERE, "results.md"):
+            args.out = os.path.join(HERE, f"results-{args.device.split(':')[0]}.md")
+        if args.plot == os.path.join(HERE, "scaling.png"):
+            args.plot = os.path.join(HERE, f"scaling-{args.device.split(':')[0]}.png")
 
     selected = workloads.all_workloads()
     if args.only:

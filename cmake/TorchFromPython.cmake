@@ -81,15 +81,21 @@ if(NOT TARGET tfz::torch)
       set(_tfz_abi ${CMAKE_MATCH_1})
     endif()
   endif()
-  # The C++ standard torch's headers need (CXX_STANDARD on torch's own target: 20 since 2.13;
-  # torch 2.14's headers use C++20 library features), so consumers compile with it too.
+  # The C++ standard torch's headers need, as TorchConfig.cmake gives it to its consumers, so we
+  # compile with it too. TorchConfig has said it two ways: up to 2.14 a `CXX_STANDARD <n>` target
+  # property (17 in 2.11, 20 since 2.13; 2.14's headers use C++20 library features), since 2.15
+  # `target_compile_features(torch INTERFACE cxx_std_<n>)` (2.15's headers need std::
+  # strong_ordering). Both spellings are read (a feature check on the file, not on the version);
+  # the highest standard named wins, and 17 when the file names none.
   set(_tfz_std 17)
   if(EXISTS "${_tfz_root}/share/cmake/Torch/TorchConfig.cmake")
-    file(STRINGS "${_tfz_root}/share/cmake/Torch/TorchConfig.cmake" _tfz_std_line
-         REGEX "CXX_STANDARD [0-9]+")
-    if(_tfz_std_line MATCHES "CXX_STANDARD ([0-9]+)")
-      set(_tfz_std ${CMAKE_MATCH_1})
-    endif()
+    file(STRINGS "${_tfz_root}/share/cmake/Torch/TorchConfig.cmake" _tfz_std_lines
+         REGEX "CXX_STANDARD [0-9]+|cxx_std_[0-9]+")
+    foreach(_tfz_line IN LISTS _tfz_std_lines)
+      if(_tfz_line MATCHES "(CXX_STANDARD |cxx_std_)([0-9]+)" AND CMAKE_MATCH_2 GREATER _tfz_std)
+        set(_tfz_std ${CMAKE_MATCH_2})
+      endif()
+    endforeach()
   endif()
   set(_tfz_version "")
   if(EXISTS "${_tfz_root}/version.py")  # the Python package

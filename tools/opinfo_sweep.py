@@ -5,6 +5,7 @@
     python tools/opinfo_sweep.py --ops add,view --out /tmp/c.md    # a few ops
     python tools/opinfo_sweep.py --full --json r.json              # also keep raw results
     python tools/opinfo_sweep.py --from-json r.json --out c.md     # re-render, run nothing
+    python tools/opinfo_sweep.py --full --device cuda --out docs/coverage-cuda.md   # on a GPU
 
 The ops are split into chunks; each chunk runs in its own process (`--jobs` at a time), which
 appends one JSON line per event to its own file. A process that dies (a crash) or stops making
@@ -540,6 +541,8 @@ def main(argv=None):
                              "start (a rebuild during the sweep then crashes the workers)")
     parser.add_argument("--keep-workdir", action="store_true",
                         help="keep the per-chunk event files and worker logs")
+    parser.add_argument("--device", default=os.environ.get("TFZ_TEST_DEVICE", "cpu"),
+                        help="device of the samples (cpu, cuda); default TFZ_TEST_DEVICE or cpu")
     parser.add_argument("--worker-plan", help=argparse.SUPPRESS)
     parser.add_argument("--worker-results", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -557,6 +560,12 @@ def main(argv=None):
 
     import torch
 
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"[sweep] --device {args.device}: no CUDA device on this machine (torch "
+              f"{torch.__version__}, torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    # Workers are new processes: they read the device from the environment (opinfo_cases.DEVICE).
+    os.environ["TFZ_TEST_DEVICE"] = oc.DEVICE = args.device
     all_keys = list(oc.all_ops())
     if args.ops:
         keys = [k.strip() for k in args.ops.split(",") if k.strip()]
@@ -580,7 +589,9 @@ def main(argv=None):
         "torch": torch.__version__,
         "engine": engine_version(),
         "python": platform.python_version(),
-        "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
+        "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs" + (
+            f", samples on {torch.cuda.get_device_name()}" if args.device.startswith("cuda")
+            else ""),
         "mode": args.mode + (f" (--ops {args.ops})" if args.ops else ""),
         "n_ops": len(keys),
         "samples": ("first comparable of the first 4, per dtype and placement"

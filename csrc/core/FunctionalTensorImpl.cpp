@@ -74,7 +74,8 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
     grad_accumulator_.reset();
   } else {
     grad_accumulator_ = ag::impl::grad_accumulator(value);
-    meta->grad_accumulator_ = c10::weak_intrusive_ptr<ag::Node>(grad_accumulator_);
+    // The weak pointer type follows the strong one (std::weak_ptr or c10::weak_intrusive_ptr).
+    meta->grad_accumulator_ = decltype(meta->grad_accumulator_)(grad_accumulator_);
     meta->requires_grad_ = true;
   }
   set_autograd_meta(std::move(meta));

@@ -10,6 +10,8 @@
 #include <c10/core/TensorImpl.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace tfz::detail {
@@ -94,8 +96,12 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   std::vector<MetadataMutation> metadata_mutations_;
   bool has_reference_metadata_ = false;
   bool chain_is_resize_ = false;
-  // A leaf value's grad accumulator, kept alive for the wrapper's AutogradMeta (a weak_ptr).
-  c10::intrusive_ptr<torch::autograd::Node> grad_accumulator_;
+  // torch's owning pointer to an autograd Node: std::shared_ptr up to torch 2.11,
+  // c10::intrusive_ptr since. Read from TensorBase::grad_fn()'s return type (a feature check, not
+  // a version test), so one source builds against both.
+  using NodePtr = std::decay_t<decltype(std::declval<const at::TensorBase&>().grad_fn())>;
+  // A leaf value's grad accumulator, kept alive for the wrapper's AutogradMeta (a weak pointer).
+  NodePtr grad_accumulator_;
 };
 
 /// nullptr unless `t` is one of our wrappers.

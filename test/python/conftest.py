@@ -1,4 +1,14 @@
-"""Shared pytest fixtures: remove modes, devices and a fixed seed; helpers live in reference.py."""
+"""Shared pytest fixtures: remove modes, the device and a fixed seed; helpers live in reference.py.
+
+The device comes from one place, the TFZ_TEST_DEVICE environment variable (default cpu):
+`TFZ_TEST_DEVICE=cuda python -m pytest test/python` makes cuda torch's default device for the
+whole run (torch.set_default_device), so every tensor a test creates without naming a device is
+created there, and the `device` fixture returns it for tests that move inputs explicitly. The
+OpInfo cases (opinfo_cases.DEVICE) read the same variable. Asking for a device this machine does
+not have stops the run at start with a message instead of failing every test.
+Rejected: parametrizing `device` over every available device (what this file did): only the tests
+that took the fixture ran on CUDA, so a CUDA machine ran the suite on the CPU and called it done.
+"""
 
 import os
 import sys
@@ -11,7 +21,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import reference  # noqa: E402
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+TEST_DEVICE = reference.TEST_DEVICE
+
+
+def pytest_configure(config):
+    try:
+        device = torch.device(TEST_DEVICE)
+    except RuntimeError as e:
+        raise pytest.UsageError(f"TFZ_TEST_DEVICE={TEST_DEVICE!r} is not a device: {e}") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(
+            f"TFZ_TEST_DEVICE={TEST_DEVICE}: no CUDA device on this machine (torch "
+            f"{torch.__version__}, torch.cuda.is_available() is False). Unset it to test on the CPU.")
+    if device.type != "cpu":
+        torch.set_default_device(device)
 
 
 @pytest.fixture(params=reference.REMOVE_MODES)
@@ -20,10 +43,10 @@ def remove(request):
     return request.param
 
 
-@pytest.fixture(params=DEVICES)
-def device(request):
-    """Each test that takes `device` runs once per available device."""
-    return request.param
+@pytest.fixture
+def device():
+    """The device under test (TFZ_TEST_DEVICE, default cpu)."""
+    return TEST_DEVICE
 
 
 @pytest.fixture(autouse=True)

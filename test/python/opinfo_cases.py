@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import os
 import random
 import signal
 import threading
@@ -29,7 +30,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import reference
 from torch_functionalize.testing import clone_inputs
 
-DEVICE = "cpu"
+# The device of every sample: TFZ_TEST_DEVICE, as for the rest of the tests (conftest.py);
+# tools/opinfo_sweep.py --device sets it for its workers.
+DEVICE = os.environ.get("TFZ_TEST_DEVICE", "cpu")
 # Random OpInfos call torch.manual_seed(42) inside the op (wrapper_set_seed), which a make_fx
 # graph does not record; seeding every run with the same 42 makes the graph replay comparable.
 SEED = 42
@@ -285,6 +288,8 @@ def _seed():
     # The CPU generator only: torch.manual_seed also queues seeds for every lazy accelerator
     # module, with a stack capture each, which costs more than the small cases it seeds.
     torch.default_generator.manual_seed(SEED)
+    if DEVICE != "cpu":  # samples and random ops on an accelerator draw from its generator
+        torch.manual_seed(SEED)
 
 
 def _clone(tensors):

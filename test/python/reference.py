@@ -6,6 +6,8 @@ inputs and compares outputs and the final state of every input (modeled on PyTor
 graph that `make_fx` records for a functionalized program.
 """
 
+import os
+
 import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -13,6 +15,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch_functionalize.testing import clone_inputs, compare
 
 REMOVE_MODES = ("mutations", "mutations_and_views")
+
+# The device the tests run on: the one place it is read (conftest.py makes it torch's default
+# device; opinfo_cases.DEVICE reads the same variable). Default cpu.
+TEST_DEVICE = os.environ.get("TFZ_TEST_DEVICE", "cpu")
 
 # Ops the input write-back epilogue may apply to placeholders: data write-back (copy_) and eager's
 # final metadata (as_strided_, and resize_ where the storage grows).

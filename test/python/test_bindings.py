@@ -36,7 +36,8 @@ def test_stubs_list_exactly_the_module_bindings():
         # resize_ and resize_as_ used to index past the end of the binding's kind names.
         ("aten::resize_", "", "inplace_view", "resize_"),
         ("aten::resize_as_", "", "inplace_view", "resize_"),
-        ("aten::native_batch_norm", "", "functional", "native_batch_norm"),
+        ("aten::native_batch_norm", "", "functional", "batch norm (hidden stat writes)"),
+        ("aten::cudnn_batch_norm", "", "functional", "batch norm (hidden stat writes)"),
         ("aten::_unsafe_view", "", "view", "_unsafe_view"),
     ],
 )

@@ -5,8 +5,11 @@ with eager in both remove modes.
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from reference import (
+    TEST_DEVICE,
     assert_functional_graph,
     assert_matches_eager,
     assert_trees_match,
@@ -15,6 +18,22 @@ from reference import (
 )
 from torch_functionalize import functionalize
 
+
+def _fx_records_generators() -> bool:
+    """Whether this torch's make_fx can put a torch.Generator argument in a graph (newer torch
+    records it as an opaque constant; older ones raise NotImplementedError in torch.fx)."""
+    try:
+        make_fx(lambda t: t.normal_(generator=torch.Generator()))(torch.empty(1, device="cpu"))
+    except NotImplementedError:
+        return False
+    return True
+
+
+FX_RECORDS_GENERATORS = _fx_records_generators()
+NO_FX_GENERATORS = pytest.mark.xfail(
+    not FX_RECORDS_GENERATORS, strict=True,
+    reason="this torch's make_fx cannot record a Generator argument (torch.fx raises "
+           "NotImplementedError: argument of type Generator); torch itself, not functionalize")
 
 # (id, in-place random op on a float32 tensor t). Each case draws from the global generator.
 RANDOM_CASES = [
@@ -66,6 +85,7 @@ def test_random_int_range_matches_eager(remove):
     assert_matches_eager(f, torch.zeros(6, dtype=torch.int64), remove=remove, check_graph=False)
 
 
+@NO_FX_GENERATORS
 def test_random_inplace_with_explicit_generator(remove):
     # An explicit torch.Generator passed to the ops gives eager's numbers too.
     def f(x):
@@ -145,3 +165,275 @@ def test_dropout_inplace_module_on_intermediate_and_view(remove):
         return h, x, d2, a
 
     assert_matches_eager(f, torch.randn(4, 4), remove=remove)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every ATen op that takes a Generator, called with an explicit torch.Generator.
+#
+# Each case is (id, the schemas it covers, call(x, g)) where x is a float32 input of shape (4, 5)
+# with values in (0.1, 0.9) (a valid probability, rate and count) and g is a torch.Generator that
+# the program captures: a generator owned by the caller, as a data pipeline or a module holds one.
+# Eager and functionalize each get a generator seeded alike; the outputs, the input and the
+# generator's final state must be eager's (the same draws, in the same order, the same number).
+# GENERATOR_SCHEMA_EXEMPT lists the schemas with a Generator argument that no program can reach
+# through the dispatcher on a wrapper, with the reason; test_every_generator_schema_has_a_case
+# finds the schemas from the installed torch, so a new one fails that test until it has a case.
+
+
+def _out(x, dtype=None):
+    return torch.empty(0, dtype=dtype or x.dtype)
+
+
+_ALL_GENERATOR_CASES = [
+    ("bernoulli_.float", ["bernoulli_.float"], lambda x, g: x.bernoulli_(0.4, generator=g)),
+    ("bernoulli_.Tensor", ["bernoulli_.Tensor"], lambda x, g: x.bernoulli_(x * 0 + 0.3, generator=g)),
+    ("bernoulli", ["bernoulli"], lambda x, g: torch.bernoulli(x, generator=g)),
+    ("bernoulli.p", ["bernoulli.p"], lambda x, g: torch.ops.aten.bernoulli.p(x, 0.6, generator=g)),
+    ("bernoulli.Tensor", ["bernoulli.Tensor"],
+     lambda x, g: torch.ops.aten.bernoulli.Tensor(x, x.flip(0), generator=g)),
+    ("bernoulli.out", ["bernoulli.out"],
+     lambda x, g: torch.bernoulli(x, generator=g, out=_out(x))),
+    ("bernoulli.Tensor_out/float_out", ["bernoulli.Tensor_out", "bernoulli.float_out"],
+     lambda x, g: (torch.ops.aten.bernoulli.Tensor_out(x, x.flip(0), generator=g, out=_out(x)),
+                   torch.ops.aten.bernoulli.float_out(x, 0.2, generator=g, out=_out(x)))),
+    ("binomial(+out)", ["binomial", "binomial.out"],
+     lambda x, g: (torch.binomial(x * 10, x, generator=g),
+                   torch.ops.aten.binomial.out(x * 10, x, generator=g, out=_out(x)))),
+    ("cauchy_", ["cauchy_"], lambda x, g: x.cauchy_(generator=g)),
+    ("cauchy(+out)", ["cauchy", "cauchy.out"],
+     lambda x, g: (torch.ops.aten.cauchy(x, generator=g),
+                   torch.ops.aten.cauchy.out(x, generator=g, out=_out(x)))),
+    ("exponential_", ["exponential_"], lambda x, g: x.exponential_(2.0, generator=g)),
+    ("exponential(+out)", ["exponential", "exponential.out"],
+     lambda x, g: (torch.ops.aten.exponential(x, 3.0, generator=g),
+                   torch.ops.aten.exponential.out(x, generator=g, out=_out(x)))),
+    ("geometric_", ["geometric_"], lambda x, g: x.geometric_(0.3, generator=g)),
+    ("geometric(+out)", ["geometric", "geometric.out"],
+     lambda x, g: (torch.ops.aten.geometric(x, 0.5, generator=g),
+                   torch.ops.aten.geometric.out(x, 0.2, generator=g, out=_out(x)))),
+    ("log_normal_", ["log_normal_"], lambda x, g: x.log_normal_(generator=g)),
+    ("log_normal(+out)", ["log_normal", "log_normal.out"],
+     lambda x, g: (torch.ops.aten.log_normal(x, generator=g),
+                   torch.ops.aten.log_normal.out(x, generator=g, out=_out(x)))),
+    ("normal_", ["normal_"], lambda x, g: x.normal_(1.0, 2.0, generator=g)),
+    ("normal_functional", ["normal_functional"],
+     lambda x, g: torch.ops.aten.normal_functional(x, 0.5, 2.0, generator=g)),
+    ("normal.Tensor_float(+out)", ["normal.Tensor_float", "normal.Tensor_float_out"],
+     lambda x, g: (torch.normal(x, 2.0, generator=g),
+                   torch.normal(x, 3.0, generator=g, out=torch.empty_like(x)))),
+    ("normal.float_Tensor(+out)", ["normal.float_Tensor", "normal.float_Tensor_out"],
+     lambda x, g: (torch.normal(1.0, x, generator=g),
+                   torch.normal(2.0, x, generator=g, out=_out(x)))),
+    ("normal.Tensor_Tensor(+out)", ["normal.Tensor_Tensor", "normal.Tensor_Tensor_out"],
+     lambda x, g: (torch.normal(x, x, generator=g),
+                   torch.normal(x, x.flip(1), generator=g, out=_out(x)))),
+    ("normal.float_float(+out)", ["normal.float_float", "normal.float_float_out"],
+     lambda x, g: (torch.normal(0.0, 1.0, (3, 2), generator=g),
+                   torch.normal(1.0, 2.0, (5,), generator=g, out=_out(x)))),
+    ("random_ (2 overloads)", ["random_", "random_.to"],
+     lambda x, g: (x[0].random_(generator=g), x[1].random_(9, generator=g))),
+    ("random_.from", ["random_.from"], lambda x, g: x[2].random_(-3, 4, generator=g)),
+    ("random (2 overloads, +out)", ["random", "random.to", "random.out", "random.to_out"],
+     lambda x, g: (torch.ops.aten.random(x, generator=g),
+                   torch.ops.aten.random.to(x, 5, generator=g),
+                   torch.ops.aten.random.out(x, generator=g, out=_out(x)),
+                   torch.ops.aten.random.to_out(x, 7, generator=g, out=_out(x)))),
+    ("random.from(+out)", ["random.from", "random.from_out"],
+     lambda x, g: (getattr(torch.ops.aten.random, "from")(x, 1, 6, generator=g),
+                   getattr(torch.ops.aten.random, "from_out")(x, 2, 8, generator=g,
+                                                              out=_out(x)))),
+    ("uniform_", ["uniform_"], lambda x, g: x.uniform_(-1.0, 3.0, generator=g)),
+    ("uniform(+out)", ["uniform", "uniform.out"],
+     lambda x, g: (torch.ops.aten.uniform(x, 0.0, 2.0, generator=g),
+                   torch.ops.aten.uniform.out(x, generator=g, out=_out(x)))),
+    ("multinomial(+out)", ["multinomial", "multinomial.out"],
+     lambda x, g: (torch.multinomial(x, 3, generator=g),
+                   torch.multinomial(x, 6, replacement=True, generator=g,
+                                     out=_out(x, torch.int64)))),
+    ("poisson", ["poisson"], lambda x, g: torch.poisson(x * 4, generator=g)),
+    ("poisson.out", ["poisson.out"],
+     lambda x, g: torch.ops.aten.poisson.out(x * 4, generator=g, out=_out(x))),
+    ("_standard_gamma(+out)", ["_standard_gamma", "_standard_gamma.out"],
+     lambda x, g: (torch._standard_gamma(x, generator=g),
+                   torch.ops.aten._standard_gamma.out(x, generator=g, out=_out(x)))),
+    ("_sample_dirichlet(+out)", ["_sample_dirichlet", "_sample_dirichlet.out"],
+     lambda x, g: (torch._sample_dirichlet(x, generator=g),
+                   torch.ops.aten._sample_dirichlet.out(x, generator=g, out=_out(x)))),
+    ("_fused_dropout(+out)", ["_fused_dropout", "_fused_dropout.out"],
+     lambda x, g: (torch._fused_dropout(x, 0.6, generator=g),
+                   torch.ops.aten._fused_dropout.out(x, 0.5, generator=g,
+                                                     out0=_out(x), out1=_out(x, torch.uint8)))),
+    ("rrelu(+_)", ["rrelu", "rrelu_"],
+     lambda x, g: (torch.rrelu(x - 0.5, training=True, generator=g),
+                   torch.rrelu_(x - 0.5, training=True, generator=g))),
+    ("rrelu_with_noise(+_, +out, functional)",
+     ["rrelu_with_noise", "rrelu_with_noise_", "rrelu_with_noise.out",
+      "rrelu_with_noise_functional"],
+     lambda x, g: (torch.ops.aten.rrelu_with_noise(x - 0.5, x * 0, training=True, generator=g),
+                   torch.ops.aten.rrelu_with_noise_(x - 0.5, x * 0, training=True, generator=g),
+                   # A 0-size out segfaults in eager (torch 2.13): a full-size one.
+                   torch.ops.aten.rrelu_with_noise.out(x - 0.5, x * 0, training=True,
+                                                       generator=g, out=torch.empty_like(x)),
+                   torch.ops.aten.rrelu_with_noise_functional(x - 0.5, x * 0, training=True,
+                                                              generator=g))),
+    ("rand(+out)", ["rand.generator", "rand.generator_out"],
+     lambda x, g: (torch.rand(2, 3, generator=g), torch.rand(4, generator=g, out=_out(x)))),
+    ("rand/randn with names (+out)",  # torch 2.11 has them
+     ["rand.generator_with_names", "rand.generator_with_names_out",
+      "randn.generator_with_names", "randn.generator_with_names_out"],
+     lambda x, g: (torch.ops.aten.rand.generator_with_names([2], generator=g, names=None),
+                   torch.ops.aten.rand.generator_with_names_out([3], generator=g, names=None,
+                                                                out=_out(x)),
+                   torch.ops.aten.randn.generator_with_names([2], generator=g, names=None),
+                   torch.ops.aten.randn.generator_with_names_out([3], generator=g, names=None,
+                                                                 out=_out(x)))),
+    ("randn(+out)", ["randn.generator", "randn.generator_out"],
+     lambda x, g: (torch.randn(2, 3, generator=g), torch.randn(4, generator=g, out=_out(x)))),
+    ("randint(+out)", ["randint.generator", "randint.low_generator", "randint.generator_out",
+                       "randint.low_generator_out"],
+     lambda x, g: (torch.randint(5, (3,), generator=g), torch.randint(2, 9, (4,), generator=g),
+                   torch.randint(5, (3,), generator=g, out=_out(x, torch.int64)),
+                   torch.randint(-2, 2, (6,), generator=g, out=_out(x, torch.int64)))),
+    ("randperm(+out)", ["randperm.generator", "randperm.generator_out"],
+     lambda x, g: (torch.randperm(7, generator=g),
+                   torch.randperm(9, generator=g, out=_out(x, torch.int64)))),
+    ("normal.out", ["normal.out"],
+     lambda x, g: torch.ops.aten.normal.out(x, 1.0, 0.5, generator=g, out=_out(x))),
+    ("rand_like(+out)", ["rand_like.generator", "rand_like.generator_out"],
+     lambda x, g: (torch.ops.aten.rand_like.generator(x, generator=g),
+                   torch.ops.aten.rand_like.generator_out(x, generator=g, out=_out(x)))),
+    ("randn_like(+out)", ["randn_like.generator", "randn_like.generator_out"],
+     lambda x, g: (torch.ops.aten.randn_like.generator(x, generator=g),
+                   torch.ops.aten.randn_like.generator_out(x, generator=g, out=_out(x)))),
+    ("randint_like(+out)", ["randint_like.generator", "randint_like.generator_out"],
+     lambda x, g: (torch.ops.aten.randint_like.generator(x, 7, generator=g),
+                   torch.ops.aten.randint_like.generator_out(x, 5, generator=g, out=_out(x)))),
+    ("randint_like.low(+out)", ["randint_like.low_generator_dtype",
+                                "randint_like.low_generator_dtype_out"],
+     lambda x, g: (torch.ops.aten.randint_like.low_generator_dtype(x, -2, 7, generator=g),
+                   torch.ops.aten.randint_like.low_generator_dtype_out(x, 1, 5, generator=g,
+                                                                       out=_out(x)))),
+    ("randint_like.Tensor(+out)", ["randint_like.Tensor_generator",
+                                   "randint_like.Tensor_generator_out"],
+     lambda x, g: (torch.ops.aten.randint_like.Tensor_generator(
+                       x, torch.tensor(6), generator=g),
+                   torch.ops.aten.randint_like.Tensor_generator_out(
+                       x, torch.tensor(4), generator=g, out=_out(x)))),
+]
+
+
+def _generator_schemas():
+    """aten overload names (name or name.overload) of every schema with a Generator argument."""
+    names = set()
+    for s in torch._C._jit_get_all_schemas():
+        if not s.name.startswith("aten::"):
+            continue
+        if any("Generator" in str(a.type) for a in s.arguments):
+            base = s.name[len("aten::"):]
+            names.add(base + (f".{s.overload_name}" if s.overload_name else ""))
+    return names
+
+
+# Overloads come and go between torch releases (randint_like.Tensor_generator is recent): a case
+# runs where every overload it calls exists in the installed torch, and ops with only a CUDA
+# kernel run when the tests do (TFZ_TEST_DEVICE=cuda).
+CUDA_KERNEL_ONLY = {"_fused_dropout(+out)"}
+GENERATOR_CASES = [c for c in _ALL_GENERATOR_CASES if set(c[1]) <= _generator_schemas()
+                   and (c[0] not in CUDA_KERNEL_ONLY or TEST_DEVICE.startswith("cuda"))]
+GENERATOR_IDS = [c[0] for c in GENERATOR_CASES]
+
+GENERATOR_SCHEMA_EXEMPT = {
+    # Not dispatcher ops on tensors: TorchScript builtins or generator methods.
+    "manual_seed": "sets a generator's seed; takes no tensor",
+    "seed": "seeds a generator; takes no tensor",
+    "initial_seed": "reads a generator; takes no tensor",
+    "_no_grad_normal_": "TorchScript builtin of torch.nn.init (calls normal_, which has a case)",
+    "_no_grad_uniform_": "TorchScript builtin of torch.nn.init (calls uniform_, which has a case)",
+}
+
+
+def test_every_generator_schema_has_a_case():
+    covered = {name for _, names, _ in _ALL_GENERATOR_CASES for name in names}
+    missing = sorted(n for n in _generator_schemas() - covered
+                     if n.split(".")[0] not in GENERATOR_SCHEMA_EXEMPT)
+    assert not missing, f"ops taking a Generator with no case in GENERATOR_CASES: {missing}"
+
+
+def _generator(seed):
+    return torch.Generator(device=TEST_DEVICE).manual_seed(seed)
+
+
+def _generator_input():
+    return torch.rand(4, 5, generator=_generator(0)) * 0.8 + 0.1
+
+
+def _run_with_generator(call, impl):
+    """(outputs, input after the call, generator state after the call) of impl(f)."""
+    g = _generator(1234)
+    x = _generator_input()
+
+    def f(x):
+        return call(x, g)
+
+    out = impl(f)(x)
+    return out, x, g.get_state()
+
+
+@pytest.mark.parametrize("name, schemas, call", GENERATOR_CASES, ids=GENERATOR_IDS)
+def test_op_with_explicit_generator_matches_eager(name, schemas, call, remove):
+    # Same numbers as eager from the caller's generator, and the generator advanced as in eager.
+    expected, eager_x, eager_state = _run_with_generator(call, lambda f: f)
+    actual, func_x, func_state = _run_with_generator(
+        call, lambda f: functionalize(f, remove=remove))
+    assert_trees_match(actual, expected, "output")
+    assert_trees_match(func_x, eager_x, "input")
+    assert torch.equal(func_state, eager_state), "generator state differs from eager's"
+
+
+# torch's FX code generation prints aten.random.from, and `from` is a Python keyword: the graph
+# does not compile (SyntaxError), with or without functionalize.
+FX_CANNOT_PRINT = {"random_.from", "random.from(+out)"}
+TRACE_CASES = [
+    pytest.param(*c, id=c[0], marks=[NO_FX_GENERATORS] + (
+        [pytest.mark.xfail(strict=True, reason="torch.fx prints aten.random.from, a SyntaxError")]
+        if c[0] in FX_CANNOT_PRINT else []))
+    for c in GENERATOR_CASES]
+
+
+@pytest.mark.parametrize("name, schemas, call", TRACE_CASES)
+def test_op_with_explicit_generator_traces(name, schemas, call, remove):
+    # make_fx records the op with the generator as a constant of the graph: running the graph
+    # draws from that generator, so reseeding it replays eager's numbers.
+    g = _generator(1234)
+
+    def f(x):
+        return call(x, g)
+
+    gm = make_fx(functionalize(f, remove=remove))(_generator_input())
+    assert_functional_graph(gm, remove)
+    eager_x, graph_x = _generator_input(), _generator_input()
+    g.manual_seed(99)
+    expected = f(eager_x)
+    eager_state = g.get_state()
+    g.manual_seed(99)
+    actual = gm(graph_x)
+    assert_trees_match(pytree.tree_leaves(actual), pytree.tree_leaves(expected), "graph output")
+    assert_trees_match(graph_x, eager_x, "graph input")
+    assert torch.equal(g.get_state(), eager_state)
+
+
+def test_generator_passed_as_an_argument(remove):
+    # A Generator among f's arguments (not captured) passes through functionalize untouched: the
+    # same draws as eager and the generator left in eager's state.
+    def f(x, g):
+        x.normal_(generator=g)
+        return torch.randperm(5, generator=g), torch.rand(2, generator=g)
+
+    results = []
+    for impl in (f, functionalize(f, remove=remove)):
+        g, x = _generator(3), torch.zeros(3)
+        results.append((impl(x, g), x, g.get_state()))
+    (actual, func_x, func_state), (expected, eager_x, eager_state) = results[1], results[0]
+    assert_trees_match(actual, expected, "output")
+    assert_trees_match(func_x, eager_x, "input")
+    assert torch.equal(func_state, eager_state)
