@@ -204,9 +204,18 @@ def _is_wrapper_subclass(t: object) -> bool:
     return type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t)
 
 
-def _flatten_subclass(t: torch.Tensor, leaves: list) -> Any:
+class _Kept:
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+
+def _flatten_subclass(t: object, leaves: list) -> Any:
     """Appends the plain tensors inside ``t`` to ``leaves`` and returns the plan that rebuilds
     ``t`` from them (None for a plain tensor)."""
+    if not isinstance(t, torch.Tensor):  # a non-tensor inner attribute (DTensor's mesh): kept
+        return _Kept(t)
     if not _is_wrapper_subclass(t):
         leaves.append(t)
         return None
@@ -218,6 +227,8 @@ def _flatten_subclass(t: torch.Tensor, leaves: list) -> Any:
 def _unflatten_subclass(plan: Any, it: Iterator[torch.Tensor]) -> torch.Tensor:
     if plan is None:
         return next(it)
+    if isinstance(plan, _Kept):
+        return plan.value
     cls, ctx, children, size, stride = plan
     inner = {a: _unflatten_subclass(child, it) for a, child in children}
     return cls.__tensor_unflatten__(inner, ctx, size, stride)
