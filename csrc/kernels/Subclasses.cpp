@@ -22,19 +22,22 @@ namespace tfz::detail {
 // the op reaches our kernel first, with a non-wrapper argument that carries the Python key. The
 // kernel recognizes it (is_wrapper_subclass: a key-set test, then, only for tensors with the
 // Python key, the predicate the Python module installs) and redispatches the op below our keys
-// with Python and PythonTLSSnapshot added back (subclass_dispatch_keys), under SubclassCallGuard,
-// which unhides them in the TLS too but leaves the layer active. The Python key then runs the
-// thread's dispatch modes first (make_fx's proxy mode does not know the subclass and returns
-// NotImplemented, as it does for DTensor without us) and then the subclass's __torch_dispatch__,
-// whose calls on the inner wrappers reach our kernel as user code's do; those inner calls reach
-// the tracer with the functional op. Ops the subclass runs on plain tensors or factories are
-// user code too (our keys stay included). FakeTensor and other subclasses without
-// __tensor_flatten__ keep the old path: they are values inside our wrappers, or captured constants.
-// Rejected: unhiding Python for all of f (a tracer's mode would then see every op on our
-// wrappers, the very thing the TLS scheme prevents); a TorchDispatchMode that runs subclasses
-// (cannot serve the C++ API and costs every op, Note [Which dispatch key]); keeping the subclass
-// as our wrapper's inner value, the old behaviour (its dispatch then runs below our layer, values
-// are right but f sees a plain tensor and a tracer records DTensor-level ops).
+// with Python and PythonTLSSnapshot added back (subclass_dispatch_keys), under SubclassCallGuard:
+// the Python keys unhidden, the layer still active, and the thread's dispatch modes (a tracer's)
+// stashed (ModeStash.h). Two facts of torch force the stash: inside __torch_dispatch__ torch
+// excludes every key above Python, ours included, so the subclass's calls on the inner wrappers
+// reach our kernel at the backend key PrivateUse3, which is *below* Python; with make_fx's mode on
+// the stack it would record those calls on our wrappers as constants before we see them. With
+// the modes stashed they reach us, and InnerCallGuard puts the modes back for its inner call, so
+// the tracer records the functional op on plain tensors as for any wrapper. Limits: ops the
+// subclass's dispatch runs on plain tensors it makes itself (not on the inner wrappers) are
+// neither functionalized nor traced (under a tracer they become constants); FakeTensor and other
+// subclasses without __tensor_flatten__ keep the old path (values inside our wrappers, or
+// captured constants). Rejected: unhiding Python for all of f (a tracer's mode would then see
+// every op on our wrappers, the very thing the TLS scheme prevents); a TorchDispatchMode that runs
+// subclasses (cannot serve the C++ API and costs every op, Note [Which dispatch key]); keeping the
+// subclass as our wrapper's inner value, the old behaviour (its dispatch then runs below our
+// layer: values right, but f sees a plain tensor and a tracer records subclass-level ops).
 
 namespace {
 std::atomic<SubclassPredicate> subclass_predicate{nullptr};
