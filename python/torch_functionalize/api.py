@@ -86,6 +86,7 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
         # Wrapper subclasses enter as their inner tensors (Note [API: wrapper subclasses]).
         plans = None
         if any(_is_wrapper_subclass(t) for t in inputs):
+            _check_not_traced_whole(inputs)
             leaves: list = []
             plans = [_flatten_subclass(t, leaves) for t in inputs]
             inputs = leaves
@@ -195,13 +196,34 @@ def _tensor_leaves(out: object) -> tuple[list, Callable[[list], Any]]:
 # Note [Kernel: wrapper subclasses]). Outputs that are such subclasses leave the same way in reverse: flattened inside
 # `run`, their inner tensors unwrapped by the call, rebuilt outside around the plain results.
 # This is how torch's own stack treats them (AOTAutograd flattens subclasses at the graph boundary
-# and traces the inner program). Not covered: changes a function makes to the subclass's own
+# and traces the inner program). A subclass that a tracer holds as one graph input
+# (make_fx(functionalize(f))(dtensor)) is refused: its inner tensors are not in that graph and
+# would be baked in as constants. Not covered: changes a function makes to the subclass's own
 # metadata of an input (its context, e.g. a DTensor's placements) are not written back; only its
 # inner tensors' values are. Rejected: keeping the subclass as the inner value of one wrapper (the
 # old behaviour: f saw a plain tensor and the subclass's dispatch ran below us, so a tracer saw
 # subclass-level ops, not the local program).
 def _is_wrapper_subclass(t: object) -> bool:
     return type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t)
+
+
+def _check_not_traced_whole(inputs: list) -> None:
+    """Refuses a wrapper subclass that a tracer holds as one graph input (make_fx(functionalize(f))
+    called on a DTensor): its inner tensors have no place in that graph, so they would be baked
+    in as constants and the graph would ignore its real input."""
+    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)
+    if mode is None:
+        return
+    from torch.fx.experimental.proxy_tensor import has_proxy_slot
+
+    for t in inputs:
+        if _is_wrapper_subclass(t) and has_proxy_slot(t, mode.tracer):
+            raise NotImplementedError(
+                f"functionalize: a {type(t).__name__} is a graph input of the tracer running "
+                "this call (make_fx(functionalize(f)) called on the subclass itself); its inner "
+                "tensors would enter the graph as constants. Trace a function of the inner "
+                f"tensors instead that builds the {type(t).__name__} (DTensor.from_local) and "
+                "calls the functionalized function: see docs/distributed.md.")
 
 
 class _Kept:

@@ -215,3 +215,9 @@ def test_traced_graph_is_functional_inner_program(remove):
     # the graph writes input mutations back like functionalize's epilogue
     torch.testing.assert_close(ga, pe.a)
     torch.testing.assert_close(gb, pe.b)
+
+
+def test_tracing_the_subclass_itself_as_graph_input_is_refused():
+    # make_fx holds the Pair as one graph input: its inner tensors would be graph constants.
+    with pytest.raises(NotImplementedError, match="Pair is a graph input of the tracer"):
+        make_fx(functionalize(lambda x: x.add_(1) * 2))(make_pair())
