@@ -6,6 +6,7 @@
 #include "api/Call.h"
 #include "core/Layer.h"
 #include "kernels/Registration.h"
+#include "kernels/Subclasses.h"
 
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
@@ -64,6 +65,11 @@ py::dict classify(const std::string& name, const std::string& overload) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-functionalize C++ core (see torch_functionalize for the public API)";
+  // See Note [Kernel: wrapper subclasses]: what makes a tensor one is Python's to say.
+  tfz::detail::set_subclass_predicate([](const at::Tensor& t) {
+    py::gil_scoped_acquire gil;
+    return py::hasattr(py::cast(t), "__tensor_flatten__");
+  });
   py::class_<PyGuard>(m, "_Guard")
       .def(py::init<const std::string&>(), py::arg("remove"))
       .def("close", &PyGuard::close);

@@ -3,6 +3,7 @@
 #include "core/Layer.h"
 
 #include "core/DispatchKey.h"
+#include "core/ModeStash.h"
 
 #include <c10/util/Exception.h>
 
@@ -35,6 +36,17 @@ struct ThreadState {
 };
 thread_local ThreadState tls_state;
 std::atomic<int64_t> next_layer_id{1};
+}  // namespace
+
+std::optional<c10::impl::TorchDispatchModeTLS>& stashed_dispatch_modes() {
+  thread_local std::optional<c10::impl::TorchDispatchModeTLS> stash;
+  return stash;
+}
+
+namespace {
+// Whether the InnerCallGuard now open put stashed modes back. Inner calls of a layer do not nest
+// (an inner call suspends the layer), so one flag per thread is enough.
+thread_local bool inner_restored_modes = false;
 }  // namespace
 
 Layer* current_layer() {
@@ -106,6 +118,15 @@ InnerCallGuard::InnerCallGuard() : saved_tls_(c10::impl::tls_local_dispatch_key_
     inner.included_ = raw_union(raw_minus(saved_tls_.included_, saved_layer_->added_included),
                                 saved_layer_->removed_included);
     inner.excluded_ = saved_tls_.excluded_ - saved_layer_->added_excluded;
+    // Inside a wrapper subclass's dispatch: the tracer below us gets its modes back
+    // (Note [Kernel: wrapper subclasses]).
+    auto& stash = stashed_dispatch_modes();
+    if (C10_UNLIKELY(stash.has_value()) && c10::impl::TorchDispatchModeTLS::stack_len() == 0) {
+      c10::impl::TorchDispatchModeTLS::set_state(*stash);
+      inner_restored_modes = true;
+      inner.included_ = inner.included_ | layer_hidden_keys();
+      inner.excluded_ = inner.excluded_ - layer_hidden_keys();
+    }
   } else {
     // No layer (or already inside an inner call): just make sure our key is gone.
     inner.included_ = raw_minus(saved_tls_.included_, layer_included_keys());
@@ -119,6 +140,10 @@ InnerCallGuard::InnerCallGuard() : saved_tls_(c10::impl::tls_local_dispatch_key_
 }
 
 InnerCallGuard::~InnerCallGuard() {
+  if (saved_layer_ != nullptr && C10_UNLIKELY(inner_restored_modes)) {
+    inner_restored_modes = false;
+    c10::impl::TorchDispatchModeTLS::set_state({});
+  }
   c10::impl::_force_tls_local_dispatch_key_set(saved_tls_);
   if (saved_layer_ != nullptr && saved_layer_->functorch) {
     swap_functorch_stack(*saved_layer_->functorch);

@@ -4,6 +4,7 @@
 #include "kernels/Registration.h"
 
 #include "core/Conversions.h"
+#include "kernels/Subclasses.h"
 
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
@@ -71,15 +72,23 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
   const int64_t layer_id = layer != nullptr ? layer->id : 0;
   // One pass over the arguments: are any ours, and are they all of the current layer?
   bool any_functional = false;
+  bool any_subclass = false;
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end(); ++it) {
     for_each_tensor(*it, [&](const at::Tensor& t) {
       auto* impl = maybe_get_impl(t);
-      if (impl == nullptr) return;
+      if (impl == nullptr) {
+        any_subclass = any_subclass || (layer != nullptr && is_wrapper_subclass(t));
+        return;
+      }
       any_functional = true;
       if (layer == nullptr || impl->layer_id() != layer_id) {
         report_foreign_wrapper(info.name, *impl, layer);
       }
     });
+  }
+  if (any_subclass) {  // See Note [Kernel: wrapper subclasses]
+    SubclassCallGuard guard;
+    return op.redispatchBoxed(subclass_dispatch_keys(ks), stack);
   }
   if (!any_functional && layer != nullptr && !layer->reapply_views && info.kind == OpKind::View &&
       !info.wraps_plain_outputs) {  // lift_fresh wraps, below

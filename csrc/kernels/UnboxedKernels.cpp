@@ -3,6 +3,7 @@
 // the boxed kernel does for its op, without boxing arguments into a stack. Which ops get one is
 // decided at registration from the op's classification. See Note [Kernel: unboxed fast path].
 #include "kernels/Registration.h"
+#include "kernels/Subclasses.h"
 
 #include "core/Conversions.h"
 
@@ -74,7 +75,10 @@ class Call {
 
   void scan(const at::Tensor& t) {
     auto* impl = maybe_get_impl(t);
-    if (impl == nullptr) return;
+    if (impl == nullptr) {
+      subclass_ = subclass_ || (layer_ != nullptr && is_wrapper_subclass(t));
+      return;
+    }
     any_ = true;
     if (foreign_ == nullptr && (layer_ == nullptr || impl->layer_id() != layer_->id)) {
       foreign_ = impl;
@@ -87,6 +91,8 @@ class Call {
   void scan(const T& /*not a tensor*/) {}
 
   bool any() const { return any_; }
+  /// A wrapper subclass is among the arguments (Note [Kernel: wrapper subclasses]).
+  bool subclass() const { return subclass_; }
   const FunctionalTensorImpl* foreign() const { return foreign_; }
 
   const at::Tensor& unwrap(const at::Tensor& t) {
@@ -125,6 +131,7 @@ class Call {
   };
   Layer* layer_;
   bool any_ = false;
+  bool subclass_ = false;
   const FunctionalTensorImpl* foreign_ = nullptr;
   std::array<Seen, MaxTensors> seen_{};
   size_t count_ = 0;
@@ -150,6 +157,10 @@ struct Unboxed<Op, Ret(Args...)> {
     if (call.foreign() != nullptr) {
       report_foreign_wrapper(c10::toString(c10::OperatorName(Op::name, Op::overload_name)),
                              *call.foreign(), current_layer());
+    }
+    if (C10_UNLIKELY(call.subclass())) {
+      SubclassCallGuard guard;
+      return Op::redispatch(subclass_dispatch_keys(ks), args...);
     }
     InnerCallGuard guard;
     if (!call.any()) return Op::call(args...);
@@ -243,6 +254,10 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     (call.scan(args), ...);
     if (call.foreign() != nullptr) {
       report_foreign_wrapper(name(), *call.foreign(), current_layer());
+    }
+    if (C10_UNLIKELY(call.subclass())) {
+      SubclassCallGuard guard;
+      return MutOp::redispatch(subclass_dispatch_keys(ks), args...);
     }
     if (!call.any()) {
       InnerCallGuard guard;

@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator, Literal, TypeVar
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import _C
 
@@ -82,9 +83,19 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
             flat, spec = pytree.tree_flatten((args, kwargs))
             positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
             inputs = [flat[i] for i in positions]
+        # Wrapper subclasses enter as their inner tensors (Note [API: wrapper subclasses]).
+        plans = None
+        if any(_is_wrapper_subclass(t) for t in inputs):
+            _check_not_traced_whole(inputs)
+            leaves: list = []
+            plans = [_flatten_subclass(t, leaves) for t in inputs]
+            inputs = leaves
         result = []  # [output, its tensor leaves' rebuild function]
 
         def run(wrappers):
+            if plans is not None:
+                it = iter(wrappers)
+                wrappers = [_unflatten_subclass(p, it) for p in plans]
             if plain_args:
                 out = func(*wrappers)
             else:
@@ -93,6 +104,15 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
                 f_args, f_kwargs = pytree.tree_unflatten(flat, spec)
                 out = func(*f_args, **f_kwargs)
             tensors, rebuild = _tensor_leaves(out)
+            if any(_is_wrapper_subclass(t) for t in tensors):
+                leaves: list = []
+                out_plans = [_flatten_subclass(t, leaves) for t in tensors]
+
+                def rebuild_subclasses(plain, rebuild=rebuild):
+                    it = iter(plain)
+                    return rebuild([_unflatten_subclass(p, it) for p in out_plans])
+
+                tensors, rebuild = leaves, rebuild_subclasses
             result.append(rebuild)
             return tensors
 
@@ -163,3 +183,74 @@ def _tensor_leaves(out: object) -> tuple[list, Callable[[list], Any]]:
         return pytree.tree_unflatten(leaves, spec)
 
     return [leaves[i] for i in positions], rebuild
+
+
+# Note [API: wrapper subclasses]
+# A traceable wrapper subclass (DTensor, or any subclass with __tensor_flatten__ and
+# __tensor_unflatten__) passed to the function stays that subclass inside it: the call flattens it
+# (recursively, for subclasses of subclasses) into its inner tensors, which become the call's
+# inputs like any tensor (wrapped, mutations written back to them at the end), and `run` rebuilds
+# the subclass around their wrappers with __tensor_unflatten__ (same outer size and stride, same
+# context: a DTensor keeps its mesh and placements). Ops on it then run its __torch_dispatch__
+# above our layer, whose calls on the inner wrappers are functionalized (see
+# Note [Kernel: wrapper subclasses]). Outputs that are such subclasses leave the same way in reverse: flattened inside
+# `run`, their inner tensors unwrapped by the call, rebuilt outside around the plain results.
+# This is how torch's own stack treats them (AOTAutograd flattens subclasses at the graph boundary
+# and traces the inner program). A subclass that a tracer holds as one graph input
+# (make_fx(functionalize(f))(dtensor)) is refused: its inner tensors are not in that graph and
+# would be baked in as constants. Not covered: changes a function makes to the subclass's own
+# metadata of an input (its context, e.g. a DTensor's placements) are not written back; only its
+# inner tensors' values are. Rejected: keeping the subclass as the inner value of one wrapper (the
+# old behaviour: f saw a plain tensor and the subclass's dispatch ran below us, so a tracer saw
+# subclass-level ops, not the local program).
+def _is_wrapper_subclass(t: object) -> bool:
+    return type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t)
+
+
+def _check_not_traced_whole(inputs: list) -> None:
+    """Refuses a wrapper subclass that a tracer holds as one graph input (make_fx(functionalize(f))
+    called on a DTensor): its inner tensors have no place in that graph, so they would be baked
+    in as constants and the graph would ignore its real input."""
+    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)
+    if mode is None:
+        return
+    from torch.fx.experimental.proxy_tensor import has_proxy_slot
+
+    for t in inputs:
+        if _is_wrapper_subclass(t) and has_proxy_slot(t, mode.tracer):
+            raise NotImplementedError(
+                f"functionalize: a {type(t).__name__} is a graph input of the tracer running "
+                "this call (make_fx(functionalize(f)) called on the subclass itself); its inner "
+                "tensors would enter the graph as constants. Trace a function of the inner "
+                f"tensors instead that builds the {type(t).__name__} (DTensor.from_local) and "
+                "calls the functionalized function: see docs/distributed.md.")
+
+
+class _Kept:
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+
+def _flatten_subclass(t: object, leaves: list) -> Any:
+    """Appends the plain tensors inside ``t`` to ``leaves`` and returns the plan that rebuilds
+    ``t`` from them (None for a plain tensor)."""
+    if not isinstance(t, torch.Tensor):  # a non-tensor inner attribute (DTensor's mesh): kept
+        return _Kept(t)
+    if not _is_wrapper_subclass(t):
+        leaves.append(t)
+        return None
+    attrs, ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]
+    children = [(a, _flatten_subclass(getattr(t, a), leaves)) for a in attrs]
+    return type(t), ctx, children, t.size(), t.stride()
+
+
+def _unflatten_subclass(plan: Any, it: Iterator[torch.Tensor]) -> torch.Tensor:
+    if plan is None:
+        return next(it)
+    if isinstance(plan, _Kept):
+        return plan.value
+    cls, ctx, children, size, stride = plan
+    inner = {a: _unflatten_subclass(child, it) for a, child in children}
+    return cls.__tensor_unflatten__(inner, ctx, size, stride)
