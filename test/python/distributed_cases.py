@@ -567,20 +567,21 @@ def run_all():
     return results
 
 
-def main(out_path):
+def rank_main(run, out_path):
+    """One rank's whole run: init gloo, run(), destroy, write the results as JSON, and leave."""
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     try:
-        results = run_all()
+        results = run()
     finally:
         dist.destroy_process_group()
     with open(out_path, "w") as fh:
         json.dump(results, fh)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])
     # Leave without interpreter finalization: torch's gloo backend can abort at exit ("terminate
     # called without an active exception") when its worker threads outlive the interpreter, even
     # after destroy_process_group (pytorch/pytorch#190489, #179291); the results are written.
     sys.stdout.flush()
     os._exit(0)
+
+
+if __name__ == "__main__":
+    rank_main(run_all, sys.argv[1])

@@ -9,10 +9,7 @@ DTensors with eager's placements and local values; every input's local tensor en
 The traced case checks make_fx's graph of the local program: functional, collectives as
 ``_c10d_functional`` ops, and its replay matches eager.
 """
-import json
-import os
 import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -206,20 +203,7 @@ def run_all():
     return results
 
 
-def main(out_path):
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    try:
-        results = run_all()
-    finally:
-        dist.destroy_process_group()
-    with open(out_path, "w") as fh:
-        json.dump(results, fh)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
-    # Leave without interpreter finalization: torch's gloo backend can abort at exit ("terminate
-    # called without an active exception") when its worker threads outlive the interpreter, even
-    # after destroy_process_group (pytorch/pytorch#190489, #179291); the results are written.
-    sys.stdout.flush()
-    os._exit(0)
+    from distributed_cases import rank_main
+
+    rank_main(run_all, sys.argv[1])

@@ -34,9 +34,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _launch(world, tmp_path_factory):
-    """Runs distributed_cases.py on `world` ranks; returns [results of rank 0, rank 1, ...]."""
-    out_dir = tmp_path_factory.mktemp(f"dist{world}")
+def launch_ranks(script, world, out_dir, timeout_s=LAUNCH_TIMEOUT_S):
+    """Runs `script` (a file beside this one, taking its JSON result path) on `world` gloo ranks
+    over 127.0.0.1; returns [results of rank 0, rank 1, ...]. Shared with test_dtensor.py."""
     port = _free_port()
     procs = []
     for rank in range(world):
@@ -44,13 +44,12 @@ def _launch(world, tmp_path_factory):
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         log = open(out_dir / f"rank{rank}.log", "w")
         procs.append((subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "distributed_cases.py"),
-             str(out_dir / f"rank{rank}.json")],
+            [sys.executable, os.path.join(HERE, script), str(out_dir / f"rank{rank}.json")],
             env=env, stdout=log, stderr=subprocess.STDOUT), log))
     failures = []
     for rank, (proc, log) in enumerate(procs):
         try:
-            rc = proc.wait(timeout=LAUNCH_TIMEOUT_S)
+            rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             for p, _ in procs:
                 p.kill()
@@ -62,6 +61,10 @@ def _launch(world, tmp_path_factory):
     if failures:
         pytest.fail("\n".join(failures))
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _launch(world, tmp_path_factory):
+    return launch_ranks("distributed_cases.py", world, tmp_path_factory.mktemp(f"dist{world}"))
 
 
 @pytest.fixture(scope="module")
