@@ -211,7 +211,7 @@ void check_no_read_of_written_memory(const OpInfo& info, const c10::FunctionSche
     int index;
     size_t position;
   };
-  std::vector<Written> written;
+  c10::SmallVector<Written, 4> written;  // no heap allocation for the usual one or two
   for (const auto& w : info.written) {
     for_each_positioned_tensor(args[w.index], [&](const at::Tensor& t, size_t position) {
       if (auto* impl = maybe_get_impl(t)) {
