@@ -305,10 +305,10 @@ def _proc_status_kib(field_name: str) -> int:
     raise RuntimeError(f"{field_name} not in /proc/self/status")
 
 
-def _allocator_peak(g: Callable[..., Any], inputs: tuple) -> int:
-    """Peak bytes of CPU tensor memory allocated during one call above what was live before it,
-    from the allocation events torch.profiler records with profile_memory=True (exact, and
-    independent of malloc's caching)."""
+def allocation_events(g: Callable[..., Any], inputs: tuple) -> list[tuple[int, int]]:
+    """(time ns, bytes: + allocated, - freed) of every CPU tensor allocation event during one
+    call, from torch.profiler with profile_memory=True (exact, independent of malloc's caching).
+    Shared with benchmarks/distributed_step.py."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -323,11 +323,21 @@ def _allocator_peak(g: Callable[..., Any], inputs: tuple) -> int:
                 fields.device.type == "cpu":
             events.append((node.start_time_ns, fields.alloc_size))
         stack.extend(node.children)
+    return sorted(events)
+
+
+def peak_live(events: list[tuple[int, int]]) -> int:
+    """Peak bytes live above the start, over time-sorted allocation events."""
     live = peak = 0
-    for _, size in sorted(events):
+    for _, size in events:
         live += size
         peak = max(peak, live)
     return peak
+
+
+def _allocator_peak(g: Callable[..., Any], inputs: tuple) -> int:
+    """Peak bytes of CPU tensor memory allocated during one call above what was live before it."""
+    return peak_live(allocation_events(g, inputs))
 
 
 def memory_worker(name: str, impls: list[str]) -> dict:

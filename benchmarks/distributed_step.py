@@ -66,26 +66,10 @@ def make_inputs(rank, width, layers=3, batch=64):
 
 def _allocations(fn, inputs):
     """(total bytes allocated, peak live bytes above the start) during one call."""
-    from torch.profiler import ProfilerActivity, profile
+    from _harness import allocation_events, peak_live
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = fn(*inputs)
-        del out
-    events = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        fields = node.extra_fields
-        if isinstance(fields, torch._C._profiler._ExtraFields_Allocation) and \
-                fields.device.type == "cpu":
-            events.append((node.start_time_ns, fields.alloc_size))
-        stack.extend(node.children)
-    total = sum(size for _, size in events if size > 0)
-    live = peak = 0
-    for _, size in sorted(events):
-        live += size
-        peak = max(peak, live)
-    return total, peak
+    events = allocation_events(fn, inputs)
+    return sum(size for _, size in events if size > 0), peak_live(events)
 
 
 def worker(args):
