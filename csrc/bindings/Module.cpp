@@ -4,14 +4,18 @@
 #include <torch_functionalize/functionalize.h>
 
 #include "api/Call.h"
+#include "core/Graph.h"
 #include "core/Layer.h"
 #include "kernels/Registration.h"
 #include "kernels/Subclasses.h"
 
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include <memory>
 #include <optional>
@@ -61,6 +65,109 @@ py::dict classify(const std::string& name, const std::string& overload) {
   return d;
 }
 
+// --- captured graphs, as plain Python data for torch_functionalize.capture to build FX from ---
+
+struct ValueRef {
+  int64_t id;
+};
+
+// A constant argument as Python sees it: dtypes, layouts and memory formats are ints in an
+// IValue, objects in Python.
+py::object constant_to_py(const c10::IValue& v, const c10::TypePtr& type) {
+  if (v.isInt()) {
+    auto kind = type->kind();
+    if (const auto* opt = type->castRaw<c10::OptionalType>()) kind = opt->getElementType()->kind();
+    const auto i = v.toInt();
+    if (kind == c10::TypeKind::ScalarTypeType) {
+      return py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(i))));
+    }
+    if (kind == c10::TypeKind::LayoutType) {
+      return py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<at::Layout>(i))));
+    }
+    if (kind == c10::TypeKind::MemoryFormatType) {
+      return py::reinterpret_borrow<py::object>(
+          torch::utils::getTHPMemoryFormat(static_cast<at::MemoryFormat>(i)));
+    }
+  }
+  return torch::jit::toPyObject(v);
+}
+
+py::object arg_to_py(const tfz::detail::GraphArg& a, const c10::TypePtr& type) {
+  using Kind = tfz::detail::GraphArg::Kind;
+  switch (a.kind) {
+    case Kind::kConstant:
+      return constant_to_py(a.constant, type);
+    case Kind::kValue:
+      return py::cast(ValueRef{a.values[0]});
+    case Kind::kValueList: {
+      py::list out;
+      for (int64_t id : a.values) {
+        out.append(id < 0 ? py::none() : py::cast(ValueRef{id}));
+      }
+      return out;
+    }
+  }
+  return py::none();
+}
+
+// (inputs, constants, nodes, outputs): value ids of the inputs; (id, tensor, is a wrapped Python
+// number) per constant;
+// (qualified op name, overload, args, kwargs, returns) per node, where a tensor is a ValueRef,
+// kwarg-only arguments at their defaults are left out, and a return is a ValueRef, a list of
+// them, or None (non-tensor); outputs as ValueRefs (None: undefined).
+py::tuple export_graph(const tfz::CapturedGraph& captured) {
+  const auto& g = captured.graph();
+  py::list constants;
+  for (size_t id = 0; id < g.values.size(); ++id) {
+    const auto& v = g.values[id];
+    if (v.kind == tfz::detail::ValueSource::Kind::kConstant) {
+      const auto& t = g.constants[v.index];
+      constants.append(py::make_tuple(id, t, t.unsafeGetTensorImpl()->is_wrapped_number()));
+    }
+  }
+  py::list nodes;
+  for (const auto& node : g.nodes) {
+    const auto& schema = node.op.schema();
+    py::list args;
+    py::dict kwargs;
+    const size_t shown = tfz::detail::num_positional_shown(node);
+    for (size_t i = 0; i < node.args.size(); ++i) {
+      const auto& sa = schema.arguments()[i];
+      const auto& a = node.args[i];
+      if (sa.kwarg_only()) {
+        if (!tfz::detail::is_default_arg(sa, a)) {
+          kwargs[py::str(sa.name())] = arg_to_py(a, sa.real_type());
+        }
+      } else if (i < shown) {
+        args.append(arg_to_py(a, sa.real_type()));
+      }
+    }
+    py::list returns;
+    for (const auto& r : node.returns) {
+      returns.append(r.kind == tfz::detail::GraphArg::Kind::kConstant ? py::none()
+                                                                      : arg_to_py(r, nullptr));
+    }
+    nodes.append(
+        py::make_tuple(schema.name(), schema.overload_name(), py::tuple(args), kwargs, returns));
+  }
+  py::list outputs;
+  for (const auto& o : g.outputs) outputs.append(arg_to_py(o, nullptr));
+  return py::make_tuple(g.inputs, constants, nodes, outputs);
+}
+
+tfz::CapturedGraph capture(const std::vector<at::Tensor>& inputs, const std::string& remove,
+                           const tfz::TensorFn& fn) {
+  torch::PyWarningHandler warnings;
+  try {
+    return tfz::capture(fn, inputs, tfz::parse_remove(remove));
+  } catch (...) {
+    warnings.set_in_exception();
+    throw;
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -75,6 +182,13 @@ PYBIND11_MODULE(_C, m) {
       .def("close", &PyGuard::close);
   m.def("_call", &call, py::arg("inputs"), py::arg("remove"), py::arg("alias_outputs"),
         py::arg("fn"));
+  py::class_<ValueRef>(m, "_ValueRef").def_readonly("id", &ValueRef::id);
+  py::class_<tfz::CapturedGraph>(m, "_CapturedGraph")
+      .def("__call__", &tfz::CapturedGraph::operator())
+      .def("__str__", &tfz::CapturedGraph::str)
+      .def("num_nodes", &tfz::CapturedGraph::num_nodes)
+      .def("export", &export_graph);
+  m.def("_capture", &capture, py::arg("inputs"), py::arg("remove"), py::arg("fn"));
   m.def("_parse_remove", [](const std::string& r) { tfz::parse_remove(r); });
   m.def("_is_functional", &tfz::is_functional);
   m.def("_layer_active", [] { return tfz::detail::current_layer() != nullptr; });

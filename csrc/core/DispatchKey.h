@@ -37,6 +37,21 @@ constexpr c10::DispatchKey kAutogradKey = c10::DispatchKey::AutogradPrivateUse3;
 constexpr c10::DispatchKey kBackendKey = c10::DispatchKey::PrivateUse3;
 constexpr c10::DispatchKey kFactoryKey = c10::DispatchKey::DeferredInit;
 
+// Note [Capture: the record key]
+// capture() needs a key that sees every op called on plain tensors while it records (Note
+// [Capture: how ops are recorded]), above autograd and the backends, that no kernel of torch's
+// claims. We borrow TESTING_ONLY_GenericMode: a functionality key (no backend bit, so the delta
+// TLS guards are safe with it) at the top of the dispatch order, below only PreDispatch and
+// PythonDispatcher, for which torch registers no kernel and no fallback in its libraries (it
+// exists for the dispatcher's own C++ tests). Its fallback is registered on the first capture,
+// after checking that no one else holds it, so processes that never capture never touch it.
+// Being above FuncTorchDynamicLayerFrontMode and the Autocast keys, it would see ops before
+// torch.func transforms and autocast rewrite them: capture refuses both (make_fx handles them).
+// Rejected: Python (a TorchDispatchMode is what costs ~500 us a node), Tracer (TorchScript's
+// tracer kernels occupy it for every op), the Autocast keys (torch holds their fallbacks), and
+// our DeferredInit key (its fallthrough is what keeps factories free for every other op).
+constexpr c10::DispatchKey kRecordKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+
 /// Keys every wrapper carries (and nothing else: not Python, not ADInplaceOrView), apart from the
 /// bits it mirrors from its value (mirrored_key_set).
 inline c10::DispatchKeySet wrapper_key_set() {
@@ -62,9 +77,15 @@ inline c10::DispatchKeySet layer_included_keys() {
   return c10::DispatchKeySet({kAutogradKey, kFactoryKey});
 }
 
-/// Keys a functionalize layer hides while user code runs, and unhides for inner calls.
-inline c10::DispatchKeySet layer_hidden_keys() {
+/// The Python-level keys (TorchDispatchModes, hence make_fx, and their TLS snapshot).
+inline c10::DispatchKeySet python_keys() {
   return c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
+}
+
+/// Keys a functionalize layer hides while user code runs, and unhides for inner calls: the
+/// Python keys and the capture's record key (Note [Capture: the record key]).
+inline c10::DispatchKeySet layer_hidden_keys() {
+  return python_keys() | c10::DispatchKeySet(kRecordKey);
 }
 
 /// Every runtime key our boxed kernel is registered at, per op and as fallback.

@@ -124,8 +124,8 @@ InnerCallGuard::InnerCallGuard() : saved_tls_(c10::impl::tls_local_dispatch_key_
     if (C10_UNLIKELY(stash.has_value()) && c10::impl::TorchDispatchModeTLS::stack_len() == 0) {
       c10::impl::TorchDispatchModeTLS::set_state(*stash);
       inner_restored_modes = true;
-      inner.included_ = inner.included_ | layer_hidden_keys();
-      inner.excluded_ = inner.excluded_ - layer_hidden_keys();
+      inner.included_ = inner.included_ | python_keys();
+      inner.excluded_ = inner.excluded_ - python_keys();
     }
   } else {
     // No layer (or already inside an inner call): just make sure our key is gone.

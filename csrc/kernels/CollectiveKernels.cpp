@@ -7,6 +7,7 @@
 
 #include "core/C10dObjects.h"
 #include "core/Conversions.h"
+#include "core/Recorder.h"
 
 #include <ATen/Functions.h>
 #include <ATen/core/class_type.h>
@@ -411,7 +412,7 @@ const Collective* find_collective(std::string_view name) {
 // tensors are (see Note [Kernel: views of captured tensors]): the reduced value must reach the
 // captured tensor, and no graph output carries it there.
 void check_plain_collective(const c10::OperatorHandle& op) {
-  if (c10::impl::TorchDispatchModeTLS::stack_len() == 0) return;
+  if (!ops_are_recorded()) return;
   TORCH_CHECK_NOT_IMPLEMENTED(
       false, "functionalize: ", c10::toString(op.operator_name()),
       ": every tensor of this collective was created outside the function (a parameter, buffer "

@@ -4,6 +4,7 @@
 
 #include "core/Conversions.h"
 #include "core/FunctorchInterop.h"
+#include "core/Recorder.h"
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/ScalarType.h>
@@ -324,7 +325,7 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
 // not (a tracer or a transform pushed inside the layer, a Python key or functorch wrapper on the
 // value): what is done to it cannot appear in a graph.
 bool nothing_records(const at::Tensor& value) {
-  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
+  if (ops_are_recorded() ||
       c10::impl::tls_local_dispatch_key_set().included_.has_any(functorch_mode_keys())) {
     return false;
   }

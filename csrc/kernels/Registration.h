@@ -39,6 +39,10 @@ std::vector<std::string> unboxed_registered_ops();
 /// Throws if no such operator is registered.
 KernelPlan plan_by_name(const std::string& name, const std::string& overload);
 
+/// Registers the capture's record kernel (RecordKernel.cpp) on first use; throws if another
+/// library holds its key. See Note [Capture: the record key].
+void ensure_record_kernel();
+
 /// Number of operators with our per-op kernel (for tests and diagnostics).
 size_t registered_op_count();
 

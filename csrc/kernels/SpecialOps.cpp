@@ -5,6 +5,7 @@
 #include "kernels/SpecialOps.h"
 
 #include "core/Conversions.h"
+#include "core/Recorder.h"
 #include "core/ViewInverses.h"
 
 #include <ATen/EmptyTensor.h>
@@ -440,7 +441,7 @@ bool has_raw_fast_path(const c10::OperatorHandle& op) {
 
 void composite_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                       const Layer& layer) {
-  if (!c10::impl::TorchDispatchModeTLS::any_modes_set()) {
+  if (!c10::impl::TorchDispatchModeTLS::any_modes_set() && active_recorder() == nullptr) {
     return generic_kernel(info, op, stack, layer);
   }
   if (info.kind == OpKind::Mutable) return mutable_kernel_on_wrappers(info, op, stack, layer);

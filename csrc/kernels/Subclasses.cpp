@@ -58,7 +58,7 @@ c10::DispatchKeySet subclass_dispatch_keys(c10::DispatchKeySet ks) {
   // Below our autograd key (the subclass's own autograd key goes too: autograd runs on the inner
   // tensors, as for wrappers), without our backend bit and factory key, plus the Python keys.
   const auto below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kAutogradKey);
-  return raw_minus(below, layer_included_keys()) | layer_hidden_keys();
+  return raw_minus(below, layer_included_keys()) | python_keys();
 }
 
 SubclassCallGuard::SubclassCallGuard() : saved_tls_(c10::impl::tls_local_dispatch_key_set()) {
@@ -70,7 +70,7 @@ SubclassCallGuard::SubclassCallGuard() : saved_tls_(c10::impl::tls_local_dispatc
     stashed_ = true;
   }
   auto tls = c10::impl::tls_local_dispatch_key_set();
-  tls.excluded_ = tls.excluded_ - layer_hidden_keys();
+  tls.excluded_ = tls.excluded_ - python_keys();
   c10::impl::_force_tls_local_dispatch_key_set(tls);
 }
 

@@ -1,7 +1,7 @@
 """torch-functionalize: remove mutations (and optionally views) from PyTorch programs.
 
-Public surface: ``functionalize`` (the contract of ``torch.func.functionalize``),
-``functionalize_graph`` (FX GraphModule in, functional GraphModule out), and the helpers
+Public surface: ``functionalize`` (the contract of ``torch.func.functionalize``), ``capture``
+(the functional program of f as an FX GraphModule, recorded in C++), ``functionalize_graph`` (FX GraphModule in, functional GraphModule out), and the helpers
 ``to_functional``, ``from_functional``, ``is_functional``, ``sync`` and ``enable``; ``backend``,
 the torch.compile backend (also registered by name: ``torch.compile(m, backend="tfz")``).
 """
@@ -21,12 +21,14 @@ from . import _tensor_methods  # noqa: E402
 
 _tensor_methods.install()
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
+from .capture import capture
 from .dynamo import backend
 from .graph import functionalize_graph
 
 __version__ = "0.1.0"
 __all__ = [
     "functionalize",
+    "capture",
     "functionalize_graph",
     "to_functional",
     "from_functional",

@@ -66,6 +66,7 @@ def assert_matches_eager(
         eager_args, func_args = clone_inputs(inputs), clone_inputs(inputs)
     eager_kwargs, func_kwargs = clone_inputs(kwargs), clone_inputs(kwargs)
 
+    rng = _rng_state()
     expected = f(*eager_args, **eager_kwargs)
     actual = impl(f, remove=remove)(*func_args, **func_kwargs)
     assert_trees_match(actual, expected, "output")
@@ -88,7 +89,43 @@ def assert_matches_eager(
         functional = impl(f, remove=remove)
         gm = make_fx(lambda a, kw: functional(*a, **kw))(graph_args, clone_inputs(kwargs))
         assert_functional_graph(gm, remove)
+        if impl is default_impl():
+            fresh = (lambda: tuple(make_inputs())) if make_inputs is not None else (
+                lambda: clone_inputs(inputs))
+            assert_capture_matches_eager(f, fresh, kwargs, remove, expected,
+                                         (eager_args, eager_kwargs), rng, check_input_strides)
     return actual
+
+
+def _rng_state():
+    return torch.get_rng_state(), (torch.cuda.get_rng_state_all()
+                                   if torch.cuda.is_available() else None)
+
+
+def _set_rng_state(state):
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state_all(state[1])
+
+
+def assert_capture_matches_eager(f, fresh_args, kwargs, remove, expected, eager_state, rng,
+                                 check_input_strides=True):
+    """torch_functionalize.capture(f) gives a functional graph (assert_functional_graph) that, run
+    on fresh inputs, returns eager's outputs and leaves the inputs as eager left them. Random ops
+    replay: the generator is reset to the same state before eager's run and the graph's."""
+    import torch_functionalize
+
+    gm = torch_functionalize.capture(f, *fresh_args(), remove=remove, **clone_inputs(kwargs))
+    assert_functional_graph(gm, remove)
+    args, kw = fresh_args(), clone_inputs(kwargs)
+    after = _rng_state()
+    _set_rng_state(rng)
+    out = gm(*args, **kw)
+    _set_rng_state(after)
+    assert_trees_match(out, expected, "captured graph output")
+    for i, (a, e) in enumerate(zip(pytree.tree_leaves((args, kw)), pytree.tree_leaves(eager_state))):
+        if isinstance(e, torch.Tensor):
+            assert_trees_match(a, e, f"captured graph: input {i}", check_input_strides)
 
 
 def trace(f, *inputs, remove="mutations", impl=None, tracing_mode="real"):

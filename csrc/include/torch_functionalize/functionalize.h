@@ -9,9 +9,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace tfz {
+
+namespace detail {
+struct Graph;
+}  // namespace detail
 
 /// What the transform removes, mirroring torch.func.functionalize's `remove=` argument.
 enum class Remove {
@@ -92,5 +97,32 @@ IValueFn functionalize(IValueFn fn, Remove remove = Remove::Mutations);
 /// this is for plain tensors the function wants functionalized, e.g. a buffer it allocated
 /// before the call.
 at::Tensor wrap_fresh(const at::Tensor& t);
+
+/// A functional program recorded by tfz::capture: ATen ops over the inputs, in program order,
+/// ending with the input epilogue (copy_, as_strided_, resize_). Cheap to copy (shared, const).
+class CapturedGraph {
+ public:
+  explicit CapturedGraph(std::shared_ptr<const detail::Graph> graph);
+  /// Runs the graph through the dispatcher; inputs are written as the functionalized call writes
+  /// them. `inputs` must match the captured ones in number (and, for the numbers to mean
+  /// anything, in shape, dtype and device).
+  std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs) const;
+  /// One line per op: `%3 = aten::add.Tensor(%0, 1)`.
+  std::string str() const;
+  size_t num_nodes() const;
+  const detail::Graph& graph() const { return *graph_; }
+
+ private:
+  std::shared_ptr<const detail::Graph> graph_;
+};
+
+/// Functionalizes `fn` on `inputs` (running it once, as make_fx does: inputs are written as by
+/// the functionalized call) and returns the functional program it ran, recorded in C++ as the
+/// engine runs it. Inputs may be meta tensors, so nothing is computed. Ops that only build views
+/// or values nothing uses are dropped. Refused (with an error naming the alternative,
+/// make_fx(functionalize(f))): symbolic sizes, active torch.func transforms, autocast, tracing
+/// modes, a capture inside a functionalized function. See Note [Capture: how ops are recorded].
+CapturedGraph capture(const TensorFn& fn, const std::vector<at::Tensor>& inputs,
+                      Remove remove = Remove::Mutations);
 
 }  // namespace tfz

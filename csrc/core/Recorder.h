@@ -1,0 +1,59 @@
+// The capture recorder: turns the op calls it is shown (by the record kernel, kernels/
+// RecordKernel.cpp) into a Graph (core/Graph.h), naming each tensor by the value that produced it.
+// Also the thread's recording state and the guard that turns recording on.
+// See Note [Capture: how ops are recorded].
+#pragma once
+
+#include "core/Graph.h"
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <unordered_map>
+
+namespace tfz::detail {
+
+class Recorder {
+ public:
+  /// `inputs` become the graph's inputs, in order.
+  explicit Recorder(const std::vector<at::Tensor>& inputs);
+
+  /// Reads the call's arguments (the last `num_args` entries of `stack`) before it runs.
+  GraphNode begin(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+  /// Names the call's results (the last entries of `stack`) and appends the node.
+  void finish(GraphNode node, const torch::jit::Stack& stack);
+  /// The graph whose outputs are `outputs`. The recorder is spent afterwards.
+  Graph take(const std::vector<at::Tensor>& outputs);
+
+ private:
+  int64_t value_of(const at::Tensor& t);  // a known value, or a new constant
+  int64_t define(const at::Tensor& t, ValueSource source);
+  GraphArg arg_of(const c10::IValue& v);
+
+  Graph graph_;
+  std::unordered_map<const c10::TensorImpl*, int64_t> ids_;
+  // Weak references keep each named TensorImpl's memory, hence its address, from being reused by
+  // a later tensor while the recorder lives, without keeping its storage alive.
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> pinned_;
+};
+
+/// The recorder of the capture running on this thread, or nullptr.
+Recorder* active_recorder();
+
+/// True when what the engine runs on inner tensors ends up in a graph: a tracer's dispatch mode is
+/// set, or a capture is recording. Fast paths that mutate inner values in place are off then.
+bool ops_are_recorded();
+
+/// Records every op run on inner tensors while alive: includes the record key in the thread's
+/// dispatch TLS (a layer hides it while user code runs, as it hides Python). Refuses nesting.
+class RecordingGuard {
+ public:
+  explicit RecordingGuard(Recorder& recorder);
+  ~RecordingGuard();
+  RecordingGuard(const RecordingGuard&) = delete;
+  RecordingGuard& operator=(const RecordingGuard&) = delete;
+
+ private:
+  c10::impl::LocalDispatchKeySet saved_tls_;
+};
+
+}  // namespace tfz::detail

@@ -1,0 +1,157 @@
+"""capture(f, *args, remove=..., **kwargs): f's functional program as an FX GraphModule, recorded
+by the C++ engine while it functionalizes f (no make_fx, no proxy tensors). C++ records the ops
+(see Note [Capture: how ops are recorded]); this file turns its node list into FX: pytrees in and
+out, closure tensors as ``get_attr`` constants, multi-output ops through ``operator.getitem``.
+"""
+import inspect
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+from torch.utils import _pytree as pytree
+
+from . import _C
+from .api import Remove, _is_wrapper_subclass, check_remove
+
+_ops_cache: dict[tuple[str, str], tuple[Any, str]] = {}
+
+
+def _resolve(qualified: str, overload: str) -> tuple[Any, str]:
+    """The OpOverload and the node name make_fx gives it (its packet's name)."""
+    key = (qualified, overload)
+    found = _ops_cache.get(key)
+    if found is None:
+        namespace, name = qualified.split("::", 1)
+        packet = getattr(getattr(torch.ops, namespace), name)
+        found = _ops_cache[key] = (getattr(packet, overload or "default"), name)
+    return found
+
+
+def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
+            **kwargs: Any) -> fx.GraphModule:
+    """Runs ``functionalize(func, remove=remove)(*args, **kwargs)`` once and returns the functional
+    program it ran as an ``fx.GraphModule`` of ATen ops (called with the same pytrees as ``func``),
+    recorded in C++ as it runs: the graph ``make_fx(functionalize(func))`` gives, without the cost
+    of Python tracing. Inputs may be ``meta`` tensors (nothing is computed). As with make_fx on
+    real tensors, the inputs are written as the functionalized call writes them.
+
+    Raises NotImplementedError, naming ``make_fx(functionalize(func))`` as the alternative, for
+    wrapper subclasses (DTensor), symbolic shapes, active torch.func transforms, autocast and
+    active TorchDispatchModes (FakeTensorMode)."""
+    if not callable(func):
+        raise TypeError(f"capture: expected a callable, got {type(func).__name__}.")
+    check_remove(remove)
+    flat, _ = pytree.tree_flatten((args, kwargs))
+    positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+    inputs = [flat[i] for i in positions]
+    for t in inputs:
+        if _is_wrapper_subclass(t):
+            raise NotImplementedError(
+                f"capture: a {type(t).__name__} input (a wrapper subclass) runs its own "
+                "__torch_dispatch__ above the engine; use make_fx(functionalize(f)) for it.")
+    result: list = []
+
+    def run(wrappers: list) -> list:
+        leaves = list(flat)
+        for i, w in zip(positions, wrappers):
+            leaves[i] = w
+        f_args, f_kwargs = pytree.tree_unflatten(leaves, pytree.tree_flatten((args, kwargs))[1])
+        out = func(*f_args, **f_kwargs)
+        out_leaves, out_spec = pytree.tree_flatten(out)
+        result.append((out_leaves, out_spec))
+        return [x for x in out_leaves if isinstance(x, torch.Tensor)]
+
+    captured = _C._capture(inputs, remove, run)
+    out_leaves, out_spec = result[0]
+    return _graph_module(captured, func, args, kwargs, flat, positions, out_leaves, out_spec)
+
+
+def _argument_names(func: Callable[..., Any], n: int) -> list[str]:
+    """Names for the graph's positional arguments: func's own, as make_fx names them, where its
+    signature has them; arg0, arg1, ... otherwise."""
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    named = []
+    for p in params[:n]:
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        named.append(p.name)
+    return named + [f"arg{i}" for i in range(len(named), n)]
+
+
+def _graph_module(captured: Any, func: Callable[..., Any], args: tuple, kwargs: dict, flat: list,
+                  positions: list, out_leaves: list, out_spec: Any) -> fx.GraphModule:
+    input_ids, constants, nodes, outputs = captured.export()
+    graph = fx.Graph()
+    root = torch.nn.Module()
+    env: dict[int, Any] = {}  # value id -> fx.Node, or (node, path) for a result not yet read
+    input_of = dict(zip(positions, input_ids))
+    orig_args = _argument_names(func, len(args)) + list(kwargs)
+    leaf_names = []
+    for name, leaf_count in zip(orig_args, [len(pytree.tree_leaves(a)) for a in args] +
+                                [len(pytree.tree_leaves(v)) for v in kwargs.values()]):
+        leaf_names += [f"{name}_{k + 1}" for k in range(leaf_count)]
+    for i in range(len(flat)):
+        ph = graph.placeholder(leaf_names[i])
+        if i in input_of:
+            env[input_of[i]] = ph
+    constant_of = {cid: (t, wrapped) for cid, t, wrapped in constants}
+    ValueRef = _C._ValueRef
+    getitem = operator.getitem
+
+    def value(ref: Any) -> Any:
+        node = env.get(ref.id)
+        if node is None:
+            t, wrapped = constant_of[ref.id]
+            if wrapped:  # a Python number the arg parser wrapped: back to the number
+                return t.item()
+            name = f"_tensor_constant{len(root._buffers)}"
+            root.register_buffer(name, t)
+            node = env[ref.id] = graph.get_attr(name)
+        elif isinstance(node, tuple):  # materialize getitem only for results someone reads
+            node = env[ref.id] = graph.call_function(getitem, node)
+        return node
+
+    def convert(a: Any) -> Any:
+        if isinstance(a, ValueRef):
+            return value(a)
+        if isinstance(a, list):
+            return [convert(x) for x in a]
+        return a
+
+    for qualified, overload, node_args, node_kwargs, returns in nodes:
+        op, name = _resolve(qualified, overload)
+        n = graph.create_node(
+            "call_function", op, tuple(convert(a) for a in node_args),
+            {k: convert(v) for k, v in node_kwargs.items()}, name=name)
+        if len(returns) == 1 and isinstance(returns[0], ValueRef):
+            env[returns[0].id] = n
+            continue
+        for j, r in enumerate(returns):
+            if isinstance(r, ValueRef):
+                env[r.id] = (n, j)
+            elif isinstance(r, list):
+                base = n if len(returns) == 1 else graph.call_function(getitem, (n, j))
+                for k, e in enumerate(r):
+                    env[e.id] = (base, k)
+    out_iter = iter(outputs)
+    graph.output([convert(next(out_iter)) if isinstance(x, torch.Tensor) else x
+                  for x in out_leaves])
+    in_spec = pytree.tree_flatten((tuple(args), kwargs) if kwargs else tuple(args))[1]
+    graph._codegen = _PyTreeCodeGen(_PyTreeInfo(orig_args, in_spec, out_spec))
+    return _LazyGraphModule(root, graph)  # See Note [Capture: code generated on first use]
+
+
+# Note [Capture: code generated on first use]
+# An FX GraphModule turns its graph into Python source and compiles it when built: about 25 us a
+# node, half of what capture costs altogether, and wasted when the graph goes to a compiler or an
+# exporter, which read gm.graph and never run the generated code. capture returns FX's
+# _LazyGraphModule (a GraphModule subclass, what torch.compile uses for its own graphs), which
+# generates the code on the first call, `.code` or `print_readable()`. benchmarks/ reports the
+# time with and without that first code generation. Rejected: a GraphModule built eagerly
+# (make_fx's default), paying for code nobody may run.

@@ -1,0 +1,137 @@
+// Tests of tfz::capture, the C++ graph capture: each program is captured on clones, the graph is
+// run on other clones, and outputs and final inputs must equal eager's on a third set. Also: what
+// the graph holds (functional ops, the epilogue, no dead view), meta inputs, printing, errors.
+#include <torch_functionalize/functionalize.h>
+
+#include "TestUtils.h"
+#include "core/Graph.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace tfz::test;
+
+std::vector<std::string> op_names(const tfz::CapturedGraph& g) {
+  std::vector<std::string> names;
+  for (const auto& node : g.graph().nodes) names.push_back(c10::toString(node.op.operator_name()));
+  return names;
+}
+
+void expect_graph_matches_eager(const tfz::TensorFn& fn, const std::vector<at::Tensor>& inputs,
+                                tfz::Remove remove) {
+  SCOPED_TRACE("remove=" + mode_name(remove));
+  std::vector<at::Tensor> eager_inputs = clone_all(inputs);
+  const auto eager_outputs = fn(eager_inputs);
+  const tfz::CapturedGraph graph = tfz::capture(fn, clone_all(inputs), remove);
+  std::vector<at::Tensor> graph_inputs = clone_all(inputs);
+  const auto graph_outputs = graph(graph_inputs);
+  ASSERT_EQ(graph_outputs.size(), eager_outputs.size());
+  for (size_t i = 0; i < eager_outputs.size(); ++i) {
+    expect_same_tensor(graph_outputs[i], eager_outputs[i], "output " + std::to_string(i), false);
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    expect_same_tensor(graph_inputs[i], eager_inputs[i], "input " + std::to_string(i), true);
+  }
+  for (const auto& node : graph.graph().nodes) {
+    const auto& schema = node.op.schema();
+    const std::string name = schema.name();
+    if (schema.is_mutable()) {
+      EXPECT_TRUE(name == "aten::copy_" || name == "aten::as_strided_" || name == "aten::resize_")
+          << "mutable op left in the graph:\n"
+          << graph.str();
+    }
+  }
+}
+
+std::vector<at::Tensor> write_row_through_view(const std::vector<at::Tensor>& in) {
+  at::Tensor x = in[0];
+  x.select(0, 1).add_(in[1]);
+  at::Tensor unused = x.diagonal();  // a dead view: not in the graph
+  return {x.view({-1}).sum(), x * 2};
+}
+
+TEST(Capture, WriteThroughViewOfInputMatchesEager) {
+  for (auto remove : {tfz::Remove::Mutations, tfz::Remove::MutationsAndViews}) {
+    expect_graph_matches_eager(write_row_through_view,
+                               {float_grid(3, 4), float_grid(1, 4, 7).view({-1})}, remove);
+  }
+}
+
+TEST(Capture, GraphIsFunctionalWithOneEpilogueCopy) {
+  const auto graph =
+      tfz::capture(write_row_through_view, {float_grid(3, 4), float_grid(1, 4, 7).view({-1})},
+                   tfz::Remove::MutationsAndViews);
+  const auto names = op_names(graph);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "aten::copy_"), 1) << graph.str();
+  EXPECT_EQ(names.back(), "aten::copy_") << graph.str();
+  EXPECT_EQ(std::count(names.begin(), names.end(), "aten::diagonal_copy"), 0) << graph.str();
+  EXPECT_EQ(std::count(names.begin(), names.end(), "aten::add_.Tensor"), 0) << graph.str();
+}
+
+TEST(Capture, FactoriesAndMultipleOutputsMatchEager) {
+  auto fn = [](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
+    at::Tensor buf = at::zeros({4, 3});
+    buf.narrow(0, 1, 2).copy_(in[0]);
+    auto parts = buf.split(2);
+    parts[1].mul_(3);
+    return {buf, parts[0]};
+  };
+  for (auto remove : {tfz::Remove::Mutations, tfz::Remove::MutationsAndViews}) {
+    expect_graph_matches_eager(fn, {float_grid(2, 3)}, remove);
+  }
+}
+
+TEST(Capture, MetaInputsComputeNothingAndGraphRunsOnRealOnes) {
+  const at::Tensor x = at::empty({3, 4}, at::kMeta);
+  const at::Tensor y = at::empty({4}, at::kMeta);
+  const auto graph = tfz::capture(write_row_through_view, {x, y});
+  std::vector<at::Tensor> real = {float_grid(3, 4), float_grid(1, 4, 7).view({-1})};
+  std::vector<at::Tensor> eager = clone_all(real);
+  const auto expected = write_row_through_view(eager);
+  const auto got = graph(real);
+  expect_same_tensor(got[0], expected[0], "output 0", false);
+  expect_same_tensor(real[0], eager[0], "input 0", true);
+}
+
+TEST(Capture, PrintsOneLinePerOp) {
+  const auto graph =
+      tfz::capture(write_row_through_view, {float_grid(3, 4), float_grid(1, 4).view({-1})});
+  const std::string text = graph.str();
+  EXPECT_NE(text.find("aten::select_scatter("), std::string::npos) << text;
+  EXPECT_NE(text.find("aten::copy_(%0, "), std::string::npos) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), graph.num_nodes() + 2) << text;
+}
+
+TEST(Capture, NestedCaptureIsAnError) {
+  auto outer = [](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
+    tfz::capture([](const std::vector<at::Tensor>& v) { return v; }, in);
+    return in;
+  };
+  const auto before = dispatch_tls();
+  expect_throws_with<c10::Error>([&] { tfz::capture(outer, {float_grid(2, 2)}); },
+                                 "capture: called inside a functionalized function");
+  expect_same_dispatch_tls(before);
+}
+
+TEST(Capture, ExceptionLeavesDispatchStateAsItWas) {
+  auto failing = [](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
+    in[0].add_(1);
+    return {at::mm(in[0], in[0])};  // 2x3 @ 2x3: eager's shape error
+  };
+  const auto before = dispatch_tls();
+  EXPECT_THROW(tfz::capture(failing, {float_grid(2, 3)}), c10::Error);
+  expect_same_dispatch_tls(before);
+  // And the next capture works.
+  expect_graph_matches_eager(write_row_through_view,
+                             {float_grid(3, 4), float_grid(1, 4).view({-1})},
+                             tfz::Remove::Mutations);
+}
+
+}  // namespace
