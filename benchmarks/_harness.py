@@ -216,6 +216,17 @@ def _call_function_nodes(gm: torch.fx.GraphModule) -> int:
     return sum(1 for n in gm.graph.nodes if n.op == "call_function")
 
 
+# Ops that write their arguments without saying so in their schema (docs/hidden_writes.md): a graph
+# that calls them is not functional, whatever its numbers.
+HIDDEN_WRITE_OPS = {"aten.native_batch_norm.default", "aten.cudnn_batch_norm.default",
+                    "aten.miopen_batch_norm.default"}
+
+
+def _hidden_writes(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes
+               if n.op == "call_function" and str(n.target) in HIDDEN_WRITE_OPS)
+
+
 def trace_impls(w: workloads.Workload, impls: list[str], reference: tuple[Any, Any],
                 scale: float) -> dict[str, dict]:
     """make_fx(impl(f)) per implementation: the median trace time, the graph's call_function node
@@ -247,14 +258,50 @@ def trace_impls(w: workloads.Workload, impls: list[str], reference: tuple[Any, A
             result[impl] = {"status": "error", "reason": _error_text(e)}
             continue
         result[impl] = {"status": "ok", "nodes": _call_function_nodes(gm),
+                        "hidden_writes": _hidden_writes(gm),
                         "graph_ok": bad is None, "graph_mismatch": bad}
         timers[impl], first_blocks[impl] = timer, (1, first)
+    if "ours" in impls and "ours" not in w.skip:
+        _add_capture(w, reference, result, timers, first_blocks)
     medians = interleaved_medians(timers, TRACE_BUDGET_S * scale, min_blocks=3,
                                   slow_min_blocks=1, first_blocks=first_blocks)
     for impl, res in medians.items():
         result[impl]["time_s"] = res["median_s"]
         result[impl]["traces"] = res["blocks"]
     return result
+
+
+# torch_functionalize.capture, timed beside make_fx: "capture" returns the graph (code generated on
+# first use, Note [Capture: code generated on first use]); "capture+codegen" also generates it.
+CAPTURE_VARIANTS = {
+    "capture": "holder['gm'] = capture(f, *inputs)",
+    "capture+codegen": "holder['gm'] = capture(f, *inputs); holder['gm'].real_recompile()",
+}
+
+
+def _add_capture(w: workloads.Workload, reference: tuple[Any, Any], result: dict,
+                 timers: dict, first_blocks: dict) -> None:
+    """Checks capture's graph against eager on fresh inputs, then adds its timers."""
+    from torch_functionalize import capture
+
+    for name, stmt in CAPTURE_VARIANTS.items():
+        try:
+            holder: dict[str, Any] = {}
+            timer = _timer(stmt, {"capture": capture, "f": w.fn, "inputs": w.make_inputs(),
+                                  "holder": holder})
+            first = _time_block(timer, 1)
+            gm = holder.pop("gm")
+            inputs = w.make_inputs()
+            out = gm(*inputs)
+            bad = mismatch(pytree.tree_leaves(reference[0]), pytree.tree_leaves(out)) or \
+                mismatch(reference[1], inputs)
+        except Exception as e:  # noqa: BLE001 - any failure is a result
+            result[name] = {"status": "error", "reason": _error_text(e)}
+            continue
+        result[name] = {"status": "ok", "nodes": _call_function_nodes(gm),
+                        "hidden_writes": _hidden_writes(gm),
+                        "graph_ok": bad is None, "graph_mismatch": bad}
+        timers[name], first_blocks[name] = timer, (1, first)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -184,6 +184,9 @@ def overhead_table(results: list[dict]) -> str:
                   "FTMode overhead/op", "ours / torch.func"], rows)
 
 
+TRACERS = IMPLS + ("capture", "capture+codegen")  # make_fx of each impl, then ours' capture
+
+
 def trace_table(results: list[dict], notes: Notes) -> str:
     rows = []
     for r in results:
@@ -191,24 +194,29 @@ def trace_table(results: list[dict], notes: Notes) -> str:
         if not tr:
             continue
         times, nodes = [], []
-        for impl in IMPLS:
+        for impl in TRACERS:
             e = tr.get(impl)
             if e and e.get("status") == "ok":
                 times.append(fmt_time(e["time_s"]))
-                flag = "" if e.get("graph_ok") else " (graph differs!)"
+                flag = " (hidden writes)" if e.get("hidden_writes") else ""
                 if not e.get("graph_ok"):
                     notes.items.append(f"[{len(notes.items) + 1}] graph of {impl} on "
                                        f"{r['name']}: {e.get('graph_mismatch')}")
                     flag = f" (graph differs [{len(notes.items)}])"
                 nodes.append(f"{e['nodes']}{flag}")
             else:
-                cell = notes.cell(e, f"make_fx({impl}) on {r['name']}")
+                cell = notes.cell(e, f"{impl} on {r['name']}")
                 times.append(cell)
                 nodes.append("n/a")
-        t = {i: (tr.get(i) or {}).get("time_s") for i in IMPLS}
-        rows.append([r["name"]] + times + nodes + [fmt_ratio(_ratio(t["ours"], t["torch.func"]))])
-    return table(["workload"] + [f"trace {i}" for i in IMPLS] + [f"nodes {i}" for i in IMPLS] +
-                 ["trace ours / torch.func"], rows)
+        t = {i: (tr.get(i) or {}).get("time_s") for i in TRACERS}
+        rows.append([r["name"]] + times + nodes[:len(IMPLS) + 1] +
+                    [fmt_ratio(_ratio(t["ours"], t["torch.func"])),
+                     fmt_ratio(_ratio(t["capture"], t["torch.func"])),
+                     fmt_ratio(_ratio(t["capture+codegen"], t["torch.func"]))])
+    return table(["workload"] + [f"trace {i}" for i in IMPLS] +
+                 ["capture", "capture+codegen"] + [f"nodes {i}" for i in IMPLS] +
+                 ["nodes capture", "make_fx(ours) / make_fx(torch.func)",
+                  "capture / make_fx(torch.func)", "capture+codegen / make_fx(torch.func)"], rows)
 
 
 def memory_table(results: list[dict], notes: Notes) -> str:
@@ -311,6 +319,39 @@ def targets(results: list[dict]) -> list[tuple[str, str, str]]:
                     (f"above on {len(node_over)} of {node_pairs}: " + "; ".join(node_over))
                     if node_over else f"never above ({node_pairs} workloads)",
                     "NOT MET" if node_over else "MET"))
+
+    # Issue #14 point 2: capture <= 0.1x make_fx(torch.func.functionalize(f)) on every trace
+    # workload; point 4: capture's node count <= torch.func's where torch.func is correct.
+    c_ratios, c_codegen, c_nodes_over, c_nodes_pairs, c_wrong = [], [], [], 0, []
+    for r in ok:
+        tr = r.get("trace") or {}
+        c, cc, b = tr.get("capture") or {}, tr.get("capture+codegen") or {}, tr.get("torch.func") or {}
+        if c.get("status") == "ok" and b.get("status") == "ok":
+            c_ratios.append((c["time_s"] / b["time_s"], r["name"]))
+            if cc.get("status") == "ok":
+                c_codegen.append((cc["time_s"] / b["time_s"], r["name"]))
+            if not b.get("graph_ok") or b.get("hidden_writes"):
+                c_wrong.append(r["name"] + (" (hidden batch-norm writes)"
+                                            if b.get("hidden_writes") else ""))
+            else:
+                c_nodes_pairs += 1
+                if c["nodes"] > b["nodes"]:
+                    c_nodes_over.append(f"{r['name']} {c['nodes']} vs {b['nodes']}")
+        elif (r.get("trace") or {}) and c.get("status") != "ok":
+            c_ratios.append((math.inf, r["name"]))
+    if c_ratios:
+        worst = max(c_ratios)
+        cg = max(c_codegen) if c_codegen else (math.nan, "n/a")
+        out.append(("capture time <= 0.1x make_fx(torch.func.functionalize(f)) (issue #14.2)",
+                    f"worst {fmt_ratio(worst[0])} on {worst[1]} over {len(c_ratios)} trace "
+                    f"workloads; with code generation: worst {fmt_ratio(cg[0])} on {cg[1]}",
+                    "MET" if worst[0] <= 0.1 else "NOT MET"))
+        out.append(("capture node count <= torch.func's where torch.func is correct (#14.4)",
+                    ((f"above on {len(c_nodes_over)} of {c_nodes_pairs}: " +
+                      "; ".join(c_nodes_over)) if c_nodes_over else
+                     f"never above ({c_nodes_pairs} workloads)") +
+                    (f"; torch.func's graph is wrong on {', '.join(c_wrong)}" if c_wrong else ""),
+                    "NOT MET" if c_nodes_over else "MET"))
 
     # 4. linear in program length and in live aliases.
     for series, label in (("program length (ops)", "program length"),

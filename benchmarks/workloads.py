@@ -336,6 +336,25 @@ def _gpt_inputs():
     return (params, torch.randn(GPT_BATCH, 1, GPT_C), torch.randn(shape), torch.randn(shape))
 
 
+STACK_BLOCKS, STACK_C, STACK_HEADS, STACK_T, STACK_BATCH, STACK_POS = 56, 64, 4, 16, 2, 8
+_STACK = nn.ModuleList(GPTBlock(STACK_C, STACK_HEADS) for _ in range(STACK_BLOCKS))
+
+
+def transformer_stack_step(params, x, caches_k, caches_v):
+    """A decoding step through a stack of GPT blocks, each writing its own KV cache (inputs):
+    about 2000 ATen ops, the size of a small model's graph."""
+    for block, p, ck, cv in zip(_STACK, params, caches_k, caches_v):
+        x = functional_call(block, p, (x, ck, cv, STACK_POS))
+    return x
+
+
+def _stack_inputs():
+    params = [{k: torch.randn_like(v) * 0.05 for k, v in b.named_parameters()} for b in _STACK]
+    shape = (STACK_BATCH, STACK_HEADS, STACK_T, STACK_C // STACK_HEADS)
+    caches = [[torch.randn(shape) for _ in _STACK] for _ in range(2)]
+    return (params, torch.randn(STACK_BATCH, 1, STACK_C), caches[0], caches[1])
+
+
 ADAM_PARAMS = 100
 ADAM_SHAPE = (32, 32)
 
@@ -402,6 +421,10 @@ def _real_workloads() -> list[Workload]:
                  f"GPT block decoding step (C={GPT_C}, {GPT_HEADS} heads, batch {GPT_BATCH}), "
                  f"k/v written into a {GPT_T}-slot KV cache (input) at position {GPT_POS}",
                  trace=True, memory=True),
+        Workload("real/transformer_stack", "real", transformer_stack_step, _seeded(_stack_inputs),
+                 f"decoding step through {STACK_BLOCKS} GPT blocks (C={STACK_C}), each writing "
+                 f"its {STACK_T}-slot KV cache (inputs): a graph of about 2000 ops",
+                 trace=True),
         Workload("real/adam_foreach", "real", adam_foreach_step, _seeded(_adam_inputs),
                  f"Adam step over {ADAM_PARAMS} parameters of {ADAM_SHAPE[0]}x{ADAM_SHAPE[1]} "
                  "with _foreach ops (tensor steps)", trace=True, memory=True),

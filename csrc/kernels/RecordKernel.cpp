@@ -20,9 +20,12 @@ void record_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                    torch::jit::Stack* stack) {
   const auto below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRecordKey);
   Recorder* recorder = active_recorder();
-  // A composite decomposes into ops we record, as a tracer below autograd would see it.
+  // A composite decomposes into ops we record, as a tracer below autograd would see it, except
+  // those whose decomposition computes on raw memory on plain tensors: no op of theirs would
+  // reach us, so they are recorded whole (Note [Kernel: composites intercepted whole]).
   if (recorder == nullptr ||
-      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+      (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+       !is_composite_taken_whole(op))) {
     return op.redispatchBoxed(below, stack);
   }
   TORCH_CHECK_NOT_IMPLEMENTED(
@@ -30,7 +33,13 @@ void record_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
       "capture: ", op.operator_name(),
       ": a torch.func transform is active; capture records ops before transforms rewrite them. "
       "Use make_fx(functionalize(f)) for programs that use torch.func transforms.");
-  GraphNode node = recorder->begin(op, *stack);
+  // lift_fresh hands torch.tensor's fresh constant over as a view of itself; the graph records
+  // lift_fresh_copy, as make_fx does, so no graph value aliases a constant and views-removed
+  // graphs hold no view.
+  static const c10::OperatorName lift_fresh("aten::lift_fresh", "");
+  static const auto lift_fresh_copy =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::lift_fresh_copy", "");
+  GraphNode node = recorder->begin(op.operator_name() == lift_fresh ? lift_fresh_copy : op, *stack);
   {
     c10::impl::ExcludeDispatchKeyGuard implementation_not_recorded(kRecordKey);
     op.redispatchBoxed(below, stack);

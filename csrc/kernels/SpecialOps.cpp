@@ -441,7 +441,12 @@ bool has_raw_fast_path(const c10::OperatorHandle& op) {
 
 void composite_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                       const Layer& layer) {
-  if (!c10::impl::TorchDispatchModeTLS::any_modes_set() && active_recorder() == nullptr) {
+  // Under capture, functional ones (max_pool1d, ctc_loss) run whole on inner values and are
+  // recorded whole (their decomposition would read data pointers, which no recorder sees); out=
+  // ones take the tracer's path below, so their views become *_copy ops like any others.
+  const bool capturing = active_recorder() != nullptr;
+  if (!c10::impl::TorchDispatchModeTLS::any_modes_set() &&
+      (!capturing || info.kind != OpKind::Mutable)) {
     return generic_kernel(info, op, stack, layer);
   }
   if (info.kind == OpKind::Mutable) return mutable_kernel_on_wrappers(info, op, stack, layer);
@@ -660,6 +665,10 @@ constexpr std::array<SpecialOp, 12> kSpecialOps{{
 }};
 
 }  // namespace
+
+bool is_composite_taken_whole(const c10::OperatorHandle& op) {
+  return has_raw_fast_path(op);
+}
 
 const SpecialOp* find_special_op(const c10::OperatorHandle& op) {
   for (const auto& row : kSpecialOps) {

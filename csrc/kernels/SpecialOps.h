@@ -36,6 +36,10 @@ KernelPlan plan_for_kernel(const c10::OperatorHandle& op);
 /// (those decompose into ops we see), and the composite ones a row intercepts whole.
 bool is_intercepted(const c10::OperatorHandle& op);
 
+/// True for the composite ops taken whole because their decomposition reads raw memory or
+/// resizes out= natively (Note [Kernel: composites intercepted whole]).
+bool is_composite_taken_whole(const c10::OperatorHandle& op);
+
 /// The functional companion of a custom mutable op, registered on first request (again, under a
 /// new name, if the op was redefined with another schema). See Note [Kernel: custom mutable ops].
 c10::OperatorHandle functional_companion(const c10::OperatorHandle& op);

@@ -122,7 +122,14 @@ def _graph_module(captured: Any, func: Callable[..., Any], args: tuple, kwargs: 
             return value(a)
         if isinstance(a, list):
             return [convert(x) for x in a]
+        if isinstance(a, torch.Generator):  # no literal for it in generated code: an attribute
+            name = f"_generator_constant{len(generators)}"
+            generators.append(name)
+            setattr(root, name, a)
+            return graph.get_attr(name)
         return a
+
+    generators: list[str] = []
 
     for qualified, overload, node_args, node_kwargs, returns in nodes:
         op, name = _resolve(qualified, overload)

@@ -1,12 +1,13 @@
 """functionalize_graph: turn a possibly mutating FX graph into an equivalent functional one.
 
-A thin wrapper over `functionalize` + `make_fx`: it lifts module state (parameters, buffers,
+A thin wrapper over `capture` (or `functionalize` + `make_fx` for fake inputs): it lifts module state (parameters, buffers,
 tensor attributes) to inputs so that state mutations become epilogue copies like input mutations,
 retraces, and turns the lifted inputs back into attributes. It does not optimize or reorder.
 """
 
 import contextlib
 import itertools
+import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -16,6 +17,8 @@ from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 
 if TYPE_CHECKING:
     from .api import Remove
+
+_log = logging.getLogger("torch_functionalize")
 
 # Placeholder meta keys that hold an example value: make_fx and torch.export write "val",
 # dynamo writes "example_value".
@@ -38,6 +41,7 @@ def functionalize_graph(
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from .api import check_remove, functionalize
+    from .capture import capture
 
     module = _as_graph_module(gm)
     check_remove(remove)
@@ -69,13 +73,34 @@ def functionalize_graph(
     # Fake inputs may carry symbolic sizes (dynamo's): symbolic-size rules of view ops such as
     # slice_copy live in Python kernels, reached only through the Python dispatcher (make_fx
     # enables it for tracing_mode="symbolic"; AOTAutograd does the same for dynamo's graphs).
-    dispatcher = enable_python_dispatcher() if tracing_mode == "fake" else contextlib.nullcontext()
-    with dispatcher:
-        traced = make_fx(functionalize(run, remove=remove), tracing_mode=tracing_mode)(
-            *traced_state, *args
-        )
+    traced, traced_by = None, "make_fx (fake example inputs)"
+    if tracing_mode == "real":  # See Note [Graph: capture first]
+        try:
+            traced, traced_by = capture(run, *traced_state, *args, remove=remove), "capture"
+        except NotImplementedError as error:
+            traced_by = f"make_fx ({str(error).splitlines()[0]})"
+            _log.info("functionalize_graph: capture does not apply, using make_fx: %s", error)
+    if traced is None:
+        dispatcher = (enable_python_dispatcher() if tracing_mode == "fake"
+                      else contextlib.nullcontext())
+        with dispatcher:
+            traced = make_fx(functionalize(run, remove=remove), tracing_mode=tracing_mode)(
+                *traced_state, *args
+            )
     result = _lifted_state_to_attributes(traced, [names[0] for names in targets], state, args)
+    result.meta["tfz_traced_by"] = traced_by
     return result.train(module.training)
+
+
+# Note [Graph: capture first]
+# With real example inputs the program is recorded by capture (C++, no proxy tensors: about a
+# tenth of make_fx's time); what capture refuses (wrapper subclasses, autocast, modes, symbolic
+# sizes) falls back to make_fx, logged at INFO on the "torch_functionalize" logger and written to
+# the result's meta["tfz_traced_by"]. Fake example inputs and inputs rebuilt from placeholder
+# metadata keep make_fx: FakeTensors need their mode and may carry symbolic sizes, and compilers
+# downstream of dynamo read the meta["val"] that make_fx writes on every node. Rejected: capture
+# on meta tensors in place of fake ones (no symbolic sizes, and constants made inside the program
+# would be real tensors mixed with meta ones).
 
 
 def _as_graph_module(gm):

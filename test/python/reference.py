@@ -6,6 +6,7 @@ inputs and compares outputs and the final state of every input (modeled on PyTor
 graph that `make_fx` records for a functionalized program.
 """
 
+import contextlib
 import os
 
 import torch
@@ -48,6 +49,7 @@ def assert_matches_eager(
     make_inputs=None,
     check_input_strides=True,
     check_graph=True,
+    capture_values=True,
     **kwargs,
 ):
     """Checks that impl(f, remove=remove) matches eager f on outputs and final input state.
@@ -56,7 +58,10 @@ def assert_matches_eager(
     `make_inputs()`, which returns the tuple of positional arguments; use it for inputs that
     are views of a base. kwargs are passed to f. With check_graph, the program is also traced
     with make_fx and its graph must pass assert_functional_graph (no mutation escaped the
-    pass). Returns the functionalized outputs.
+    pass). With check_graph, torch_functionalize.capture(f) must also give a functional graph
+    that, replayed on fresh inputs, matches eager (assert_capture_matches_eager); capture_values=False
+    limits that replay to shapes and dtypes, for programs whose random stream a graph cannot
+    replay (say why at the call). Returns the functionalized outputs.
     """
     impl = impl or default_impl()
     if make_inputs is not None:
@@ -67,7 +72,8 @@ def assert_matches_eager(
     eager_kwargs, func_kwargs = clone_inputs(kwargs), clone_inputs(kwargs)
 
     rng = _rng_state()
-    expected = f(*eager_args, **eager_kwargs)
+    with _recording_seeds() as seeds:
+        expected = f(*eager_args, **eager_kwargs)
     actual = impl(f, remove=remove)(*func_args, **func_kwargs)
     assert_trees_match(actual, expected, "output")
 
@@ -92,9 +98,32 @@ def assert_matches_eager(
         if impl is default_impl():
             fresh = (lambda: tuple(make_inputs())) if make_inputs is not None else (
                 lambda: clone_inputs(inputs))
+            # A seed set inside f is a Python side effect no graph records (make_fx's neither):
+            # the replay starts from it, which is right while f seeds before drawing.
+            if len(seeds) == 1:
+                torch.manual_seed(seeds[0])
+                rng = _rng_state()
+            assert len(seeds) <= 1, "f seeds more than once: a graph cannot replay that"
             assert_capture_matches_eager(f, fresh, kwargs, remove, expected,
-                                         (eager_args, eager_kwargs), rng, check_input_strides)
+                                         (eager_args, eager_kwargs), rng, check_input_strides,
+                                         capture_values)
     return actual
+
+
+@contextlib.contextmanager
+def _recording_seeds():
+    """The seeds torch.manual_seed is called with in the block."""
+    seeds, original = [], torch.manual_seed
+
+    def record(seed):
+        seeds.append(seed)
+        return original(seed)
+
+    torch.manual_seed = record
+    try:
+        yield seeds
+    finally:
+        torch.manual_seed = original
 
 
 def _rng_state():
@@ -109,7 +138,7 @@ def _set_rng_state(state):
 
 
 def assert_capture_matches_eager(f, fresh_args, kwargs, remove, expected, eager_state, rng,
-                                 check_input_strides=True):
+                                 check_input_strides=True, values=True):
     """torch_functionalize.capture(f) gives a functional graph (assert_functional_graph) that, run
     on fresh inputs, returns eager's outputs and leaves the inputs as eager left them. Random ops
     replay: the generator is reset to the same state before eager's run and the graph's."""
@@ -122,10 +151,21 @@ def assert_capture_matches_eager(f, fresh_args, kwargs, remove, expected, eager_
     _set_rng_state(rng)
     out = gm(*args, **kw)
     _set_rng_state(after)
+    if not values:
+        out, expected = _metadata(out, False), _metadata(expected, False)
+        args, kw = _metadata((args, kw), check_input_strides)
+        eager_state = _metadata(eager_state, check_input_strides)
     assert_trees_match(out, expected, "captured graph output")
     for i, (a, e) in enumerate(zip(pytree.tree_leaves((args, kw)), pytree.tree_leaves(eager_state))):
         if isinstance(e, torch.Tensor):
             assert_trees_match(a, e, f"captured graph: input {i}", check_input_strides)
+
+
+def _metadata(tree, strides):
+    """Tensors replaced by their shape and dtype (and strides): what a replay must match when its
+    values cannot."""
+    return pytree.tree_map(lambda t: (tuple(t.shape), t.dtype) + ((t.stride(),) if strides else ())
+                           if isinstance(t, torch.Tensor) else t, tree)
 
 
 def trace(f, *inputs, remove="mutations", impl=None, tracing_mode="real"):

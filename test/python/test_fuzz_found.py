@@ -287,7 +287,9 @@ def test_random_fills_of_strided_tensors_follow_eager(remove, name, f, make):
         torch.manual_seed(1)
         return (make(),)
 
-    assert_matches_eager(seeded, make_inputs=make_inputs, remove=remove)
+    # A graph samples in logical order (the Note): the captured replay is checked for shapes
+    # and dtypes only; test_capture.py keeps the values case as a strict xfail.
+    assert_matches_eager(seeded, make_inputs=make_inputs, remove=remove, capture_values=False)
 
 
 @pytest.mark.parametrize(

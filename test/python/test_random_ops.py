@@ -95,7 +95,10 @@ def test_random_inplace_with_explicit_generator(remove):
         b = torch.empty(3).bernoulli_(0.5, generator=gen)
         return u, b
 
-    assert_matches_eager(f, torch.randn(4), remove=remove)
+    # The generator f creates is a constant of a captured graph, past the draws of the capture
+    # run when the graph replays: checked for shapes and dtypes only (test_capture.py keeps the
+    # values case as a strict xfail).
+    assert_matches_eager(f, torch.randn(4), remove=remove, capture_values=False)
 
 
 def test_random_ops_seeded_before_each_run_match_eager_and_rng_state(remove):

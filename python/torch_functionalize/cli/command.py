@@ -18,6 +18,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..api import Remove, functionalize
+from ..capture import capture
 from ..testing import check_against_eager, clone_inputs
 from .render import (
     WIDTH,
@@ -36,7 +37,7 @@ _REMOVE_OPTIONS = typing.get_args(Remove)
 _TRACE_SEED, _CHECK_SEED = 0, 1
 
 _DESCRIPTION = """\
-Trace programs with make_fx before and after functionalize(), show both graphs side by side,
+Trace programs with make_fx, capture them functionalized, show both graphs side by side,
 count the mutations (and views) removed, and check the result against eager on random inputs."""
 
 _EPILOG = """\
@@ -71,7 +72,7 @@ def main(argv=None):
         return 2
 
     print(f"functionalize demo, remove={opts.remove!r}")
-    print("graphs: before = make_fx(f), after = make_fx(functionalize(f, remove))")
+    print("graphs: before = make_fx(f), after = capture(f, remove) (recorded by the engine)")
     print("marks: M = mutation, V = view, E = epilogue (write-back into an input)")
     print("equivalence: outputs and final input values against eager f, on fresh random inputs")
     passed = [
@@ -252,6 +253,15 @@ def _parse_dtype(name):
 # --- one program -------------------------------------------------------------------------------
 
 
+def _functional_graph(fn, trace_inputs, remove):
+    """capture(fn); make_fx(functionalize(fn)) where capture does not apply, said on stdout."""
+    try:
+        return capture(fn, *clone_inputs(trace_inputs), remove=remove)
+    except NotImplementedError as error:
+        print(f"(capture does not apply, traced with make_fx: {_first_line(error)})")
+        return make_fx(functionalize(fn, remove=remove))(*clone_inputs(trace_inputs))
+
+
 def _demo_program(name, fn, shapes, dtype, remove):
     """Print the demo of one program; return whether it matches eager."""
     print(f"\n{(' ' + name + ' ').center(WIDTH, '=')}")
@@ -263,7 +273,7 @@ def _demo_program(name, fn, shapes, dtype, remove):
     trace_inputs = _random_inputs(shapes, dtype, _TRACE_SEED)
     try:
         before = make_fx(fn)(*clone_inputs(trace_inputs))
-        after = make_fx(functionalize(fn, remove=remove))(*clone_inputs(trace_inputs))
+        after = _functional_graph(fn, trace_inputs, remove)
     except Exception as error:
         print(
             "equivalence with eager: FAIL "

@@ -116,7 +116,7 @@ def _format_arg(arg):
 
 
 def side_by_side(left, right):
-    header = ("before: make_fx(f)", "after: make_fx(functionalize(f, remove))")
+    header = ("before: make_fx(f)", "after: capture(f, remove)")
     rows = [header, ("-" * _COLUMN, "-" * _COLUMN)]
     rows += itertools.zip_longest(left, right, fillvalue="")
     return "\n".join(
