@@ -222,6 +222,37 @@ HIDDEN_WRITE_OPS = {"aten.native_batch_norm.default", "aten.cudnn_batch_norm.def
                     "aten.miopen_batch_norm.default"}
 
 
+def bytes_written_to_inputs(g: Callable[..., Any], inputs: tuple) -> int:
+    """Bytes that ops declared as writing (schema ``(a!)``) write into the memory of ``inputs``
+    during one call of ``g``: elements of each written argument that shares a storage with an
+    input, times their size. For a functional graph that is its epilogue; for eager f, what the
+    program itself writes to its inputs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    storages = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves(inputs)
+                if isinstance(t, torch.Tensor)}
+
+    class Count(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            schema = func._schema
+            for i, a in enumerate(schema.arguments):
+                if a.alias_info is None or not a.alias_info.is_write:
+                    continue
+                value = kwargs.get(a.name) if a.kwarg_only or i >= len(args) else args[i]
+                for t in pytree.tree_leaves(value):
+                    if isinstance(t, torch.Tensor) and \
+                            t.untyped_storage().data_ptr() in storages:
+                        Count.total += t.numel() * t.element_size()
+            return func(*args, **kwargs)
+
+    with Count():
+        g(*inputs)
+    return Count.total
+
+
 def _hidden_writes(gm: torch.fx.GraphModule) -> int:
     return sum(1 for n in gm.graph.nodes
                if n.op == "call_function" and str(n.target) in HIDDEN_WRITE_OPS)
@@ -259,6 +290,7 @@ def trace_impls(w: workloads.Workload, impls: list[str], reference: tuple[Any, A
             continue
         result[impl] = {"status": "ok", "nodes": _call_function_nodes(gm),
                         "hidden_writes": _hidden_writes(gm),
+                        "input_bytes": bytes_written_to_inputs(gm, w.make_inputs()),
                         "graph_ok": bad is None, "graph_mismatch": bad}
         timers[impl], first_blocks[impl] = timer, (1, first)
     if "ours" in impls and "ours" not in w.skip:
@@ -300,6 +332,7 @@ def _add_capture(w: workloads.Workload, reference: tuple[Any, Any], result: dict
             continue
         result[name] = {"status": "ok", "nodes": _call_function_nodes(gm),
                         "hidden_writes": _hidden_writes(gm),
+                        "input_bytes": bytes_written_to_inputs(gm, w.make_inputs()),
                         "graph_ok": bad is None, "graph_mismatch": bad}
         timers[name], first_blocks[name] = timer, (1, first)
 

@@ -65,6 +65,7 @@ CapturedGraph capture(const TensorFn& fn, const std::vector<at::Tensor>& inputs,
     outputs = detail::call_functionalized(inputs, remove, /*alias_outputs=*/false, fn);
   }
   auto graph = std::make_shared<detail::Graph>(recorder.take(outputs));
+  if (remove == Remove::Mutations) detail::narrow_epilogue_copies(*graph);
   detail::eliminate_dead_nodes(*graph);
   return CapturedGraph(std::move(graph));
 }

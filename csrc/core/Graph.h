@@ -54,6 +54,12 @@ bool is_default_arg(const c10::Argument& schema_arg, const GraphArg& arg);
 /// as are keyword-only ones at their defaults (printing, and FX as make_fx writes its nodes).
 size_t num_positional_shown(const GraphNode& node);
 
+/// Rewrites each input epilogue `copy_(x, new_x)` whose new value is a chain of *_scatter ops
+/// over x itself into copies of just the written regions, through views of x. Call before
+/// eliminate_dead_nodes, which then drops the scatters nobody else reads. Only for graphs that
+/// keep views (remove="mutations"). See Note [Capture: region-precise epilogue].
+void narrow_epilogue_copies(Graph& graph);
+
 /// Removes every node no output needs, except nodes that write an argument (the epilogue's
 /// copy_, as_strided_, resize_) or draw random numbers (dropping one would shift the generator
 /// for the random ops after it). See Note [Capture: dead nodes].

@@ -44,7 +44,7 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
     if not callable(func):
         raise TypeError(f"capture: expected a callable, got {type(func).__name__}.")
     check_remove(remove)
-    flat, _ = pytree.tree_flatten((args, kwargs))
+    flat, spec = pytree.tree_flatten((args, kwargs))
     positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
     inputs = [flat[i] for i in positions]
     for t in inputs:
@@ -58,7 +58,7 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
         leaves = list(flat)
         for i, w in zip(positions, wrappers):
             leaves[i] = w
-        f_args, f_kwargs = pytree.tree_unflatten(leaves, pytree.tree_flatten((args, kwargs))[1])
+        f_args, f_kwargs = pytree.tree_unflatten(leaves, spec)
         out = func(*f_args, **f_kwargs)
         out_leaves, out_spec = pytree.tree_flatten(out)
         result.append((out_leaves, out_spec))

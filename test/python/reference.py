@@ -201,7 +201,19 @@ def _is_epilogue_node(node):
     first = node.args[0] if node.args else None
     if not isinstance(first, torch.fx.Node):
         return False
-    return first.op in ("placeholder", "get_attr") or _is_epilogue_node(first)
+    return _is_input_region(first) or _is_epilogue_node(first)
+
+
+def _is_input_region(node):
+    """A placeholder (or module state), or a chain of view ops of one: capture's epilogue writes
+    the regions a program wrote through views of the input (Note [Capture: region-precise
+    epilogue]), e.g. copy_(select(x, 0, 1), new_row)."""
+    if node.op in ("placeholder", "get_attr"):
+        return True
+    schema = _schema(node)
+    return (node.op == "call_function" and schema is not None and _is_view_schema(schema)
+            and bool(node.args) and isinstance(node.args[0], torch.fx.Node)
+            and _is_input_region(node.args[0]))
 
 
 def assert_functional_graph(gm, remove):
