@@ -223,7 +223,8 @@ HIDDEN_WRITE_OPS = {"aten.native_batch_norm.default", "aten.cudnn_batch_norm.def
 
 
 def bytes_written_to_inputs(g: Callable[..., Any], inputs: tuple) -> int:
-    """Bytes that ops declared as writing (schema ``(a!)``) write into the memory of ``inputs``
+    """Bytes that ops declared as writing (schema ``(a!)``, and the running stats of the hidden
+    writes of training-mode batch norm, HIDDEN_WRITE_OPS) write into the memory of ``inputs``
     during one call of ``g``: elements of each written argument that shares a storage with an
     input, times their size. For a functional graph that is its epilogue; for eager f, what the
     program itself writes to its inputs."""
@@ -238,8 +239,10 @@ def bytes_written_to_inputs(g: Callable[..., Any], inputs: tuple) -> int:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             schema = func._schema
+            hidden = str(func) in HIDDEN_WRITE_OPS and len(args) > 5 and args[5]  # training
             for i, a in enumerate(schema.arguments):
-                if a.alias_info is None or not a.alias_info.is_write:
+                declared = a.alias_info is not None and a.alias_info.is_write
+                if not declared and not (hidden and a.name in ("running_mean", "running_var")):
                     continue
                 value = kwargs.get(a.name) if a.kwarg_only or i >= len(args) else args[i]
                 for t in pytree.tree_leaves(value):

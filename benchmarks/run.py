@@ -386,6 +386,30 @@ def targets(results: list[dict]) -> list[tuple[str, str, str]]:
                     ("above on " + ", ".join(over) + "; " if over else "") + "; ".join(pairs),
                     "NOT MET" if over else "MET"))
 
+    # Issue #14 point 6: view chains linear in depth, and at most 3x eager at depth 1000.
+    pts = series_points(ok, "view-chain depth", "ours")
+    by_name = {r["name"]: r for r in ok}
+    deep = by_name.get("scale/depth/1000")
+    if len(pts) >= 2 and deep is not None:
+        s = slope([p for p in pts if p[0] in (100, 1000)])
+        ratio = _ratio(_median(deep, "ours"), _median(deep, "eager"))
+        if s is not None and ratio is not None:
+            out.append(("view chain: slope <= 1.1 from D=100 to 1000, ours/eager <= 3x at D=1000 "
+                        "(#14.6)", f"slope {s:.2f}, {fmt_ratio(ratio)} eager at D=1000",
+                        "MET" if s <= 1.1 and ratio <= 3.0 else "NOT MET"))
+
+    # Issue #14 point 7: eager-mode mutation programs at most 2x eager.
+    cells, worst = [], 0.0
+    for name in ("real/adam_foreach", "real/adam_torch_optim", "large/inplace"):
+        r = by_name.get(name)
+        ratio = _ratio(_median(r, "ours"), _median(r, "eager")) if r else None
+        if ratio is not None:
+            cells.append(f"{name} {fmt_ratio(ratio)}")
+            worst = max(worst, ratio)
+    if cells:
+        out.append(("adam_foreach, torch.optim Adam, large/inplace <= 2x eager (#14.7)",
+                    "; ".join(cells), "MET" if worst <= 2.0 else "NOT MET"))
+
     # 4. linear in program length and in live aliases.
     for series, label in (("program length (ops)", "program length"),
                           ("live views of one base", "number of live aliases")):
