@@ -61,3 +61,34 @@ def test_hf_model_from_config_matches_eager_and_traces_without_views(make_model,
     gm.graph.eliminate_dead_code()
     gm.recompile()
     assert_functional_graph(gm, remove)
+
+
+@pytest.mark.parametrize("params_as", ["closure", "inputs"])
+@pytest.mark.parametrize("make_model", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_hf_model_capture_has_no_dead_node_and_no_view(make_model, params_as, remove):
+    # torch_functionalize.capture of the same models, parameters captured by closure or passed
+    # in as a dict: replays to eager's logits, no view op with remove="mutations_and_views", and
+    # no dead node at all (no unused detach, view or *_copy: issue #13 item 7, #14 item 4).
+    from torch_functionalize import capture
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = make_model().eval()
+    ids = torch.randint(0, 100, (2, 8))
+    params = dict(model.named_parameters()) | dict(model.named_buffers())
+    if params_as == "closure":
+        gm = capture(lambda i: model(i).logits, ids, remove=remove)
+        got = gm(ids)
+    else:
+        def f(p, i):
+            return torch.func.functional_call(model, p, (i,)).logits
+
+        gm = capture(f, params, ids, remove=remove)
+        got = gm(params, ids)
+    torch.testing.assert_close(got, model(ids).logits)
+    assert_functional_graph(gm, remove)
+    dead = [n.format_node() for n in gm.graph.nodes
+            if n.op == "call_function" and not n.users and not n.target._schema.is_mutable
+            and torch.Tag.nondeterministic_seeded not in n.target.tags]
+    assert not dead, dead
