@@ -3,6 +3,7 @@
 #include "core/AliasStorage.h"
 
 #include "core/Layer.h"
+#include "core/ViewInverses.h"
 
 namespace tfz::detail {
 
@@ -48,6 +49,17 @@ void AliasStorage::set_base_(const at::Tensor& value) {
   ++generation_;
 }
 
+// Note [Alias: runs of regrouping views]
+// A write through a chain of D views is inverted step by step: D-1 forward replays to rebuild
+// each step's base, then D inverses. When the chain ends in a run of steps that only regroup
+// elements in row-major order (view, _reshape_alias, squeeze: the inverse reads nothing of the
+// base but its shape), the run is inverted at once: the mutated value regrouped into the shape
+// the run started from. The steps inside the run need no forward replay either. A chain of
+// reshapes (scale/depth) then costs O(1) per write instead of O(D). Composing the regroupings is
+// exact: each is a row-major regrouping, and so is their composition (with views kept, a valid
+// sequence of views composes to a valid view of the same elements). Rejected: collapsing runs in
+// the middle of a chain too (the step after the run needs the run's forward result, which is a
+// replay anyway) and collapsing any composable pair (transpose/permute; rarer in deep chains).
 bool AliasStorage::apply_updates() {
   if (updates_.empty()) return false;
   InnerCallGuard guard;
@@ -57,11 +69,19 @@ bool AliasStorage::apply_updates() {
       continue;
     }
     const auto chain = update.chain.steps();
-    // bases[i] is what chain[i] is applied to; the last step needs no forward replay.
+    // See Note [Alias: runs of regrouping views]: chain[run..] regroup only.
+    size_t run = chain.size();
+    while (run > 0 && is_regrouping(*chain[run - 1])) --run;
+    const bool collapse = run + 1 < chain.size();
+    const size_t inverted = collapse ? run : chain.size();  // steps inverted one by one
+    // bases[i] is what chain[i] is applied to; the last step needs no forward replay, and a
+    // collapsed run needs only its first base.
     std::vector<at::Tensor> bases{base_};
-    for (size_t i = 0; i + 1 < chain.size(); ++i) bases.push_back(chain[i]->forward(bases.back()));
+    const size_t forwards = collapse ? run : chain.size() - 1;
+    for (size_t i = 0; i < forwards; ++i) bases.push_back(chain[i]->forward(bases.back()));
     at::Tensor value = update.value;
-    for (size_t i = chain.size(); i-- > 0;) value = chain[i]->inverse(bases[i], value);
+    if (collapse) value = chain[run]->inverse(bases[run], value);
+    for (size_t i = inverted; i-- > 0;) value = chain[i]->inverse(bases[i], value);
     base_ = std::move(value);
   }
   updates_.clear();

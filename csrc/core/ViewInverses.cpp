@@ -217,6 +217,10 @@ InverseFn find_inverse(const c10::OperatorName& view_op) {
   return it == table().end() ? nullptr : it->second;
 }
 
+bool is_regrouping(const ViewMeta& step) {
+  return step.inverse_fn == &view_like_inverse;
+}
+
 std::vector<c10::OperatorName> view_ops_with_inverse() {
   std::vector<c10::OperatorName> names;
   for (const auto& [name, fn] : table()) names.push_back(name);

@@ -13,6 +13,11 @@ namespace tfz::detail {
 /// The inverse for a view op ("aten::slice" overload "Tensor"), or nullptr if it has none.
 InverseFn find_inverse(const c10::OperatorName& view_op);
 
+/// True for steps that only regroup elements in row-major order (view, _reshape_alias, squeeze):
+/// a run of them is inverted by one regrouping into the shape before the run.
+/// See Note [Alias: runs of regrouping views].
+bool is_regrouping(const ViewMeta& step);
+
 /// Every view op with an inverse (the table's rows; tests check each against eager).
 std::vector<c10::OperatorName> view_ops_with_inverse();
 

@@ -391,3 +391,33 @@ def test_write_through_unsafe_split_output_reaches_input(split, remove):
         return a + 1
 
     assert_matches_eager(f, torch.randn(6), remove=remove)
+
+
+def _alternating_views(t, depth):
+    for i in range(depth):
+        t = t.view(2, -1) if i % 2 == 0 else t.view(-1)
+    return t
+
+
+@pytest.mark.parametrize("case", ["reshapes_only", "select_then_reshapes", "mixed_tail",
+                                  "intermediate_read", "input_chain"])
+def test_write_through_a_run_of_regrouping_views(case, remove):
+    # Note [Alias: runs of regrouping views]: a chain ending in view/squeeze steps is inverted in
+    # one regrouping; every alias must still see eager's values.
+    def f(x):
+        base = x if case == "input_chain" else x.clone()
+        if case == "select_then_reshapes":
+            v = _alternating_views(base[1], 5)
+        elif case == "mixed_tail":
+            v = base.view(4, 6).unsqueeze(0).squeeze(0).view(2, 12).view(-1)
+        else:
+            v = _alternating_views(base, 7)
+        mid = _alternating_views(base, 3) if case == "intermediate_read" else None
+        v.mul_(3).add_(1)
+        out = [base * 2, v + 0]
+        if mid is not None:
+            out.append(mid.sum(0))
+        return out
+
+    assert_matches_eager(f, torch.randn(4, 6) if case != "select_then_reshapes"
+                         else torch.randn(3, 24), remove=remove)
