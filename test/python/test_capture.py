@@ -372,3 +372,22 @@ def test_aliased_inputs_with_region_writes():
 
     gm = capture(f, *make())
     _replay_matches_eager(gm, f, make)
+
+
+@pytest.mark.parametrize("factory", [False, True])
+def test_fake_tensor_inputs(factory):
+    # FakeTensors (no mode active) work like meta tensors; a program that makes tensors of its
+    # own needs a mode that accepts real constants (allow_non_fake_inputs), as any fake tracing.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def f(x):
+        x[0].add_(torch.ones(4) if factory else 1)
+        return x.sum(0)
+
+    with FakeTensorMode(allow_non_fake_inputs=factory):
+        fake = torch.randn(3, 4)
+    gm = capture(f, fake)
+    x = torch.randn(3, 4)
+    x_e = x.clone()
+    torch.testing.assert_close(gm(x), f(x_e))
+    torch.testing.assert_close(x, x_e)
