@@ -9,6 +9,7 @@ out= ops, metadata mutations, factories, seeded random ops, copy_ between aliase
 views of inputs. Each valid program (eager runs it twice with equal results) runs through
   ours_mut / ours_mav   functionalize(f) with remove="mutations" / "mutations_and_views",
   fx_mut / fx_mav       make_fx(functionalize(f)) replayed on fresh inputs,
+  cap_mut / cap_mav     torch_functionalize.capture(f) replayed on fresh inputs,
   tf_mut / tf_mav       torch.func.functionalize(f), for the comparison,
 and outputs plus inputs afterwards (values, sizes, strides, storage offset; tools/fuzz_check.py)
 are compared with eager (output strides only with views kept: without views outputs are copies). Each program runs in a worker process, so a crash or a hang (30 s) is a

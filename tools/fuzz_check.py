@@ -15,9 +15,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import torch_functionalize
 from fuzz_gen import Program, compile_program
 
-# ours_* / fx_* / tf_*: our functionalize called directly, our functionalize traced by make_fx and
-# the graph replayed on fresh inputs, torch.func.functionalize called directly.
-OURS_PATHS = ("ours_mut", "ours_mav", "fx_mut", "fx_mav")
+# ours_* / fx_* / cap_* / tf_*: our functionalize called directly, our functionalize traced by
+# make_fx and the graph replayed on fresh inputs, torch_functionalize.capture's graph replayed on
+# fresh inputs, torch.func.functionalize called directly.
+OURS_PATHS = ("ours_mut", "ours_mav", "fx_mut", "fx_mav", "cap_mut", "cap_mav")
 TF_PATHS = ("tf_mut", "tf_mav")
 ALL_PATHS = OURS_PATHS + TF_PATHS
 MODE = {"mut": "mutations", "mav": "mutations_and_views"}
@@ -131,9 +132,12 @@ def run_path(prog: Program, path: str, compiled=None) -> Outcome:
         elif path.startswith("tf_"):
             inputs = make_inputs()
             outs = torch.func.functionalize(f, remove=MODE[path[3:]])(*inputs)
-        elif path.startswith("fx_"):
-            gm = make_fx(torch_functionalize.functionalize(f, remove=MODE[path[3:]]))(
-                *make_inputs())
+        elif path.startswith(("fx_", "cap_")):
+            mode = MODE[path.split("_")[1]]
+            if path.startswith("fx_"):
+                gm = make_fx(torch_functionalize.functionalize(f, remove=mode))(*make_inputs())
+            else:
+                gm = torch_functionalize.capture(f, *make_inputs(), remove=mode)
             inputs = make_inputs()
             # f seeds the generator at its start; the graph does not, so its replay does.
             torch.manual_seed(prog.rng_seed)
@@ -185,7 +189,7 @@ def _desc(s: TSnap):
 def compare(eager: Outcome, got: Outcome, path: str) -> list[Diff]:
     """Differences of got from eager under the rules of path (see tools/fuzz.py's header)."""
     diffs = []
-    graph = path.startswith("fx_")
+    graph = path.startswith(("fx_", "cap_"))
     ours = not path.startswith("tf_")
     keep_views = path.endswith("_mut")
     if len(got.outputs) != len(eager.outputs):
