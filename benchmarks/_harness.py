@@ -263,24 +263,32 @@ def _hidden_writes(gm: torch.fx.GraphModule) -> int:
 
 def trace_impls(w: workloads.Workload, impls: list[str], reference: tuple[Any, Any],
                 scale: float) -> dict[str, dict]:
-    """make_fx(impl(f)) per implementation: the median trace time, the graph's call_function node
-    count, and whether running the graph on fresh inputs reproduces eager (outputs and input
-    mutations). For "eager", f itself is traced (a baseline graph that still mutates). A trace of
-    a tiny function warms make_fx up first; each implementation's first trace is timed and gives
+    """make_fx(impl(f)) per implementation, and torch_functionalize.capture(f) (CAPTURE_VARIANTS):
+    the median trace time, the graph's call_function node count, its hidden writes, the bytes it
+    writes into the inputs, and whether running it on fresh inputs reproduces eager (outputs and
+    input mutations). For "eager", f itself is traced (a baseline graph that still mutates). A
+    trace of a tiny function warms make_fx up first; each tracer's first trace is timed and gives
     the graph, more traces follow while the budget lasts (traces slower than SLOW_CALL_S: one)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     make_fx(lambda x: x.add(1))(torch.ones(1))
+    tracers: dict[str, tuple[str, dict]] = {}  # name -> (timed statement, its globals)
     result, timers, first_blocks = {}, {}, {}
     for impl in impls:
         if impl in w.skip:
             result[impl] = {"status": "skipped", "reason": w.skip[impl]}
-            continue
+        else:
+            tracers[impl] = ("holder['gm'] = make_fx(g)(*inputs)",
+                             {"make_fx": make_fx, "g": make_impl(impl, w.fn)})
+    if "ours" in tracers:
+        from torch_functionalize import capture
+
+        for name, stmt in CAPTURE_VARIANTS.items():
+            tracers[name] = (stmt, {"capture": capture, "f": w.fn})
+    for name, (stmt, glob) in tracers.items():
         try:
             holder: dict[str, Any] = {}
-            timer = _timer("holder['gm'] = make_fx(g)(*inputs)", {
-                "make_fx": make_fx, "g": make_impl(impl, w.fn), "inputs": w.make_inputs(),
-                "holder": holder})
+            timer = _timer(stmt, {**glob, "inputs": w.make_inputs(), "holder": holder})
             first = _time_block(timer, 1)
             gm = holder.pop("gm")
             inputs = w.make_inputs()
@@ -288,21 +296,19 @@ def trace_impls(w: workloads.Workload, impls: list[str], reference: tuple[Any, A
             # make_fx flattens the output pytree; compare leaf lists.
             bad = mismatch(pytree.tree_leaves(reference[0]), pytree.tree_leaves(out)) or \
                 mismatch(reference[1], inputs)
-        except Exception as e:  # noqa: BLE001 - any failure of an implementation is a result
-            result[impl] = {"status": "error", "reason": _error_text(e)}
+        except Exception as e:  # noqa: BLE001 - any failure of a tracer is a result
+            result[name] = {"status": "error", "reason": _error_text(e)}
             continue
-        result[impl] = {"status": "ok", "nodes": _call_function_nodes(gm),
+        result[name] = {"status": "ok", "nodes": _call_function_nodes(gm),
                         "hidden_writes": _hidden_writes(gm),
                         "input_bytes": bytes_written_to_inputs(gm, w.make_inputs()),
                         "graph_ok": bad is None, "graph_mismatch": bad}
-        timers[impl], first_blocks[impl] = timer, (1, first)
-    if "ours" in impls and "ours" not in w.skip:
-        _add_capture(w, reference, result, timers, first_blocks)
+        timers[name], first_blocks[name] = timer, (1, first)
     medians = interleaved_medians(timers, TRACE_BUDGET_S * scale, min_blocks=3,
                                   slow_min_blocks=1, first_blocks=first_blocks)
-    for impl, res in medians.items():
-        result[impl]["time_s"] = res["median_s"]
-        result[impl]["traces"] = res["blocks"]
+    for name, res in medians.items():
+        result[name]["time_s"] = res["median_s"]
+        result[name]["traces"] = res["blocks"]
     return result
 
 
@@ -312,32 +318,6 @@ CAPTURE_VARIANTS = {
     "capture": "holder['gm'] = capture(f, *inputs)",
     "capture+codegen": "holder['gm'] = capture(f, *inputs); holder['gm'].real_recompile()",
 }
-
-
-def _add_capture(w: workloads.Workload, reference: tuple[Any, Any], result: dict,
-                 timers: dict, first_blocks: dict) -> None:
-    """Checks capture's graph against eager on fresh inputs, then adds its timers."""
-    from torch_functionalize import capture
-
-    for name, stmt in CAPTURE_VARIANTS.items():
-        try:
-            holder: dict[str, Any] = {}
-            timer = _timer(stmt, {"capture": capture, "f": w.fn, "inputs": w.make_inputs(),
-                                  "holder": holder})
-            first = _time_block(timer, 1)
-            gm = holder.pop("gm")
-            inputs = w.make_inputs()
-            out = gm(*inputs)
-            bad = mismatch(pytree.tree_leaves(reference[0]), pytree.tree_leaves(out)) or \
-                mismatch(reference[1], inputs)
-        except Exception as e:  # noqa: BLE001 - any failure is a result
-            result[name] = {"status": "error", "reason": _error_text(e)}
-            continue
-        result[name] = {"status": "ok", "nodes": _call_function_nodes(gm),
-                        "hidden_writes": _hidden_writes(gm),
-                        "input_bytes": bytes_written_to_inputs(gm, w.make_inputs()),
-                        "graph_ok": bad is None, "graph_mismatch": bad}
-        timers[name], first_blocks[name] = timer, (1, first)
 
 
 # ---------------------------------------------------------------------------------------------
