@@ -69,11 +69,23 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
     return _graph_module(captured, func, args, kwargs, flat, positions, out_leaves, out_spec)
 
 
+def graph_module_of(captured: Any) -> fx.GraphModule:
+    """The FX GraphModule of a graph C++ recorded (``tfz::capture``, exposed to Python as
+    ``_C._CapturedGraph``): flat tensors in, a list of tensors out, built exactly as ``capture``
+    builds its own."""
+    input_ids, _, _, outputs = captured.export()
+    args = tuple(range(len(input_ids)))  # stand-ins: one leaf per graph input
+    out_leaves = [torch.empty(0)] * len(outputs)
+    _, out_spec = pytree.tree_flatten(list(out_leaves))
+    return _graph_module(captured, None, args, {}, list(args), list(range(len(args))),
+                         out_leaves, out_spec)
+
+
 def _argument_names(func: Callable[..., Any], n: int) -> list[str]:
     """Names for the graph's positional arguments: func's own, as make_fx names them, where its
     signature has them; arg0, arg1, ... otherwise."""
     try:
-        params = list(inspect.signature(func).parameters.values())
+        params = list(inspect.signature(func).parameters.values()) if func is not None else []
     except (TypeError, ValueError):
         params = []
     named = []

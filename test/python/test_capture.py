@@ -391,3 +391,26 @@ def test_fake_tensor_inputs(factory):
     x_e = x.clone()
     torch.testing.assert_close(gm(x), f(x_e))
     torch.testing.assert_close(x, x_e)
+
+
+def test_graph_recorded_by_the_cpp_api_reaches_python_as_the_same_fx_graph(remove):
+    # _C._capture is tfz::capture (flat tensors in and out); graph_module_of builds FX from it the
+    # way capture does: same ops, and it runs like the C++ graph object.
+    from torch_functionalize import _C
+    from torch_functionalize.capture import graph_module_of
+
+    def f(x, y):
+        x[0].add_(y)
+        return x * 2, y.sum()
+
+    def flat(tensors):
+        return list(f(*tensors))
+
+    make = lambda: [torch.arange(12.0).view(3, 4), torch.ones(4)]  # noqa: E731
+    cpp = _C._capture(make(), remove, flat)
+    gm = graph_module_of(cpp)
+    assert call_targets(gm) == call_targets(capture(f, *make(), remove=remove))
+    a, b, e = make(), make(), make()
+    assert_trees_match(list(gm(*a)), cpp(b), "FX vs C++ graph")
+    assert_trees_match(a, b, "inputs: FX vs C++ graph")
+    assert_trees_match(list(gm(*e)), list(f(*make())), "FX vs eager")
