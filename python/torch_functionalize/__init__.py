@@ -21,7 +21,7 @@ from . import _tensor_methods  # noqa: E402
 
 _tensor_methods.install()
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
-from .capture import capture
+from .capture import capture, graph_module_of
 from .dynamo import backend
 from .graph import functionalize_graph
 
@@ -29,6 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "functionalize",
     "capture",
+    "graph_module_of",
     "functionalize_graph",
     "to_functional",
     "from_functional",

@@ -34,8 +34,9 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
             **kwargs: Any) -> fx.GraphModule:
     """Runs ``functionalize(func, remove=remove)(*args, **kwargs)`` once and returns the functional
     program it ran as an ``fx.GraphModule`` of ATen ops (called with the same pytrees as ``func``),
-    recorded in C++ as it runs: the graph ``make_fx(functionalize(func))`` gives, without the cost
-    of Python tracing. Inputs may be ``meta`` tensors (nothing is computed). As with make_fx on
+    recorded in C++ as it runs: the program ``make_fx(functionalize(func))`` records, without the
+    cost of Python tracing, minus the nodes nothing uses, and with remove="mutations" an epilogue
+    that writes back only the regions of an input the program wrote. Inputs may be ``meta`` tensors (nothing is computed). As with make_fx on
     real tensors, the inputs are written as the functionalized call writes them.
 
     Raises NotImplementedError, naming ``make_fx(functionalize(func))`` as the alternative, for

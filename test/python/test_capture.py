@@ -397,7 +397,7 @@ def test_graph_recorded_by_the_cpp_api_reaches_python_as_the_same_fx_graph(remov
     # _C._capture is tfz::capture (flat tensors in and out); graph_module_of builds FX from it the
     # way capture does: same ops, and it runs like the C++ graph object.
     from torch_functionalize import _C
-    from torch_functionalize.capture import graph_module_of
+    from torch_functionalize import graph_module_of
 
     def f(x, y):
         x[0].add_(y)
