@@ -1,6 +1,8 @@
 // Graph utilities: dead-node removal, printing, and running a captured graph. See core/Graph.h.
 #include "core/Graph.h"
 
+#include "core/OpSchemaInfo.h"
+
 #include <ATen/core/enum_tag.h>
 #include <c10/util/Exception.h>
 
@@ -9,13 +11,6 @@
 namespace tfz::detail {
 
 namespace {
-
-bool writes_an_argument(const c10::OperatorHandle& op) {
-  for (const auto& a : op.schema().arguments()) {
-    if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return true;
-  }
-  return false;
-}
 
 template <typename F>
 void for_each_value(const GraphArg& arg, F&& f) {

@@ -73,6 +73,12 @@ bool is_written(const c10::Argument& a) {
   return a.alias_info() != nullptr && a.alias_info()->isWrite();
 }
 
+bool writes_an_argument(const c10::OperatorHandle& op) {
+  const auto& args = op.schema().arguments();
+  return std::any_of(args.begin(), args.end(),
+                     [](const c10::Argument& a) { return is_written(a); });
+}
+
 bool is_out_argument(const c10::Argument& a) {
   return a.kwarg_only() && is_written(a);
 }

@@ -28,6 +28,9 @@ const char* to_string(OpKind kind);
 /// True if the argument's alias annotation says the op writes it (`Tensor(a!)`).
 bool is_written(const c10::Argument& a);
 
+/// True if the op writes at least one of its arguments.
+bool writes_an_argument(const c10::OperatorHandle& op);
+
 /// True for an out= argument: a written, keyword-only argument.
 bool is_out_argument(const c10::Argument& a);
 

@@ -95,8 +95,7 @@ namespace {
 
 bool is_optional_tensor_list(const c10::IValue& v) {
   if (!v.isList()) return false;
-  const auto& type = v.toListRef();
-  for (const auto& e : type) {
+  for (const auto& e : v.toListRef()) {
     if (e.isTensor()) return true;
   }
   auto element = v.toList().elementType();

@@ -4,7 +4,6 @@
 #include "kernels/Registration.h"
 
 #include "core/DispatchKey.h"
-#include "core/FunctorchInterop.h"
 #include "core/Recorder.h"
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -28,11 +27,6 @@ void record_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
        !is_composite_taken_whole(op))) {
     return op.redispatchBoxed(below, stack);
   }
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      !c10::impl::tls_local_dispatch_key_set().included_.has_any(functorch_mode_keys()),
-      "capture: ", op.operator_name(),
-      ": a torch.func transform is active; capture records ops before transforms rewrite them. "
-      "Use make_fx(functionalize(f)) for programs that use torch.func transforms.");
   // lift_fresh hands torch.tensor's fresh constant over as a view of itself; the graph records
   // lift_fresh_copy, as make_fx does, so no graph value aliases a constant and views-removed
   // graphs hold no view.

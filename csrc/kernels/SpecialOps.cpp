@@ -55,12 +55,6 @@ bool is_aten(const c10::OperatorHandle& op) {
   return op.operator_name().name.rfind("aten::", 0) == 0;
 }
 
-bool writes_an_argument(const c10::OperatorHandle& op) {
-  const auto& args = op.schema().arguments();
-  return std::any_of(args.begin(), args.end(),
-                     [](const c10::Argument& a) { return is_written(a); });
-}
-
 bool returns_an_alias(const c10::OperatorHandle& op) {
   const auto& rets = op.schema().returns();
   return std::any_of(rets.begin(), rets.end(),
