@@ -40,6 +40,7 @@ import fuzz_check as fc  # noqa: E402
 import fuzz_gen as fg  # noqa: E402
 
 HANG_SECONDS = 30
+PROGRESS_SECONDS = 60  # how often a run rewrites OUT/progress.txt
 
 
 def _init_worker():
@@ -146,6 +147,7 @@ def fuzz(seed: int, seconds: float, programs: int | None, workers: int, out: Pat
     next_seed = seed
     pool = _new_pool(workers)
     pending = {}
+    last_progress = start
 
     def budget_left():
         return (programs is None or next_seed - seed < programs) and time.time() - start < seconds
@@ -184,6 +186,11 @@ def fuzz(seed: int, seconds: float, programs: int | None, workers: int, out: Pat
             for failure in r["failures"]:
                 stats["repros"].append(str(write_repro(out, r["seed"], failure)))
         now = time.time()
+        if now - last_progress > PROGRESS_SECONDS:
+            # A long run can be stopped at any time and still leave its figures so far.
+            last_progress = now
+            stats["seconds"], stats["seeds"] = now - start, (seed, next_seed - 1)
+            (out / "progress.txt").write_text(report(stats) + "\n")
         hung = [f for f, (_, t0) in pending.items() if now - t0 > HANG_SECONDS]
         if broken or hung:
             for f in hung:
@@ -254,6 +261,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     stats = fuzz(args.seed, args.seconds, args.programs, args.workers, args.out)
     print(report(stats))
+    (args.out / "report.txt").write_text(report(stats) + "\n")
     return 1 if stats["ours"] or stats["crash"] or stats["hang"] else 0
 
 
