@@ -223,7 +223,7 @@ def gen_inputs(rng):
             # A view of an earlier input, or of that input's base (siblings over a hidden base).
             j = rng.randrange(len(inputs))
             src, t = inputs[j], live[f"_in{j}"]
-            base = re.match(r"b\d+", src).group(0)
+            base = re.search(r"b\d+", src).group(0)  # src may start "(" or "torch."
             if src != base and rng.random() < 0.4:
                 src, t = base, live[base]
             inputs.append(_valid_alias(rng, src if src.isidentifier() else f"({src})", t, ns, live))

@@ -189,7 +189,7 @@ void FunctionalTensorImpl::mutate_view_meta_(std::shared_ptr<const ViewMeta> ste
 }
 
 void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
-                                         MetadataMutation mutation) {
+                                         std::vector<MetadataMutation> mutations) {
   TORCH_INTERNAL_ASSERT(is_up_to_date(), "resize_chain_ on a stale wrapper");
   InnerCallGuard guard;
   const at::Tensor& base = alias_storage().base();
@@ -197,7 +197,7 @@ void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
   chain_.clear();
   if (step) chain_.push_back(std::move(step));
   chain_is_resize_ = !chain_.empty();
-  metadata_mutations_.push_back(std::move(mutation));
+  for (auto& m : mutations) metadata_mutations_.push_back(std::move(m));
 }
 
 void FunctionalTensorImpl::set_chain_from_base_(std::shared_ptr<const ViewMeta> step) {

@@ -62,9 +62,9 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   void set_reference_metadata_(const at::Tensor& reference);
 
   /// resize_: make this wrapper `step` applied to the storage's base, replacing its
-  /// chain (nullptr: the base itself), and remember `mutation` for the input epilogue.
-  /// See Note [Kernel: resize_].
-  void resize_chain_(std::shared_ptr<const ViewMeta> step, MetadataMutation mutation);
+  /// chain (nullptr: the base itself), and remember `mutations` (in order) for the input
+  /// epilogue. See Note [Kernel: resize_].
+  void resize_chain_(std::shared_ptr<const ViewMeta> step, std::vector<MetadataMutation> mutations);
   /// A fresh view whose step applies to the storage's base rather than to the tensor it was
   /// taken from (as_strided without views): its chain becomes `step` alone.
   void set_chain_from_base_(std::shared_ptr<const ViewMeta> step);

@@ -10,6 +10,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <unordered_map>
 
 namespace tfz::detail {
@@ -153,10 +154,30 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
 
 }  // namespace
 
+// Note [Inputs: one tensor passed twice]
+// f(x, x) passes one tensor object twice. In eager the two parameters are the same object, so a
+// metadata change through one (x1.t_(), x1.resize_(...)) is seen through the other, not only its
+// writes. Both parameters therefore get the same wrapper, and the epilogue treats the tensor once
+// (replaying its metadata ops twice would undo a t_()).
+// Rejected: grouping them as two aliases of one storage (what aliased inputs get, and what we did
+// first): data stays shared, but each alias has its own metadata, so x0 kept its old strides
+// after x1.swapaxes_() (found by the fuzzer).
+namespace {
+// The member of `group` (indices into `tensors`) that is the same tensor object as t, if any.
+std::optional<size_t> same_object(const std::vector<at::Tensor>& tensors,
+                                  const std::vector<size_t>& group, const at::Tensor& t) {
+  for (size_t j : group) {
+    if (tensors[j].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return j;
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const Layer& layer) {
   std::vector<at::Tensor> out(inputs.size());
   std::unordered_map<const c10::StorageImpl*, std::vector<size_t>> groups;
-  std::vector<const c10::StorageImpl*> order;  // groups in first-appearance order
+  std::vector<const c10::StorageImpl*> order;      // groups in first-appearance order
+  std::vector<std::pair<size_t, size_t>> repeats;  // (i, j): input i is input j (Note above)
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
     if (!t.defined()) continue;
@@ -179,6 +200,10 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
     }
     auto& group = groups[storage];
     if (group.empty()) order.push_back(storage);
+    if (auto j = same_object(inputs, group, t)) {
+      repeats.emplace_back(i, *j);
+      continue;
+    }
     group.push_back(i);
   }
   for (const auto* storage : order) {
@@ -198,6 +223,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
     auto wrapped = wrap_group(members, layer);
     for (size_t k = 0; k < indices.size(); ++k) out[indices[k]] = wrapped[k];
   }
+  for (const auto& [i, j] : repeats) out[i] = out[j];
   return out;
 }
 
@@ -345,10 +371,12 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
     if (!originals[i].defined()) continue;
     auto* impl = get_impl(wrappers[i]);
     TORCH_CHECK(impl->is_up_to_date(), "functionalize: write-back: sync the wrappers first.");
-    if (impl->has_metadata_mutation()) write_entry_elements(originals[i], wrappers[i]);
-    apply_metadata_mutations(originals[i], *impl);
     auto& group = groups[&impl->alias_storage()];
     if (group.empty()) order.push_back(&impl->alias_storage());
+    // One tensor passed twice is written back once (Note [Inputs: one tensor passed twice]).
+    if (same_object(originals, group, originals[i])) continue;
+    if (impl->has_metadata_mutation()) write_entry_elements(originals[i], wrappers[i]);
+    apply_metadata_mutations(originals[i], *impl);
     group.push_back(i);
   }
   for (const auto* storage : order) {

@@ -60,9 +60,12 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
 /// wrapper of another shape is first resized as eager's resize_output does (resize_functional).
 void write_back(const at::Tensor& wrapper, const at::Tensor& value);
 /// resize_ of a wrapper (Note [Kernel: resize_]); `layer` is the layer the wrapper belongs to.
+/// With `then_strides`, the resized wrapper is then restrided to them in place (as_strided_ at its
+/// offset), as a structured out= kernel restrides the output it resized
+/// (Note [Kernel: strides of a resized out= tensor]).
 void resize_functional(std::string_view op_name, const at::Tensor& self,
                        const std::vector<int64_t>& size, const c10::IValue& memory_format,
-                       const Layer& layer);
+                       const Layer& layer, c10::IntArrayRef then_strides = {});
 /// Whether an in-place op may write the wrapper's inner value directly, because nothing else
 /// can observe it (Note [Kernel: in-place on the inner value]).
 bool can_write_inner_in_place(const at::Tensor& wrapper);

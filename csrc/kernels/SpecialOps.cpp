@@ -220,7 +220,7 @@ void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit
 
 void resize_functional(std::string_view op_name, const at::Tensor& self,
                        const std::vector<int64_t>& size, const c10::IValue& memory_format,
-                       const Layer& layer) {
+                       const Layer& layer, c10::IntArrayRef then_strides) {
   auto* impl = maybe_get_impl(self);
   TORCH_CHECK(impl != nullptr, "functionalize: ", op_name,
               ": cannot resize a plain tensor (created outside the function) inside it. Pass it "
@@ -239,6 +239,10 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
         at::empty(size, self.options().device(c10::kMeta).memory_format(format)).strides().vec();
   }
   const auto needed = static_cast<int64_t>(at::detail::computeStorageNbytes(size, strides, 1));
+  // Restriding keeps the storage resize_ made: only strides that fit in it are eager's.
+  const bool restride =
+      !then_strides.empty() && then_strides != c10::IntArrayRef(strides) &&
+      static_cast<int64_t>(at::detail::computeStorageNbytes(size, then_strides, 1)) <= needed;
 
   impl->sync_();
   const at::Tensor base = impl->alias_storage().base();
@@ -285,14 +289,22 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
       view_offset = 0;
     }
   }
+  if (restride) strides = then_strides.vec();
   auto step =
       ViewMeta::as_strided(c10::fromIntArrayRefSlow(size), c10::fromIntArrayRefSlow(strides),
                            view_offset, layer.reapply_views);
   // Replayed on the caller's tensor as resize_(size, memory_format): resize_as_'s template may be
   // a wrapper, which must not reach the epilogue.
   static const auto resize = c10::Dispatcher::singleton().findSchemaOrThrow("aten::resize_", "");
-  impl->resize_chain_(std::move(step),
-                      MetadataMutation{resize, {c10::IValue(size), memory_format}});
+  static const auto restride_op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::as_strided_", "");
+  std::vector<MetadataMutation> mutations{{resize, {c10::IValue(size), memory_format}}};
+  if (restride) {
+    mutations.push_back(
+        {restride_op,
+         {c10::IValue(size), c10::IValue(strides), c10::IValue(self.storage_offset())}});
+  }
+  impl->resize_chain_(std::move(step), std::move(mutations));
   if (!layer.reapply_views) {
     // The value is an as_strided_copy (offset 0); the wrapper reports eager's geometry, whose
     // offset the next resize_ or as_strided reads (Note [Kernel: eager strides without views]).
@@ -395,7 +407,10 @@ void plan_unsafe_split(const c10::OperatorHandle& op, OpInfo& info) {
 //  - out= ops resize `out` through at::native::resize_ on the TensorImpl (resize_output), which
 //    fails on a wrapper ("storage that is not resizable") or silently leaves its shape stale
 //    (matmul, linalg.matrix_power, linalg.multi_dot, quantile, linalg.norm, tensordot, ...);
-//  - max_pool1d and ctc_loss(Tensor lengths) read the input's data pointer directly.
+//  - max_pool1d and ctc_loss(Tensor lengths) read the input's data pointer directly, and so does
+//    quantile / nanquantile on CPU from torch 2.15 (and 2.11): under capture their out= forms run
+//    the functional variant on the wrappers (see below), where it failed with "data is not
+//    allocated" until the functional forms were taken whole too.
 // We register our kernel for these ops (all CIA out= ops, plus the named ones) so that they are
 // handled whole: out= ops as Mutable (their functional variant, itself usually CIA, runs on the
 // inner tensors, where the fast path is legal) and the named ones as Functional. Autograd is
@@ -419,6 +434,10 @@ bool has_raw_fast_path(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   if (schema.name() == "aten::max_pool1d" && schema.overload_name().empty()) return true;
   if (schema.name() == "aten::ctc_loss" && schema.overload_name() == "Tensor") return true;
+  if ((schema.name() == "aten::quantile" || schema.name() == "aten::nanquantile") &&
+      (schema.overload_name().empty() || schema.overload_name() == "scalar")) {
+    return true;
+  }
   if (schema.name().rfind("aten::", 0) != 0) return false;
   // Their decomposition never resizes out natively, so it already works on wrappers; and it
   // never writes out at all for some dims (eager leaves `out` untouched: torch 2.13's
@@ -435,8 +454,8 @@ bool has_raw_fast_path(const c10::OperatorHandle& op) {
 
 void composite_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                       const Layer& layer) {
-  // Under capture, functional ones (max_pool1d, ctc_loss) run whole on inner values and are
-  // recorded whole (their decomposition would read data pointers, which no recorder sees); out=
+  // Under capture, functional ones (max_pool1d, ctc_loss, quantile) run whole on inner values and
+  // are recorded whole (their decomposition would read data pointers, which no recorder sees); out=
   // ones take the tracer's path below, so their views become *_copy ops like any others.
   const bool capturing = active_recorder() != nullptr;
   if (!c10::impl::TorchDispatchModeTLS::any_modes_set() &&

@@ -309,3 +309,57 @@ def test_writes_through_views_of_an_input_that_does_not_start_its_storage(remove
     got = functionalize(f, remove=remove)(base[1:])
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     torch.testing.assert_close(base, expected_base, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "name, f",
+    [
+        ("swapaxes_ then read", lambda x0, x1, x2: (x1.swapaxes_(1, -2), x0.tril())[1]),
+        ("t_ then write", lambda x0, x1, x2: (x1.t_(), x0[0].add_(1), x2.clone())[1:]),
+        ("resize_ then read", lambda x0, x1, x2: (x1.resize_(2, 3), x0 * 2)[1]),
+        ("squeeze_ twice", lambda x0, x1, x2: (x0.unsqueeze_(0), x1.squeeze_(0), x0.sum(0))[2]),
+    ],
+)
+def test_one_tensor_passed_twice(remove, name, f):
+    # Fuzzer program 200116: f(b, b, b[1:]) passes one tensor object twice; a metadata change
+    # through x1 must be seen through x0, which is the same object. torch.func raises on these.
+    # See Note [Inputs: one tensor passed twice].
+    def make_inputs():
+        b = torch.arange(16.0).reshape(4, 4)
+        return b, b, b[1:]
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+
+
+@pytest.mark.parametrize(
+    "name, f",
+    [
+        ("floor of a transposed input", lambda x0, x1: torch.floor(x1, out=x0)),
+        ("maximum", lambda x0, x1: (torch.maximum(x1, x1, out=x0), x0 * 2)[1]),
+        ("add into a zero-size tensor", lambda x0, x1: torch.add(x1, 1, out=x0[:0].clone())),
+        ("mm", lambda x0, x1: torch.mm(x1.t(), x1, out=x0)),
+        ("contiguous result", lambda x0, x1: torch.cumsum(x1, 0, out=x0)),
+        pytest.param(
+            "fft", lambda x0, x1: torch.fft.fft(x1, dim=0, out=x0),
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="fft's out= kernel is not structured: eager leaves resize_output's "
+                "contiguous strides, we take the functional result's "
+                "(Note [Kernel: strides of a resized out= tensor])"),
+        ),
+    ],
+)
+def test_resized_out_tensor_takes_eager_strides(remove, name, f):
+    # Fuzzer program 74: a structured out= kernel restrides the output it resized to the
+    # strides of its result (transposed here, following the input).
+    def make_inputs():
+        x0 = torch.tensor([0.5, -1.5])
+        if name == "fft":
+            x0 = x0.to(torch.complex64)
+        return x0, torch.linspace(-3.3, 4.1, 15).reshape(3, 5).t()
+
+    def g(x0, x1):
+        f(x0, x1)
+        return x0
+
+    assert_matches_eager(g, make_inputs=make_inputs, remove=remove)
