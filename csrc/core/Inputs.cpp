@@ -400,9 +400,12 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
 // not reach x. With views kept (remove="mutations") we rebuild such outputs after the epilogue:
 // if an input's view chain is a prefix of the output's (same shared steps, same alias storage),
 // the remaining steps are replayed on the caller's tensor, so `return x` gives back x itself and
-// `return x[0]` a real view of x. Under a tracer (make_fx) the Python API turns this off: a
-// graph's outputs never alias its inputs, and the replayed views would read a placeholder after
-// its write-back.
+// `return x[0]` a real view of x. An as_strided of a view is a step from the storage's base
+// (Note [Kernel: as_strided without views]), so its chain has no input's as prefix; where the
+// base's element i is the storage's element i (a flat base, or an input that is the base), the
+// caller's x.as_strided(...) is that step too, and the output is rebuilt from it.
+// Under a tracer (make_fx) the Python API turns this off: a graph's outputs never alias its
+// inputs, and the replayed views would read a placeholder after its write-back.
 at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& originals,
                          const std::vector<at::Tensor>& wrappers, bool alias_inputs) {
   auto* impl = maybe_get_impl(out);
@@ -421,6 +424,15 @@ at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& o
     if (chain.starts_with(prefix)) {
       best = static_cast<int>(i);
       best_len = prefix.size();
+    }
+  }
+  if (best < 0 && !chain.steps().empty() && chain.steps()[0]->name() == "aten::as_strided") {
+    for (size_t i = 0; i < wrappers.size() && best < 0; ++i) {
+      auto* in = originals[i].defined() ? maybe_get_impl(wrappers[i]) : nullptr;
+      if (in != nullptr && &in->alias_storage() == &impl->alias_storage() &&
+          (in->alias_storage().flat() || in->chain().empty()) && !in->has_metadata_mutation()) {
+        best = static_cast<int>(i);  // best_len 0: every step replays on the caller's tensor
+      }
     }
   }
   if (best < 0) return impl->value();

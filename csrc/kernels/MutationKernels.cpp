@@ -407,8 +407,17 @@ bool strides_differ(const at::Tensor& a, const at::Tensor& b) {
   return false;
 }
 
+// Note [Kernel: writes of no element]
+// A write into a tensor with no element (v[1:1].cumsum_(0), an empty narrow of an expanded input)
+// changes nothing in eager. Committed like any write, its view inverse still ran: expand's sums
+// the written view over the expanded dimension, so an empty write through x.expand(3) tripled x
+// (fuzzer program 100622). Such a write is dropped: no commit, no generation, no epilogue copy.
 void write_back(const at::Tensor& wrapper, const at::Tensor& value_in) {
   auto* impl = unsafe_get_impl(wrapper);
+  if (!wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() && wrapper.numel() == 0 &&
+      wrapper.sym_sizes() == value_in.sym_sizes()) {
+    return;
+  }
   at::Tensor value = value_in;
   if (!wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
       !value.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
@@ -474,6 +483,17 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
 }
 
 // See Note [Schema: argument plan] for the plan this follows.
+// Note [Kernel: out= of the same number of elements]
+// arange, range, linspace and logspace resize `out` only when its number of elements differs:
+// torch.arange(12, out=x) with x of shape (2, 6, 1) keeps that shape and fills it in order,
+// where every other out= op resizes x to (12,) (fuzzer program 100913). For them a result with
+// out's number of elements is reshaped to out's shape before it is written.
+bool keeps_shape_of_same_numel(const c10::OperatorHandle& op) {
+  const auto& name = op.schema().name();
+  return name == "aten::arange" || name == "aten::range" || name == "aten::linspace" ||
+         name == "aten::logspace";
+}
+
 void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                  const Layer& layer, bool on_wrappers) {
   const auto& schema = op.schema();
@@ -525,6 +545,14 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
                 [&](const at::Tensor& t, const at::Tensor& v) {
                   check_eager_rules(info.name, t, v, /*resizes=*/w.is_out);
                 });
+  }
+  // See Note [Kernel: out= of the same number of elements].
+  if (keeps_shape_of_same_numel(op) && fstack.size() == 1 && fstack[0].isTensor()) {
+    const at::Tensor out = args[info.written.front().index].toTensor();
+    const at::Tensor value = fstack[0].toTensor();
+    if (out.sym_numel() == value.sym_numel() && out.sym_sizes() != value.sym_sizes()) {
+      fstack[0] = at::view_copy_symint(value, out.sym_sizes());  // results are contiguous
+    }
   }
   // After the functional call, so that eager's own errors (list lengths, shapes) come first.
   check_no_read_of_written_memory(info, schema, args);

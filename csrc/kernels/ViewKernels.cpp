@@ -62,14 +62,17 @@ FunctionalTensorImpl* self_wrapper(const OpInfo& info, const torch::jit::Stack& 
 
 // Note [Kernel: as_strided without views]
 // as_strided reads storage coordinates: x[1:].as_strided((2,), (1,), 3) means elements 3 and 4
-// of x's storage, wherever x starts. With remove="mutations" the view's value shares the base's
-// storage, so running as_strided on it is right. Without views it is a *_copy, a fresh tensor
-// whose storage starts at x's first element, and as_strided_copy on it read the wrong elements or
-// failed ("setStorage: ... out of bounds", found by the fuzzer). So without views the step is
-// taken from the storage's base, whose element i is the storage's element i, and the view's chain
-// is that one step (the base's view inverse, as_strided_scatter, writes it back).
-// Rejected: the same in both modes (the graphs of remove="mutations" would then name the base
-// where torch.func's name the view, for the same numbers).
+// of x's storage, wherever x starts. Without views x's value is a *_copy, a fresh tensor whose
+// storage starts at x's first element, and as_strided_copy on it read the wrong elements or
+// failed ("setStorage: ... out of bounds", found by the fuzzer). With remove="mutations" the
+// view's value shares the base's storage, so the forward step is right, but its inverse is not:
+// as_strided_scatter clones the view (offset 0, its own elements only), so a write through
+// v.as_strided(..., 3) of a view v that starts elsewhere, or that reaches elements v does not
+// cover, was lost (fuzzer programs 102070, 102525). So in both modes the step of an as_strided
+// of a view is taken from the storage's base, whose element i is the storage's element i, and
+// the view's chain is that one step (the base's view inverse, as_strided_scatter, writes it back).
+// Rejected: the step on the view with remove="mutations" (what we did first, so that graphs
+// named the view as torch.func's do): the write-back was wrong.
 bool is_as_strided(const c10::OperatorHandle& op) {
   static const c10::OperatorName name{"aten::as_strided", ""};
   return op.operator_name() == name;
@@ -92,7 +95,7 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   std::optional<c10::IValue> reference;
   if (!layer.reapply_views) reference = meta_reference(view_op, self, extra);
 
-  const bool from_base = !layer.reapply_views && is_as_strided(view_op) && !impl->chain().empty();
+  const bool from_base = is_as_strided(view_op) && !impl->chain().empty();
   if (from_base) {
     impl->sync_();  // the base must be current: the step reads it directly
     // Eager's default offset is self's own; on the base it would be the base's (0).

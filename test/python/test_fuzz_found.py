@@ -363,3 +363,64 @@ def test_resized_out_tensor_takes_eager_strides(remove, name, f):
         return x0
 
     assert_matches_eager(g, make_inputs=make_inputs, remove=remove)
+
+
+def _write_through_as_strided_of_a_view(x0):
+    # Fuzzer program 102070: the as_strided view reaches elements its own view does not cover.
+    v = x0.unbind(-2)[0].as_strided((1, 1), (4, 1), 3)
+    v.add_(10)
+    return v, x0 * 1
+
+
+def _write_through_as_strided_of_a_later_view(x0):
+    # Fuzzer program 102525: as_strided of a view reaching past the input's elements.
+    v = x0.view(-1).as_strided((1, 4), (1, 3), 8)
+    v.index_put_((torch.tensor([0]),), torch.tensor(2.0), accumulate=True)
+    return v, x0 * 1
+
+
+@pytest.mark.parametrize(
+    "name, f, make",
+    [
+        ("unbind then as_strided", _write_through_as_strided_of_a_view,
+         lambda: (torch.arange(4.0).reshape(2, 2),)),
+        pytest.param(
+            "view then as_strided", _write_through_as_strided_of_a_later_view,
+            lambda: (torch.arange(24.0).reshape(2, 4, 3).select(0, 0),),
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="open: the epilogue writes an input's own elements only, so what f "
+                "wrote through as_strided into the storage past them does not reach the caller's "
+                "storage (outputs are right)")),
+    ],
+)
+def test_writes_through_as_strided_of_a_view(remove, name, f, make):
+    # as_strided_scatter on the view cloned it (its own elements, offset 0), so the write was lost
+    # with remove="mutations" (Note [Kernel: as_strided without views]).
+    assert_matches_eager(f, make_inputs=make, remove=remove)
+
+
+def test_write_of_no_element_through_an_expanded_input(remove):
+    # Fuzzer program 100622: expand's inverse summed the (empty) written view over the expanded
+    # dimension and tripled x (Note [Kernel: writes of no element]).
+    def f(x):
+        v = x.expand(3).narrow(0, 1, 0)
+        v.cumsum_(0)
+        return x * 1
+
+    assert_matches_eager(f, torch.tensor(-0.5), remove=remove)
+
+
+@pytest.mark.parametrize("op", ["arange", "linspace"])
+def test_out_of_the_same_number_of_elements_keeps_its_shape(remove, op):
+    # Fuzzer program 100913: arange(12, out=x) with x of shape (2, 6, 1) keeps x's shape
+    # (Note [Kernel: out= of the same number of elements]).
+    def f(x):
+        if op == "arange":
+            torch.arange(12, out=x)
+        else:
+            torch.linspace(0, 1, 12, out=x)
+        return x.flatten(1, 1) * 2
+
+    assert_matches_eager(f, make_inputs=lambda: (torch.zeros(2, 6, 1).transpose(0, 1),),
+                         remove=remove)
