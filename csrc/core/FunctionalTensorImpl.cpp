@@ -180,8 +180,17 @@ void FunctionalTensorImpl::commit_update_() {
   storage.add_update(value_, chain_);
 }
 
+void FunctionalTensorImpl::remember_entry_() {
+  if (has_metadata_mutation()) return;
+  entry_.chain = chain_;
+  if (!has_symbolic_sizes_strides()) {
+    entry_.geometry.emplace(sizes().vec(), strides().vec(), storage_offset());
+  }
+}
+
 void FunctionalTensorImpl::mutate_view_meta_(std::shared_ptr<const ViewMeta> step,
                                              MetadataMutation mutation) {
+  remember_entry_();
   InnerCallGuard guard;
   set_value_(step->forward(value_));
   chain_.push_back(std::move(step));
@@ -191,6 +200,7 @@ void FunctionalTensorImpl::mutate_view_meta_(std::shared_ptr<const ViewMeta> ste
 void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
                                          std::vector<MetadataMutation> mutations) {
   TORCH_INTERNAL_ASSERT(is_up_to_date(), "resize_chain_ on a stale wrapper");
+  remember_entry_();
   InnerCallGuard guard;
   const at::Tensor& base = alias_storage().base();
   set_value_(step ? step->forward(base) : base);
@@ -224,6 +234,7 @@ void FunctionalTensorImpl::copy_fields_to_(FunctionalTensorImpl& dest) const {
   dest.generation_ = generation_;
   dest.chain_ = chain_;
   dest.metadata_mutations_ = metadata_mutations_;
+  dest.entry_ = entry_;
   dest.has_reference_metadata_ = has_reference_metadata_;
   dest.chain_is_resize_ = chain_is_resize_;
   dest.key_set_ = key_set_;

@@ -10,6 +10,8 @@
 #include <c10/core/TensorImpl.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <optional>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -42,6 +44,15 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   bool is_up_to_date() const { return generation_ == alias_storage().generation(); }
   bool has_metadata_mutation() const { return !metadata_mutations_.empty(); }
   const std::vector<MetadataMutation>& metadata_mutations() const { return metadata_mutations_; }
+  /// The chain, sizes, strides and offset this wrapper had before its first metadata mutation
+  /// (its current ones if it had none; no geometry for symbolic shapes). Views taken before a
+  /// t_() or resize_() derive from them (Note [Inputs: outputs that alias inputs]).
+  struct EntryState {
+    ViewChain chain;
+    std::optional<std::tuple<std::vector<int64_t>, std::vector<int64_t>, int64_t>> geometry;
+  };
+  const ViewChain& entry_chain() const { return has_metadata_mutation() ? entry_.chain : chain_; }
+  const EntryState& entry_state() const { return entry_; }
 
   /// Applies pending updates of the storage and, if this wrapper is stale, replays its chain
   /// from the new base. Runs its ops under an InnerCallGuard.
@@ -94,6 +105,8 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   uint64_t generation_ = 0;
   ViewChain chain_;
   std::vector<MetadataMutation> metadata_mutations_;
+  EntryState entry_;  // set at the first metadata mutation
+  void remember_entry_();
   bool has_reference_metadata_ = false;
   bool chain_is_resize_ = false;
   // torch's owning pointer to an autograd Node: std::shared_ptr up to torch 2.11,

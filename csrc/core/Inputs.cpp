@@ -400,7 +400,10 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
 // not reach x. With views kept (remove="mutations") we rebuild such outputs after the epilogue:
 // if an input's view chain is a prefix of the output's (same shared steps, same alias storage),
 // the remaining steps are replayed on the caller's tensor, so `return x` gives back x itself and
-// `return x[0]` a real view of x. An as_strided of a view is a step from the storage's base
+// `return x[0]` a real view of x. An input whose metadata f changed (x.t_(), an out= resize)
+// is matched by its chain before the change, and the steps replay on x.as_strided at its
+// geometry then: a view taken before x.t_() still views x's storage in eager (the fuzzer's
+// largest class, "alias", until this). An as_strided of a view is a step from the storage's base
 // (Note [Kernel: as_strided without views]), so its chain has no input's as prefix; where the
 // base's element i is the storage's element i (a flat base, or an input that is the base), the
 // caller's x.as_strided(...) is that step too, and the output is rebuilt from it.
@@ -412,31 +415,49 @@ at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& o
   if (impl == nullptr) return out;
   impl->sync_();
   if (!alias_inputs) return impl->value();
+  for (size_t i = 0; i < wrappers.size(); ++i) {  // `return x`: x itself, as in eager
+    if (originals[i].defined() && wrappers[i].unsafeGetTensorImpl() == out.unsafeGetTensorImpl()) {
+      return originals[i];
+    }
+  }
   const auto& chain = impl->chain();
+  // The input whose chain is the longest beginning of the output's: first its chain now (the
+  // rest replays on the caller's tensor as the epilogue left it), then its chain before its
+  // first metadata mutation (the rest replays on the caller's tensor at its geometry then).
   int best = -1;
   size_t best_len = 0;
-  for (size_t i = 0; i < wrappers.size(); ++i) {
-    if (!originals[i].defined()) continue;
-    auto* in = maybe_get_impl(wrappers[i]);
-    if (in == nullptr || &in->alias_storage() != &impl->alias_storage()) continue;
-    const auto& prefix = in->chain();
-    if (prefix.size() > chain.size() || (best >= 0 && prefix.size() < best_len)) continue;
-    if (chain.starts_with(prefix)) {
-      best = static_cast<int>(i);
-      best_len = prefix.size();
+  bool at_entry = false;
+  for (bool entry : {false, true}) {
+    for (size_t i = 0; i < wrappers.size(); ++i) {
+      auto* in = originals[i].defined() ? maybe_get_impl(wrappers[i]) : nullptr;
+      if (in == nullptr || &in->alias_storage() != &impl->alias_storage()) continue;
+      if (entry && (!in->has_metadata_mutation() || !in->entry_state().geometry)) continue;
+      const auto& prefix = entry ? in->entry_chain() : in->chain();
+      if (prefix.size() <= chain.size() && chain.starts_with(prefix) &&
+          (best < 0 || prefix.size() > best_len)) {
+        best = static_cast<int>(i);
+        best_len = prefix.size();
+        at_entry = entry;
+      }
     }
+    if (best >= 0) break;
   }
   if (best < 0 && !chain.steps().empty() && chain.steps()[0]->name() == "aten::as_strided") {
     for (size_t i = 0; i < wrappers.size() && best < 0; ++i) {
       auto* in = originals[i].defined() ? maybe_get_impl(wrappers[i]) : nullptr;
       if (in != nullptr && &in->alias_storage() == &impl->alias_storage() &&
-          (in->alias_storage().flat() || in->chain().empty()) && !in->has_metadata_mutation()) {
+          (in->alias_storage().flat() || in->entry_chain().empty())) {
         best = static_cast<int>(i);  // best_len 0: every step replays on the caller's tensor
       }
     }
   }
   if (best < 0) return impl->value();
   at::Tensor result = originals[best];
+  if (at_entry) {
+    // The input's geometry when the output's view was taken: eager's view derives from it.
+    const auto& [sizes, strides, offset] = *unsafe_get_impl(wrappers[best])->entry_state().geometry;
+    result = result.as_strided(sizes, strides, offset);
+  }
   const auto steps = chain.steps();
   for (size_t k = best_len; k < steps.size(); ++k) {
     if (!steps[k]->reapply) return impl->value();  // a *_copy step: the output is not a view

@@ -10,12 +10,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 import fuzz  # noqa: E402
 
-# (program seed, path, kind) found by `python tools/fuzz.py --programs 100 --seed 0`. Open class
-# (docs/reliability.md): an output that eager returns as a view of an input whose metadata the
-# program changed in place comes back as a copy (14, "alias"; values are right).
-KNOWN = {
-    (14, "ours_mut", "alias"),
-}
+# (program seed, path, kind) found by `python tools/fuzz.py --programs 100 --seed 0`: none open.
+# Program 14 ("alias": an output eager returns as a view of an input whose metadata the program
+# changed in place came back as a copy) was fixed with Note [Inputs: outputs that alias inputs].
+KNOWN: set[tuple[int, str, str]] = set()
 
 
 def test_short_fuzz_run_finds_exactly_the_known_failures():
