@@ -144,6 +144,25 @@ void inplace_view_kernel(const OpInfo& info, const c10::OperatorHandle& op,
   auto extra = args_after_self(*stack, num_args);
   std::optional<c10::IValue> reference;
   if (!layer.reapply_views) reference = meta_reference(*info.view_op, self.toTensor(), extra);
+  // x.as_strided_(...) reads storage coordinates like as_strided: taken from the storage's base
+  // for the same reasons (Note [Kernel: as_strided without views]); without views, a second
+  // as_strided_ on the first one's *_copy failed out of bounds (fuzzer program 100014). The
+  // chain becomes that one step, as after resize_.
+  static const c10::OperatorName as_strided_inplace{"aten::as_strided_", ""};
+  if (op.operator_name() == as_strided_inplace &&
+      (!layer.reapply_views || !impl->chain().empty())) {
+    impl->sync_();
+    const at::Tensor& t = self.toTensor();
+    const c10::SymInt offset =
+        extra.size() >= 3 && !extra[2].isNone() ? extra[2].toSymInt() : t.sym_storage_offset();
+    auto step = ViewMeta::as_strided(extra[0].toSymIntVector(), extra[1].toSymIntVector(), offset,
+                                     layer.reapply_views);
+    impl->resize_chain_(std::move(step), {MetadataMutation{op, std::move(extra)}});
+    if (reference) impl->set_reference_metadata_(reference->toTensor());
+    torch::jit::drop(*stack, num_args);
+    torch::jit::push(*stack, std::move(self));
+    return;
+  }
   auto step = std::make_shared<const ViewMeta>(*info.view_op, info.copy_op, extra, -1,
                                                layer.reapply_views, info.inverse);
   impl->mutate_view_meta_(std::move(step), MetadataMutation{op, std::move(extra)});
