@@ -40,8 +40,18 @@ class AliasStorage : public c10::StorageImpl {
 
   /// A storage whose base is the flat storage of aliased inputs (Note [Inputs: aliased inputs]):
   /// element i of the base is element i of eager's storage.
-  void mark_flat() { flat_ = true; }
+  /// `views_kept`: the base is a view of the caller's storage (remove="mutations").
+  void mark_flat(bool views_kept) {
+    flat_ = true;
+    flat_views_kept_ = views_kept;
+  }
   bool flat() const { return flat_; }
+  bool flat_views_kept() const { return flat_views_kept_; }
+  /// A storage whose base is an input that starts inside a larger storage and is not flat
+  /// (Note [Inputs: inputs that do not start their storage]): the base's element 0 is not eager's
+  /// storage element 0, so storage coordinates (as_strided) cannot be expressed on it.
+  void mark_offset_base() { offset_base_ = true; }
+  bool offset_base() const { return offset_base_; }
 
  private:
   struct Update {
@@ -53,6 +63,8 @@ class AliasStorage : public c10::StorageImpl {
   uint64_t generation_ = 0;
   bool captured_ = false;
   bool flat_ = false;
+  bool flat_views_kept_ = false;
+  bool offset_base_ = false;
 };
 
 }  // namespace tfz::detail

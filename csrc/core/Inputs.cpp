@@ -3,11 +3,13 @@
 
 #include "core/Conversions.h"
 #include "core/DispatchKey.h"
+#include "core/Recorder.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 
 #include <optional>
@@ -60,23 +62,32 @@ Span span_of(const at::Tensor& t) {
 // the base aliased inputs get (Note [Inputs: aliased inputs]): the flat storage, with the input
 // as one as_strided view of it. That costs a scatter into the storage per write, so it is done
 // only when the storage is at most twice the input's extent plus 4 KiB; a slice of a large
-// buffer (a KV cache's used part) keeps its own base, and storage-coordinate ops on it after a
-// write are refused by name (Note [Kernel: resize_], Note [Kernel: as_strided without views]).
+// buffer (a KV cache's used part) keeps its own base, marked offset_base: as_strided and
+// as_strided_ on it and its views are refused by name (their inverse would write the base's
+// coordinates, not the storage's), and resize_ past its end too (Note [Kernel: resize_]).
 // Rejected: the flat base for every such input (a decode step writing one row of a slice
 // would scatter into the whole cache); translating offsets at each as_strided (only possible for
 // inputs without gaps, and every view inverse would need it too).
 constexpr int64_t kFlatBaseSlackBytes = 4096;
 
+// t is its whole storage, densely from offset 0 (any dense strides): element i of the storage is
+// one of t's elements, and stays at the same place in every value a write gives t.
+bool is_whole_storage(const at::Tensor& t) {
+  const Span span = span_of(t);
+  return t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
+         span.end == static_cast<int64_t>(t.storage().nbytes());
+}
+
+bool plain_strided(const at::Tensor& t) {
+  return t.layout() == c10::kStrided && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+         t.has_storage() && t.numel() != 0;
+}
+
 bool wants_flat_base(const at::Tensor& t) {
-  if (t.layout() != c10::kStrided || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-      !t.has_storage() || t.numel() == 0) {
-    return false;
-  }
+  if (!plain_strided(t) || is_whole_storage(t)) return false;
   const Span span = span_of(t);
   const auto storage_bytes = static_cast<int64_t>(t.storage().nbytes());
-  const bool whole_storage =
-      t.storage_offset() == 0 && t.is_non_overlapping_and_dense() && span.end == storage_bytes;
-  return !whole_storage && storage_bytes <= 2 * (span.end - span.begin) + kFlatBaseSlackBytes;
+  return storage_bytes <= 2 * (span.end - span.begin) + kFlatBaseSlackBytes;
 }
 
 bool can_group(const std::vector<at::Tensor>& members) {
@@ -124,7 +135,7 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
     }
   }
   const at::Tensor base = make_fresh_wrapper(base_value, layer.id);
-  if (!mixed) unsafe_get_impl(base)->alias_storage().mark_flat();
+  if (!mixed) unsafe_get_impl(base)->alias_storage().mark_flat(reapply);
   const int64_t base_bytes = numel * static_cast<int64_t>(first->itemsize());
   std::vector<at::Tensor> wrapped;
   for (const auto& m : members) {
@@ -217,7 +228,12 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
                  "through the others inside the function.");
     }
     if ((members.size() == 1 && !wants_flat_base(members[0])) || !can_group(members)) {
-      for (size_t i : indices) out[i] = make_fresh_wrapper(inputs[i], layer.id);
+      for (size_t i : indices) {
+        out[i] = make_fresh_wrapper(inputs[i], layer.id);
+        if (plain_strided(inputs[i]) && !is_whole_storage(inputs[i])) {
+          unsafe_get_impl(out[i])->alias_storage().mark_offset_base();
+        }
+      }
       continue;
     }
     auto wrapped = wrap_group(members, layer);
@@ -343,6 +359,49 @@ void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
   original.copy_(value);
 }
 
+// Note [Inputs: writes outside every input's elements]
+// x = b[..., ::2] (or x with x[1:]) gets the flat storage as its base, and f may write elements
+// of that storage that no input covers: x.as_strided((2,), (1,), 13).zero_() writes element 13.
+// Eager's storage then holds the write, and so does an output that views it; copying each input
+// back wrote only their own elements (fuzzer program 114188 and ~40 others). So when no input
+// is the whole storage, the epilogue copies the whole flat base into the storage, through
+// x.as_strided([numel], [1], 0) of a member with the base's dtype and bits (a view of the
+// caller's tensor, as the region-precise epilogue of capture already writes), and nothing else.
+// Inputs whose metadata changed keep the per-input write, and so do views-removed programs being
+// traced (the graph must hold no view). See Note [Inputs: writes before a metadata change].
+// Rejected: tracking which storage elements were written (a copy per write to find out).
+bool write_whole_storage(const std::vector<at::Tensor>& originals,
+                         const std::vector<size_t>& members, const AliasStorage& storage) {
+  // A graph of remove="mutations_and_views" must not hold the view this write goes through.
+  const bool recorded = c10::impl::TorchDispatchModeTLS::any_modes_set() || ops_are_recorded() ||
+                        c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks);
+  if (!storage.flat_views_kept() && recorded) return false;
+  const at::Tensor& base = storage.base();
+  const at::Tensor* through = nullptr;
+  for (size_t i : members) {
+    const at::Tensor& t = originals[i];
+    if (is_whole_storage(t) || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return false;
+    if (through == nullptr && t.scalar_type() == base.scalar_type() && !t.is_conj() &&
+        !t.is_neg() && !base.is_conj() && !base.is_neg()) {
+      through = &t;
+    }
+  }
+  if (through == nullptr || base.dim() != 1 ||
+      base.numel() * static_cast<int64_t>(base.itemsize()) !=
+          static_cast<int64_t>(through->storage().nbytes())) {
+    return false;
+  }
+  at::Tensor whole = through->as_strided({base.numel()}, {1}, 0);
+  if (through->requires_grad() && through->is_leaf() && !base.requires_grad()) {
+    at::AutoGradMode no_grad(false);  // as write_data: eager wrote it under no_grad
+    whole = through->detach().as_strided({base.numel()}, {1}, 0);
+    whole.copy_(base);
+    return true;
+  }
+  whole.copy_(base);
+  return true;
+}
+
 // Index (into `members`) of a member whose elements include every other member's, or -1.
 int covering_member(const std::vector<at::Tensor>& originals, const std::vector<size_t>& members) {
   for (size_t k = 0; k < members.size(); ++k) {
@@ -384,6 +443,9 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
     const auto& members = groups[storage];
     bool any_metadata = false;
     for (size_t i : members) any_metadata |= unsafe_get_impl(wrappers[i])->has_metadata_mutation();
+    if (storage->flat() && !any_metadata && write_whole_storage(originals, members, *storage)) {
+      continue;
+    }
     const int cover =
         members.size() > 1 && !any_metadata ? covering_member(originals, members) : -1;
     if (cover >= 0) {

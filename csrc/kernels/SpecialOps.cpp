@@ -284,7 +284,7 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
     }
     impl->replace_storage_(grown);
     if (flat) {
-      impl->alias_storage().mark_flat();
+      impl->alias_storage().mark_flat(layer.reapply_views);
     } else {
       view_offset = 0;
     }

@@ -78,6 +78,15 @@ bool is_as_strided(const c10::OperatorHandle& op) {
   return op.operator_name() == name;
 }
 
+// Storage coordinates need a base whose element i is the storage's element i.
+void check_storage_coordinates(std::string_view op_name, const FunctionalTensorImpl& impl) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !impl.alias_storage().offset_base(), "functionalize: ", op_name,
+      ": the tensor is (a view of) an input that starts inside a larger storage (e.g. a slice of "
+      "a big buffer), and as_strided addresses that storage's elements, which the function does "
+      "not see. Pass the whole buffer as the input, or express the view with other view ops.");
+}
+
 }  // namespace
 
 void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
@@ -95,6 +104,7 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   std::optional<c10::IValue> reference;
   if (!layer.reapply_views) reference = meta_reference(view_op, self, extra);
 
+  if (is_as_strided(view_op)) check_storage_coordinates(info.name, *impl);
   const bool from_base = is_as_strided(view_op) && !impl->chain().empty();
   if (from_base) {
     impl->sync_();  // the base must be current: the step reads it directly
@@ -149,6 +159,7 @@ void inplace_view_kernel(const OpInfo& info, const c10::OperatorHandle& op,
   // as_strided_ on the first one's *_copy failed out of bounds (fuzzer program 100014). The
   // chain becomes that one step, as after resize_.
   static const c10::OperatorName as_strided_inplace{"aten::as_strided_", ""};
+  if (op.operator_name() == as_strided_inplace) check_storage_coordinates(info.name, *impl);
   if (op.operator_name() == as_strided_inplace &&
       (!layer.reapply_views || !impl->chain().empty())) {
     impl->sync_();
