@@ -78,13 +78,29 @@ bool is_as_strided(const c10::OperatorHandle& op) {
   return op.operator_name() == name;
 }
 
-// Storage coordinates need a base whose element i is the storage's element i.
-void check_storage_coordinates(std::string_view op_name, const FunctionalTensorImpl& impl) {
+// Storage coordinates need a base whose element i is the storage's element i. Returns whether the
+// step may be taken from the base: its dtype and conjugate/negative bits must be self's too (a
+// step from the base keeps neither). Where they are not, remove="mutations" keeps the step on
+// the view (reads are right, its value shares the storage), and without views it is refused.
+bool check_storage_coordinates(std::string_view op_name, const FunctionalTensorImpl& impl,
+                               const at::Tensor& self, const Layer& layer) {
   TORCH_CHECK_NOT_IMPLEMENTED(
       !impl.alias_storage().offset_base(), "functionalize: ", op_name,
       ": the tensor is (a view of) an input that starts inside a larger storage (e.g. a slice of "
       "a big buffer), and as_strided addresses that storage's elements, which the function does "
       "not see. Pass the whole buffer as the input, or express the view with other view ops.");
+  if (impl.chain().empty()) return true;  // self is the base
+  const at::Tensor& base = impl.alias_storage().base();
+  const bool same = base.scalar_type() == self.scalar_type() && base.is_conj() == self.is_conj() &&
+                    base.is_neg() == self.is_neg();
+  if (layer.reapply_views) return same;
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      same, "functionalize: ", op_name, ": as_strided of a ", self.scalar_type(),
+      " view whose storage is shared with a tensor of another dtype or with conjugate/negative "
+      "bits (e.g. inputs x and x.view(torch.int32), or x.conj()) is not supported with "
+      "remove=\"mutations_and_views\". Clone the tensor before as_strided, or use "
+      "remove=\"mutations\".");
+  return true;
 }
 
 }  // namespace
@@ -104,8 +120,9 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   std::optional<c10::IValue> reference;
   if (!layer.reapply_views) reference = meta_reference(view_op, self, extra);
 
-  if (is_as_strided(view_op)) check_storage_coordinates(info.name, *impl);
-  const bool from_base = is_as_strided(view_op) && !impl->chain().empty();
+  const bool from_base = is_as_strided(view_op) &&
+                         check_storage_coordinates(info.name, *impl, self, layer) &&
+                         !impl->chain().empty();
   if (from_base) {
     impl->sync_();  // the base must be current: the step reads it directly
     // Eager's default offset is self's own; on the base it would be the base's (0).
@@ -159,8 +176,8 @@ void inplace_view_kernel(const OpInfo& info, const c10::OperatorHandle& op,
   // as_strided_ on the first one's *_copy failed out of bounds (fuzzer program 100014). The
   // chain becomes that one step, as after resize_.
   static const c10::OperatorName as_strided_inplace{"aten::as_strided_", ""};
-  if (op.operator_name() == as_strided_inplace) check_storage_coordinates(info.name, *impl);
   if (op.operator_name() == as_strided_inplace &&
+      check_storage_coordinates(info.name, *impl, self.toTensor(), layer) &&
       (!layer.reapply_views || !impl->chain().empty())) {
     impl->sync_();
     const at::Tensor& t = self.toTensor();

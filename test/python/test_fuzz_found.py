@@ -469,3 +469,21 @@ def test_as_strided_of_a_slice_of_a_large_buffer_is_refused_by_name(remove, f):
     with pytest.raises(NotImplementedError, match="as_strided.*starts inside a larger storage"):
         functionalize(f, remove=remove)(buffer[10:20])
     assert torch.equal(buffer, torch.arange(10000.0))
+
+
+def test_as_strided_of_an_input_aliased_with_another_dtype(remove):
+    # Fuzzer programs 105865, 112595: without views the step was taken from the inputs' shared
+    # byte base and returned uint8 (Note [Kernel: as_strided without views]); it is refused by
+    # name there, and with views kept it reads eager's values.
+    def f(x0, x1):
+        return x0.as_strided((1, 4, 2), (1, 1, 1), 0) * 1
+
+    def make_inputs():
+        b = torch.linspace(-2.0, 2.0, 8).reshape(4, 2, 1)
+        return b[..., ::2], b[..., ::2].view(torch.int32)
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+    else:
+        with pytest.raises(NotImplementedError, match="as_strided of a Float view"):
+            functionalize(f, remove=remove)(*make_inputs())
