@@ -5,6 +5,11 @@
 #include "core/Layer.h"
 #include "core/ViewInverses.h"
 
+#include <ATen/Functions.h>
+#include <ATen/MemoryOverlap.h>
+
+#include <algorithm>
+
 namespace tfz::detail {
 
 // Note [Alias: storage and generations]
@@ -60,6 +65,35 @@ void AliasStorage::set_base_(const at::Tensor& value) {
 // sequence of views composes to a valid view of the same elements). Rejected: collapsing runs in
 // the middle of a chain too (the step after the run needs the run's forward result, which is a
 // replay anyway) and collapsing any composable pair (transpose/permute; rarer in deep chains).
+// Note [Alias: writes through an overlapping view]
+// v = x.expand(3)[2] (or x.as_strided((2, 1), (0, 3), 4).unbind(0)[1]) is one element of x, but
+// the step before it is a view in which several elements share memory. Inverting step by step
+// scatters the written element into that view, whose own inverse must then fold its copies back
+// into x: expand's sums them (v[2] = 3 gave x = 3 + 2 * x) and as_strided_scatter refuses
+// overlapping geometry (fuzzer programs 124845, 107147). In eager the write lands once, where v
+// lies. So with views kept, when a step before the last produced overlapping memory and the
+// written view itself does not overlap, the write is one as_strided_scatter of the base at the
+// written view's own sizes, strides and offset (its value is a real view of a contiguous base).
+// Without views the values are *_copy tensors with no geometry to read: the step-by-step rule
+// stays. Rejected: checking every chain for overlap (only chains longer than one step can have
+// an intermediate, and only their forward replays are inspected, which are computed anyway).
+namespace {
+// Steps that can make elements share memory.
+bool may_overlap(const ViewMeta& step) {
+  static const c10::OperatorName expand{"aten::expand", ""}, as_strided{"aten::as_strided", ""},
+      unfold{"aten::unfold", ""};
+  const auto& name = step.op.operator_name();
+  return name == expand || name == as_strided || name == unfold;
+}
+
+bool overlaps(const at::Tensor& t) {
+  if (t.layout() != c10::kStrided || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    return false;
+  }
+  return at::has_internal_overlap(t) == at::MemOverlap::Yes;
+}
+}  // namespace
+
 bool AliasStorage::apply_updates() {
   if (updates_.empty()) return false;
   InnerCallGuard guard;
@@ -69,6 +103,25 @@ bool AliasStorage::apply_updates() {
       continue;
     }
     const auto chain = update.chain.steps();
+    if (chain.size() > 1 && chain.back()->reapply &&
+        std::any_of(chain.begin(), chain.end() - 1, [](auto* s) { return may_overlap(*s); }) &&
+        base_.layout() == c10::kStrided &&
+        !base_.unsafeGetTensorImpl()->has_symbolic_sizes_strides() && base_.is_contiguous()) {
+      // See Note [Alias: writes through an overlapping view].
+      std::vector<at::Tensor> bases{base_};
+      bool through_overlap = false;
+      for (size_t i = 0; i < chain.size(); ++i) {
+        bases.push_back(chain[i]->forward(bases.back()));
+        through_overlap |= i + 1 < chain.size() && overlaps(bases.back());
+      }
+      const at::Tensor& view = bases.back();
+      if (through_overlap && !overlaps(view) && view.is_alias_of(base_) &&
+          !view.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+        base_ = at::as_strided_scatter(base_, update.value, view.sizes(), view.strides(),
+                                       view.storage_offset() - base_.storage_offset());
+        continue;
+      }
+    }
     // See Note [Alias: runs of regrouping views]: chain[run..] regroup only.
     size_t run = chain.size();
     while (run > 0 && is_regrouping(*chain[run - 1])) --run;

@@ -30,6 +30,8 @@ class ViewChain {
   }
 
   bool empty() const { return tail_ == nullptr; }
+  /// The last step (nullptr for an empty chain). O(1).
+  const ViewMeta* back() const { return tail_ ? tail_->step.get() : nullptr; }
   size_t size() const { return tail_ ? tail_->depth : 0; }
   void clear() { tail_.reset(); }
   /// This chain followed by `step` (this one is unchanged).

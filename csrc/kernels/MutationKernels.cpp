@@ -299,6 +299,14 @@ void check_eager_rules(std::string_view op_name, const at::Tensor& written, cons
 }
 
 // See Note [Kernel: views of captured tensors] for the second check.
+namespace {
+// A tensor with static sizes and no element: writing it changes nothing.
+// See Note [Kernel: writes of no element].
+bool is_empty_static(const at::Tensor& t) {
+  return !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() && t.numel() == 0;
+}
+}  // namespace
+
 void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t) {
   auto* impl = maybe_get_impl(t);
   TORCH_CHECK(impl != nullptr, "functionalize: ", op_name,
@@ -311,6 +319,20 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
               "the function (a parameter, buffer or global), with remove=\"mutations_and_views\": "
               "the write would not reach that tensor. Pass the tensor to the function as an "
               "input, or use remove=\"mutations\".");
+  // See Note [Alias: writes through an overlapping view]: without views the step-by-step
+  // inverse of expand sums the copies of each element, so such a write would be wrong.
+  if (!impl->chain().empty() && !impl->chain().back()->reapply && !is_empty_static(t)) {
+    static const c10::OperatorName expand{"aten::expand", ""};
+    const auto steps = impl->chain().steps();
+    for (size_t i = 0; i + 1 < steps.size(); ++i) {
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          steps[i]->op.operator_name() != expand, "functionalize: ", op_name, ": writing through '",
+          arg_name,
+          "', a view of an expanded tensor, is not supported with "
+          "remove=\"mutations_and_views\" (the write would be summed over the expanded copies). "
+          "Use remove=\"mutations\", or write to the tensor before expanding it.");
+    }
+  }
   TORCH_CHECK(impl->value().layout() != c10::kStrided ||
                   t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || !has_internal_overlap(t),
               "functionalize: ", op_name, ": the tensor passed as '", arg_name,
