@@ -522,3 +522,21 @@ def test_write_through_a_view_whose_base_overlaps(remove, f, make):
     else:
         with pytest.raises(RuntimeError, match="refers to a single memory location"):
             functionalize(f, remove=remove)(*make())
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "cumsum", "prod"])
+def test_reduction_into_an_out_of_another_dtype_reduces_in_its_dtype(remove, op):
+    # Fuzzer program 162852: sum(x_bf16, out=y_f32) accumulates in float32 in eager; ours reduced
+    # in bfloat16 and cast (Note [Kernel: reductions into an out= of another dtype]).
+    def f(x, y):
+        if op == "cumsum":
+            torch.cumsum(x, 0, out=y)
+        else:
+            getattr(torch, op)(x, 0, out=y)
+        return y
+
+    def make_inputs():
+        x = torch.linspace(-3.0, 5.0, 24).reshape(8, 3).to(torch.bfloat16) * 1.37
+        return x, torch.empty(3 if op != "cumsum" else (8, 3))
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
