@@ -257,7 +257,7 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
   const int64_t offset = self.storage_offset();
   const int64_t capacity = static_cast<int64_t>(base.storage().nbytes() / base.itemsize()) - offset;
   int64_t view_offset = offset;
-  if (needed > capacity) {
+  if (needed > 0 && needed > capacity) {  // nothing grows for no element (offset past the end)
     // A lone input that does not start its storage is a view of the flat storage
     // (Note [Inputs: inputs that do not start their storage]): it grows the whole storage, as
     // eager reallocates it, and keeps its offset.

@@ -540,3 +540,15 @@ def test_reduction_into_an_out_of_another_dtype_reduces_in_its_dtype(remove, op)
         return x, torch.empty(3 if op != "cumsum" else (8, 3))
 
     assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+
+
+def test_resize_to_no_element_of_an_input_whose_offset_is_past_its_storage(remove):
+    # Fuzzer program 120850: b[1:] of a (3, 0) tensor has storage offset 1 in an empty storage;
+    # resize_((0,)) took the growth path with a capacity of -1 ("Storage size calculation
+    # overflowed").
+    def f(x):
+        x.resize_((0,))
+        return x
+
+    assert_matches_eager(f, make_inputs=lambda: (torch.zeros(3, 0, dtype=torch.int64)[1:, ::2],),
+                         remove=remove)
