@@ -4,7 +4,9 @@ by the C++ engine while it functionalizes f (no make_fx, no proxy tensors). C++ 
 out, closure tensors as ``get_attr`` constants, multi-output ops through ``operator.getitem``.
 """
 import inspect
+import keyword
 import operator
+import re
 from typing import Any, Callable
 
 import torch
@@ -165,8 +167,26 @@ def _graph_module(captured: Any, func: Callable[..., Any], args: tuple, kwargs: 
     graph.output([convert(next(out_iter)) if isinstance(x, torch.Tensor) else x
                   for x in out_leaves])
     in_spec = pytree.tree_flatten((tuple(args), kwargs) if kwargs else tuple(args))[1]
-    graph._codegen = _PyTreeCodeGen(_PyTreeInfo(orig_args, in_spec, out_spec))
+    graph._codegen = _CaptureCodeGen(_PyTreeInfo(orig_args, in_spec, out_spec))
     return _LazyGraphModule(root, graph)  # See Note [Capture: code generated on first use]
+
+
+# Note [Capture: overloads named by a keyword]
+# FX writes an OpOverload target as its qualified name, so aten.random.from (random_(from, to)'s
+# functional form) becomes `torch.ops.aten.random.from(...)` in the generated code: a
+# SyntaxError when the module first runs (make_fx's graphs have the same bug, upstream; the
+# fuzzer's largest class of graph errors, ~1.2% of its programs). Capture's graphs generate their
+# code with a CodeGen that writes such a name as getattr(torch.ops.aten.random, 'from'), which
+# is the same object, so the node's target stays the OpOverload for every pass that reads it.
+# Rejected: a Python function as the node's target (graph passes look for OpOverloads).
+_KEYWORD_OVERLOAD = re.compile(r"\b(torch\.ops\.\w+\.\w+)\.(" + "|".join(keyword.kwlist) + r")\b")
+
+
+class _CaptureCodeGen(_PyTreeCodeGen):
+    def _gen_python_code(self, *args: Any, **kwargs: Any) -> Any:
+        code = super()._gen_python_code(*args, **kwargs)
+        code.src = _KEYWORD_OVERLOAD.sub(r"getattr(\1, '\2')", code.src)
+        return code
 
 
 # Note [Capture: code generated on first use]

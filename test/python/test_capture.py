@@ -414,3 +414,24 @@ def test_graph_recorded_by_the_cpp_api_reaches_python_as_the_same_fx_graph(remov
     assert_trees_match(list(gm(*a)), cpp(b), "FX vs C++ graph")
     assert_trees_match(a, b, "inputs: FX vs C++ graph")
     assert_trees_match(list(gm(*e)), list(f(*make())), "FX vs eager")
+
+
+def test_capture_of_an_overload_named_by_a_keyword_compiles(remove):
+    # aten.random.from (random_(from, to)): FX writes the overload's qualified name, a
+    # SyntaxError in make_fx's graphs; capture's code names it through getattr
+    # (Note [Capture: overloads named by a keyword]), and the node keeps the OpOverload.
+    def f(x):
+        x.random_(-3, 10)
+        return x + 1
+
+    gm = capture(f, torch.zeros(6, dtype=torch.int64), remove=remove)
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert getattr(torch.ops.aten.random, "from") in targets
+    torch.manual_seed(5)
+    got_x = torch.zeros(6, dtype=torch.int64)
+    got = gm(got_x)
+    torch.manual_seed(5)
+    eager_x = torch.zeros(6, dtype=torch.int64)
+    expected = f(eager_x)
+    assert torch.equal(got, expected) and torch.equal(got_x, eager_x)
+    assert "getattr(torch.ops.aten.random, 'from')" in gm.code
