@@ -238,6 +238,28 @@ std::optional<c10::OperatorHandle> find_functional_by_argument_names(
   return find_in(table.by_argument_names, signature_of(schema, /*ordered=*/false));
 }
 
+// Note [Schema: reductions into an out= of another dtype]
+// torch.sum(x_bf16, 0, out=y_f32) accumulates in float32: the reduction's dtype comes from out
+// when none is given (sum, mean, prod, nansum, cumsum, cumprod). Their functional variant, called
+// without a dtype, reduced in bfloat16 and the write then cast the rounded result (fuzzer program
+// 162852: sums off in the third digit). So for these ops the plan passes the out= call's dtype
+// argument, or out's dtype where it is None (ArgSource::FromMutableArgOrOutDtype).
+bool reduces_in_out_dtype(const std::string& name) {
+  return name == "aten::sum" || name == "aten::nansum" || name == "aten::mean" ||
+         name == "aten::prod" || name == "aten::cumsum" || name == "aten::cumprod";
+}
+
+// Note [Schema: out= of the same number of elements]
+// arange, range, linspace and logspace resize `out` only when its number of elements differs:
+// torch.arange(12, out=x) with x of shape (2, 6, 1) keeps that shape and fills it in order,
+// where every other out= op resizes x to (12,) (fuzzer program 100913). Their plan says so
+// (OpInfo::out_keeps_shape_of_same_numel), and the mutable kernel reshapes a result with out's
+// number of elements to out's shape before writing it.
+bool keeps_shape_of_same_numel(const std::string& name) {
+  return name == "aten::arange" || name == "aten::range" || name == "aten::linspace" ||
+         name == "aten::logspace";
+}
+
 void plan_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional,
                        OpInfo& info) {
   const auto& schema = op.schema();
@@ -269,11 +291,15 @@ void plan_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle&
     info.written.push_back({j, static_cast<int>(returns.size() + k), is_out_argument(args[j]),
                             /*is_returned=*/false});
   }
+  const bool dtype_from_out = reduces_in_out_dtype(schema.name());
+  info.out_keeps_shape_of_same_numel = keeps_shape_of_same_numel(schema.name());
   for (const auto& fa : functional.schema().arguments()) {
     ArgSource src{ArgSource::Default, -1};
     for (size_t j = 0; j < args.size(); ++j) {
       if (!is_out_argument(args[j]) && args[j].name() == fa.name()) {
-        src = {ArgSource::FromMutableArg, static_cast<int>(j)};
+        const bool or_out = dtype_from_out && fa.name() == "dtype";
+        src = {or_out ? ArgSource::FromMutableArgOrOutDtype : ArgSource::FromMutableArg,
+               static_cast<int>(j)};
         break;
       }
     }

@@ -39,8 +39,16 @@ bool has_tensor_arguments(const c10::FunctionSchema& schema);
 
 /// Where a functional-variant argument comes from.
 struct ArgSource {
-  enum Kind { FromMutableArg, Default, OutDtype, OutLayout, OutDevice, None } kind;
-  int index = -1;  // FromMutableArg: index into the mutable op's arguments
+  enum Kind {
+    FromMutableArg,
+    FromMutableArgOrOutDtype,  // the mutable op's dtype argument, out's dtype where it is None
+    Default,
+    OutDtype,
+    OutLayout,
+    OutDevice,
+    None
+  } kind;
+  int index = -1;  // FromMutableArg*: index into the mutable op's arguments
 };
 
 /// A written argument of a mutable op, and where its new value comes from.
@@ -80,6 +88,9 @@ struct OpInfo {
   // Mutable: a tensor passed as two arguments stays one tensor in the functional variant (custom
   // ops' companions clone per distinct tensor), so eager's order is kept for that pair.
   bool keeps_identical_arguments = false;
+  // Mutable: an out= tensor with the result's number of elements keeps its shape.
+  // See Note [Schema: out= of the same number of elements].
+  bool out_keeps_shape_of_same_numel = false;
 };
 
 /// Computes the OpInfo of `op` from its schema (slow: schema analysis and a table lookup; cache

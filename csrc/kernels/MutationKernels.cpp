@@ -259,6 +259,10 @@ c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg
   switch (src.kind) {
     case ArgSource::FromMutableArg:
       return args[src.index];
+    // See Note [Schema: reductions into an out= of another dtype].
+    case ArgSource::FromMutableArgOrOutDtype:
+      return args[src.index].isNone() && first_out.defined() ? c10::IValue(first_out.scalar_type())
+                                                             : args[src.index];
     case ArgSource::OutDtype:
       return first_out.defined() ? c10::IValue(first_out.scalar_type()) : c10::IValue();
     case ArgSource::OutLayout:
@@ -504,29 +508,6 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
   return target;
 }
 
-// Note [Kernel: reductions into an out= of another dtype]
-// torch.sum(x_bf16, 0, out=y_f32) accumulates in float32: the reduction's dtype comes from out
-// when none is given (sum, mean, prod, nansum, cumsum, cumprod, ...). Its functional variant,
-// called without a dtype, reduced in bfloat16 and the write then cast the rounded result
-// (fuzzer program 162852: sums off in the third digit). So for these ops, where the out= call
-// leaves `dtype` unset, the functional variant receives out's dtype.
-bool reduces_in_out_dtype(const c10::OperatorHandle& op) {
-  const auto& name = op.schema().name();
-  return name == "aten::sum" || name == "aten::nansum" || name == "aten::mean" ||
-         name == "aten::prod" || name == "aten::cumsum" || name == "aten::cumprod";
-}
-
-// Note [Kernel: out= of the same number of elements]
-// arange, range, linspace and logspace resize `out` only when its number of elements differs:
-// torch.arange(12, out=x) with x of shape (2, 6, 1) keeps that shape and fills it in order,
-// where every other out= op resizes x to (12,) (fuzzer program 100913). For them a result with
-// out's number of elements is reshaped to out's shape before it is written.
-bool keeps_shape_of_same_numel(const c10::OperatorHandle& op) {
-  const auto& name = op.schema().name();
-  return name == "aten::arange" || name == "aten::range" || name == "aten::linspace" ||
-         name == "aten::logspace";
-}
-
 // See Note [Schema: argument plan] for the plan this follows.
 void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                  const Layer& layer, bool on_wrappers) {
@@ -551,11 +532,6 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
     for (size_t i = 0; i < info.functional_args.size(); ++i) {
       fstack.push_back(
           functional_arg(info.functional_args[i], fschema.arguments()[i], from, first_out));
-      // See Note [Kernel: reductions into an out= of another dtype].
-      if (fstack.back().isNone() && first_out.defined() &&
-          fschema.arguments()[i].name() == "dtype" && reduces_in_out_dtype(op)) {
-        fstack.back() = c10::IValue(first_out.scalar_type());
-      }
     }
   };
   if (on_wrappers) {
@@ -585,8 +561,8 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
                   check_eager_rules(info.name, t, v, /*resizes=*/w.is_out);
                 });
   }
-  // See Note [Kernel: out= of the same number of elements].
-  if (keeps_shape_of_same_numel(op) && fstack.size() == 1 && fstack[0].isTensor()) {
+  // See Note [Schema: out= of the same number of elements].
+  if (info.out_keeps_shape_of_same_numel && fstack.size() == 1 && fstack[0].isTensor()) {
     const at::Tensor out = args[info.written.front().index].toTensor();
     const at::Tensor value = fstack[0].toTensor();
     if (out.sym_numel() == value.sym_numel() && out.sym_sizes() != value.sym_sizes()) {

@@ -410,7 +410,7 @@ def test_write_of_no_element_through_an_expanded_input(remove):
 @pytest.mark.parametrize("op", ["arange", "linspace"])
 def test_out_of_the_same_number_of_elements_keeps_its_shape(remove, op):
     # Fuzzer program 100913: arange(12, out=x) with x of shape (2, 6, 1) keeps x's shape
-    # (Note [Kernel: out= of the same number of elements]).
+    # (Note [Schema: out= of the same number of elements]).
     def f(x):
         if op == "arange":
             torch.arange(12, out=x)
@@ -527,7 +527,7 @@ def test_write_through_a_view_whose_base_overlaps(remove, f, make):
 @pytest.mark.parametrize("op", ["sum", "mean", "cumsum", "prod"])
 def test_reduction_into_an_out_of_another_dtype_reduces_in_its_dtype(remove, op):
     # Fuzzer program 162852: sum(x_bf16, out=y_f32) accumulates in float32 in eager; ours reduced
-    # in bfloat16 and cast (Note [Kernel: reductions into an out= of another dtype]).
+    # in bfloat16 and cast (Note [Schema: reductions into an out= of another dtype]).
     def f(x, y):
         if op == "cumsum":
             torch.cumsum(x, 0, out=y)
