@@ -11,6 +11,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 
 #include <optional>
 #include <unordered_map>
@@ -176,7 +177,7 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
 namespace {
 // The member of `group` (indices into `tensors`) that is the same tensor object as t, if any.
 std::optional<size_t> same_object(const std::vector<at::Tensor>& tensors,
-                                  const std::vector<size_t>& group, const at::Tensor& t) {
+                                  c10::ArrayRef<size_t> group, const at::Tensor& t) {
   for (size_t j : group) {
     if (tensors[j].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return j;
   }
@@ -186,8 +187,11 @@ std::optional<size_t> same_object(const std::vector<at::Tensor>& tensors,
 
 std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const Layer& layer) {
   std::vector<at::Tensor> out(inputs.size());
-  std::unordered_map<const c10::StorageImpl*, std::vector<size_t>> groups;
-  std::vector<const c10::StorageImpl*> order;      // groups in first-appearance order
+  // Most inputs are alone in their storage: one inline slot per group, no allocation.
+  std::unordered_map<const c10::StorageImpl*, c10::SmallVector<size_t, 1>> groups;
+  groups.reserve(inputs.size());
+  std::vector<const c10::StorageImpl*> order;  // groups in first-appearance order
+  order.reserve(inputs.size());
   std::vector<std::pair<size_t, size_t>> repeats;  // (i, j): input i is input j (Note above)
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
@@ -219,6 +223,14 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
   }
   for (const auto* storage : order) {
     const auto& indices = groups[storage];
+    if (indices.size() == 1 && !wants_flat_base(inputs[indices[0]])) {  // the common case
+      const size_t i = indices[0];
+      out[i] = make_fresh_wrapper(inputs[i], layer.id);
+      if (plain_strided(inputs[i]) && !is_whole_storage(inputs[i])) {
+        unsafe_get_impl(out[i])->alias_storage().mark_offset_base();
+      }
+      continue;
+    }
     std::vector<at::Tensor> members;
     for (size_t i : indices) members.push_back(inputs[i]);
     if (members.size() > 1 && !can_group(members)) {
@@ -370,8 +382,8 @@ void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
 // Inputs whose metadata changed keep the per-input write, and so do views-removed programs being
 // traced (the graph must hold no view). See Note [Inputs: writes before a metadata change].
 // Rejected: tracking which storage elements were written (a copy per write to find out).
-bool write_whole_storage(const std::vector<at::Tensor>& originals,
-                         const std::vector<size_t>& members, const AliasStorage& storage) {
+bool write_whole_storage(const std::vector<at::Tensor>& originals, c10::ArrayRef<size_t> members,
+                         const AliasStorage& storage) {
   // A graph of remove="mutations_and_views" must not hold the view this write goes through.
   const bool recorded = c10::impl::TorchDispatchModeTLS::any_modes_set() || ops_are_recorded() ||
                         c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks);
@@ -403,7 +415,7 @@ bool write_whole_storage(const std::vector<at::Tensor>& originals,
 }
 
 // Index (into `members`) of a member whose elements include every other member's, or -1.
-int covering_member(const std::vector<at::Tensor>& originals, const std::vector<size_t>& members) {
+int covering_member(const std::vector<at::Tensor>& originals, c10::ArrayRef<size_t> members) {
   for (size_t k = 0; k < members.size(); ++k) {
     const auto& candidate = originals[members[k]];
     if (!candidate.is_non_overlapping_and_dense()) continue;
@@ -424,8 +436,10 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
                        const std::vector<at::Tensor>& wrappers) {
   TORCH_CHECK(originals.size() == wrappers.size(), "functionalize: write-back got ",
               originals.size(), " inputs and ", wrappers.size(), " wrappers.");
-  std::unordered_map<const AliasStorage*, std::vector<size_t>> groups;
+  std::unordered_map<const AliasStorage*, c10::SmallVector<size_t, 1>> groups;
+  groups.reserve(wrappers.size());
   std::vector<const AliasStorage*> order;
+  order.reserve(wrappers.size());
   for (size_t i = 0; i < wrappers.size(); ++i) {
     if (!originals[i].defined()) continue;
     auto* impl = get_impl(wrappers[i]);

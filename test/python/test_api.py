@@ -1,6 +1,7 @@
 """The public Python API: functionalize's contract, the enable()/to_functional helpers and
 functionalize_graph."""
 
+import collections
 import functools
 
 import pytest
@@ -57,6 +58,54 @@ def test_positional_tensor_calls_keep_output_structure(remove, make_out, out_typ
     out = assert_matches_eager(f, torch.randn(4), torch.randn(4), remove=remove)
     assert type(out) is out_type
     assert not any(tfz.is_functional(t) for t in _tensor_leaves(out))
+
+
+def test_flat_list_and_tuple_arguments_skip_pytree(remove):
+    # Tensors and flat lists / tuples of tensors (an optimizer's call) are read without pytree
+    # (Note [API: arguments without a pytree]): f gets lists as lists and tuples as tuples, every
+    # tensor in them is functionalized and written back, keyword lists included, and one tensor
+    # in two lists is still one tensor.
+    seen = []
+
+    def f(params, grads, steps, scale, *, extra):
+        assert type(params) is list and type(grads) is tuple and type(extra) is list
+        seen.append(tfz.is_functional(params[0]) and tfz.is_functional(extra[0]))
+        torch._foreach_add_(params, list(grads), alpha=0.5)
+        for s in steps:
+            s.add_(1)
+        scale.mul_(2)
+        extra[0].sub_(scale)
+        return params, [s * 2 for s in steps], extra
+
+    params = [torch.randn(3), torch.randn(2, 2)]
+    grads = (torch.randn(3), torch.randn(2, 2))
+    steps = [torch.tensor(1.0), torch.tensor(2.0)]
+
+    def make_inputs():
+        p = [t.clone() for t in params]
+        return (p, tuple(g.clone() for g in grads), [s.clone() for s in steps], torch.ones(()))
+
+    other = torch.randn(3)
+    for extra_of in (lambda a: [other.clone()], lambda a: [a[0][0]]):
+        eager_args, func_args = make_inputs(), make_inputs()
+        eager_out = f(*eager_args, extra=extra_of(eager_args))
+        out = tfz.functionalize(f, remove=remove)(*func_args, extra=extra_of(func_args))
+        torch.testing.assert_close(pytree.tree_leaves(out), pytree.tree_leaves(eager_out))
+        torch.testing.assert_close(pytree.tree_leaves(func_args), pytree.tree_leaves(eager_args))
+        assert type(out[1]) is list
+    assert seen == [False, True, False, True]
+
+
+def test_namedtuple_and_empty_list_arguments(remove):
+    # A namedtuple argument keeps its type (it takes pytree's path); an empty list stays a list.
+    Pair = collections.namedtuple("Pair", ["a", "b"])
+
+    def f(pair, empty):
+        assert type(pair) is Pair and type(empty) is list and not empty
+        pair.a.add_(pair.b)
+        return pair.a * 2
+
+    assert_matches_eager(f, Pair(torch.randn(2), torch.randn(2)), [], remove=remove)
 
 
 def test_kwargs_tensors_are_functionalized(remove):
