@@ -9,6 +9,7 @@
 #include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace tfz::detail {
 
@@ -74,9 +75,12 @@ void AliasStorage::set_base_(const at::Tensor& value) {
 // lies. So with views kept, when a step before the last produced overlapping memory and the
 // written view itself does not overlap, the write is one as_strided_scatter of the base at the
 // written view's own sizes, strides and offset (its value is a real view of a contiguous base).
-// Without views the values are *_copy tensors with no geometry to read: the step-by-step rule
-// stays. Rejected: checking every chain for overlap (only chains longer than one step can have
-// an intermediate, and only their forward replays are inspected, which are computed anyway).
+// Without views the values are *_copy tensors with no geometry to read, so the chain's view ops
+// are replayed on a meta tensor of the base's geometry for the same sizes, strides and offset:
+// an expanded input written through its diagonal (fuzzer program 300631) raised torch's
+// internal-overlap error from as_strided_scatter before. Rejected: checking every chain for
+// overlap (only chains longer than one step can have an intermediate, and only their forward
+// replays are inspected, which are computed anyway).
 namespace {
 // Steps that can make elements share memory.
 bool may_overlap(const ViewMeta& step) {
@@ -92,6 +96,71 @@ bool overlaps(const at::Tensor& t) {
   }
   return at::has_internal_overlap(t) == at::MemOverlap::Yes;
 }
+
+// The written view of `chain` over `base` (its real view with views kept, a meta tensor of its
+// geometry without) when a step before the last makes elements share memory and the view itself
+// does not; nullopt otherwise. See Note [Alias: writes through an overlapping view].
+std::optional<at::Tensor> written_geometry(const at::Tensor& base,
+                                           const std::vector<const ViewMeta*>& chain) {
+  const bool views_kept = chain.back()->reapply;
+  std::optional<MetaComputeGuard> meta;
+  at::Tensor view = base;
+  if (!views_kept) {
+    for (const auto* step : chain) {
+      for (const auto& a : step->args) {
+        if (a.isTensor()) return std::nullopt;  // a meta replay needs every argument on meta
+      }
+    }
+    meta.emplace();
+    // base is contiguous: the probe has its sizes, strides and offset.
+    view = at::empty({base.storage_offset() + base.numel()}, base.options().device(c10::kMeta))
+               .as_strided(base.sizes(), base.strides(), base.storage_offset());
+  }
+  bool through_overlap = false;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    if (views_kept) {
+      view = chain[i]->forward(view);
+    } else {
+      torch::jit::Stack stack{view};
+      stack.insert(stack.end(), chain[i]->args.begin(), chain[i]->args.end());
+      ViewMeta::call_view_op(chain[i]->op, &stack);
+      view = chain[i]->out_index < 0 ? stack[0].toTensor()
+                                     : stack[0].toTensorList().get(chain[i]->out_index);
+    }
+    through_overlap |= i + 1 < chain.size() && overlaps(view);
+  }
+  if (!through_overlap || overlaps(view) || (views_kept && !view.is_alias_of(base)) ||
+      view.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    return std::nullopt;
+  }
+  return view;
+}
+
+// Note [Alias: the base keeps its strides]
+// x.t_(); torch.mm(a, b, out=x) writes x through its transpose step, whose inverse gives the base
+// the result transposed: the base's values, in strides (1, 4) where eager's base is (4, 1). With
+// views kept, every other view of the base is then replayed on those strides, and view() raised
+// on a view(2, 1, 4, 2) taken before the t_() (fuzzer program 300838). Without views, as_strided
+// steps read the base in storage order, so an input x = b.t() written through
+// x.view(torch.int32).diagonal() and then x.as_strided_((2,), (1,), 3) read the wrong elements
+// (fuzzer program 300304): the inverses had left the base row-major. In eager the base never
+// moves in memory, so a base that was dense receives the inverted value copied into its own
+// strides when they differ (in a dimension of size > 1), in both modes.
+// Rejected: making each inverse return the base's layout (every inverse would need the rule).
+at::Tensor in_base_strides(const at::Tensor& base, at::Tensor value) {
+  if (base.layout() != c10::kStrided || value.layout() != c10::kStrided ||
+      base.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      value.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || base.sizes() != value.sizes() ||
+      !base.is_non_overlapping_and_dense()) {
+    return value;
+  }
+  for (int64_t d = 0; d < base.dim(); ++d) {
+    if (base.size(d) > 1 && base.stride(d) != value.stride(d)) {
+      return at::copy(at::empty_strided(base.sizes(), base.strides(), value.options()), value);
+    }
+  }
+  return value;
+}
 }  // namespace
 
 bool AliasStorage::apply_updates() {
@@ -103,22 +172,14 @@ bool AliasStorage::apply_updates() {
       continue;
     }
     const auto chain = update.chain.steps();
-    if (chain.size() > 1 && chain.back()->reapply &&
+    if (chain.size() > 1 &&
         std::any_of(chain.begin(), chain.end() - 1, [](auto* s) { return may_overlap(*s); }) &&
         base_.layout() == c10::kStrided &&
         !base_.unsafeGetTensorImpl()->has_symbolic_sizes_strides() && base_.is_contiguous()) {
       // See Note [Alias: writes through an overlapping view].
-      std::vector<at::Tensor> bases{base_};
-      bool through_overlap = false;
-      for (size_t i = 0; i < chain.size(); ++i) {
-        bases.push_back(chain[i]->forward(bases.back()));
-        through_overlap |= i + 1 < chain.size() && overlaps(bases.back());
-      }
-      const at::Tensor& view = bases.back();
-      if (through_overlap && !overlaps(view) && view.is_alias_of(base_) &&
-          !view.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
-        base_ = at::as_strided_scatter(base_, update.value, view.sizes(), view.strides(),
-                                       view.storage_offset() - base_.storage_offset());
+      if (auto view = written_geometry(base_, chain)) {
+        base_ = at::as_strided_scatter(base_, update.value, view->sizes(), view->strides(),
+                                       view->storage_offset() - base_.storage_offset());
         continue;
       }
     }
@@ -135,7 +196,8 @@ bool AliasStorage::apply_updates() {
     at::Tensor value = update.value;
     if (collapse) value = chain[run]->inverse(bases[run], value);
     for (size_t i = inverted; i-- > 0;) value = chain[i]->inverse(bases[i], value);
-    base_ = std::move(value);
+    // See Note [Alias: the base keeps its strides].
+    base_ = in_base_strides(base_, std::move(value));
   }
   updates_.clear();
   return true;

@@ -7,6 +7,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -355,6 +356,18 @@ void write_entry_elements(const at::Tensor& original, const at::Tensor& wrapper)
 
 void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
   const at::Tensor& value = impl.value();
+  // An input whose elements share memory (x.expand(3, 3)) is written through its whole storage
+  // (write_whole_storage); where that cannot be done, copy_ into it would raise torch's
+  // internal-overlap error, so the reason is named instead (fuzzer program 300631, captured).
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      original.layout() != c10::kStrided ||
+          original.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+          at::has_internal_overlap(original) != at::MemOverlap::Yes,
+      "functionalize: writing back an input of sizes ", original.sizes(), " and strides ",
+      original.strides(),
+      ", whose elements share memory (expand, as_strided with a zero stride), is not supported "
+      "in a graph without views (remove=\"mutations_and_views\" under a tracer) or after its "
+      "metadata changed. Use remove=\"mutations\", or pass the tensor before it is expanded.");
   if (!impl.has_metadata_mutation() && original.sym_sizes() != value.sym_sizes()) {
     original.resize__symint(value.sym_sizes());
   }

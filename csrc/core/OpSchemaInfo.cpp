@@ -419,6 +419,11 @@ OpInfo classify(const c10::OperatorHandle& op) {
     return info;
   }
   info.kind = OpKind::Functional;
+  const auto& args = schema.arguments();
+  info.self_is_template = schema.name().size() > 5 &&
+                          schema.name().compare(schema.name().size() - 5, 5, "_like") == 0 &&
+                          !args.empty() && args[0].name() == "self" &&
+                          args[0].type()->kind() == c10::TypeKind::TensorType;
   return info;
 }
 

@@ -91,6 +91,9 @@ struct OpInfo {
   // Mutable: an out= tensor with the result's number of elements keeps its shape.
   // See Note [Schema: out= of the same number of elements].
   bool out_keeps_shape_of_same_numel = false;
+  // Functional: a *_like op (empty_like, rand_like, ...), whose `self` gives only its metadata.
+  // See Note [Kernel: *_like ops take eager's strides].
+  bool self_is_template = false;
 };
 
 /// Computes the OpInfo of `op` from its schema (slow: schema analysis and a table lookup; cache

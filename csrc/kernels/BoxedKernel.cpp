@@ -135,8 +135,34 @@ void generic_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::ji
   }
 }
 
-void functional_kernel(const OpInfo& /*info*/, const c10::OperatorHandle& op,
-                       torch::jit::Stack* stack, const Layer& layer) {
+// Note [Kernel: *_like ops take eager's strides]
+// rand_like(x), empty_like(x) (dropout's mask) and the other *_like ops lay their result out like
+// x (preserve_format), and a random one samples in that memory order. Without views, a view
+// wrapper's value is a contiguous *_copy while the wrapper reports eager's strides (see
+// Note [Kernel: eager strides without views]), so dropout of x.t() drew its mask in the other
+// order (fuzzer program 300619). Since `self` gives only its metadata, it is replaced by an empty
+// tensor of the wrapper's reported sizes and strides when those differ from its value's.
+// Rejected: the value restrided to eager's layout (a copy of data the op never reads).
+namespace {
+void use_reported_strides(const at::Tensor& wrapper, c10::IValue& inner) {
+  const at::Tensor& value = inner.toTensor();
+  if (wrapper.layout() != c10::kStrided || value.layout() != c10::kStrided ||
+      wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      value.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      wrapper.sizes() != value.sizes()) {
+    return;
+  }
+  for (int64_t d = 0; d < value.dim(); ++d) {
+    if (value.size(d) > 1 && value.stride(d) != wrapper.stride(d)) {
+      inner = at::empty_strided(wrapper.sizes(), wrapper.strides(), value.options());
+      return;
+    }
+  }
+}
+}  // namespace
+
+void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                       const Layer& layer) {
   const size_t num_args = op.schema().arguments().size();
   InnerCallGuard guard;
   // Some ops declared functional return an argument itself (dropout with p=0): such an output
@@ -147,6 +173,9 @@ void functional_kernel(const OpInfo& /*info*/, const c10::OperatorHandle& op,
       at::Tensor wrapper = it->toTensor();
       *it = sync_and_unwrap(wrapper);
       passed.emplace_back(it->toTensor().unsafeGetTensorImpl(), std::move(wrapper));
+      if (info.self_is_template && it == stack->end() - static_cast<std::ptrdiff_t>(num_args)) {
+        use_reported_strides(passed.back().second, *it);
+      }
       continue;
     }
     transform_tensors(*it, sync_and_unwrap);

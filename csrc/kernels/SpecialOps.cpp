@@ -255,7 +255,10 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
   // The wrapper's own offset is eager's (mirrored, or the reference metadata without views), and
   // the storage's base starts where eager's storage does, so it is an offset into the base.
   const int64_t offset = self.storage_offset();
-  const int64_t capacity = static_cast<int64_t>(base.storage().nbytes() / base.itemsize()) - offset;
+  // An input with no element may start past its storage's end (b[:, 1:] of a (0, 4) b starts
+  // at 1 of 0 elements): it then has no room, not a negative one (fuzzer program 302603).
+  const int64_t capacity = std::max<int64_t>(
+      0, static_cast<int64_t>(base.storage().nbytes() / base.itemsize()) - offset);
   int64_t view_offset = offset;
   if (needed > 0 && needed > capacity) {  // nothing grows for no element (offset past the end)
     // A lone input that does not start its storage is a view of the flat storage
