@@ -45,6 +45,12 @@ AliasStorage::AliasStorage(const at::Tensor& base)
       base_(base) {}
 
 void AliasStorage::add_update(const at::Tensor& value, const ViewChain& chain) {
+  if (flat_ && !written_outside_members_) {
+    const auto steps = chain.steps();  // flat storages only: aliased inputs, O(chain) per write
+    written_outside_members_ =
+        steps.empty() ||
+        std::find(member_steps_.begin(), member_steps_.end(), steps.front()) == member_steps_.end();
+  }
   updates_.push_back(Update{value, chain});
   ++generation_;
 }

@@ -47,6 +47,11 @@ class AliasStorage : public c10::StorageImpl {
   }
   bool flat() const { return flat_; }
   bool flat_views_kept() const { return flat_views_kept_; }
+  /// The step that makes an input of a flat storage a view of it: writes through chains that
+  /// begin elsewhere (an as_strided from the base) may reach elements no input covers.
+  /// See Note [Inputs: writes outside every input's elements].
+  void add_member_step(const ViewMeta* step) { member_steps_.push_back(step); }
+  bool written_outside_members() const { return written_outside_members_; }
   /// A storage whose base is an input that starts inside a larger storage and is not flat
   /// (Note [Inputs: inputs that do not start their storage]): the base's element 0 is not eager's
   /// storage element 0, so storage coordinates (as_strided) cannot be expressed on it.
@@ -65,6 +70,8 @@ class AliasStorage : public c10::StorageImpl {
   bool flat_ = false;
   bool flat_views_kept_ = false;
   bool offset_base_ = false;
+  std::vector<const ViewMeta*> member_steps_;
+  bool written_outside_members_ = false;
 };
 
 }  // namespace tfz::detail

@@ -157,6 +157,8 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
     w = view_step(
         w, value,
         ViewMeta::as_strided(m.sym_sizes(), m.sym_strides(), m.sym_storage_offset(), reapply));
+    if (!mixed)
+      unsafe_get_impl(w)->alias_storage().add_member_step(unsafe_get_impl(w)->chain().back());
     if (m.is_conj()) w = view_step(w, value, ViewMeta::of({"aten::_conj", ""}, {}, reapply));
     if (m.is_neg()) w = view_step(w, value, ViewMeta::of({"aten::_neg_view", ""}, {}, reapply));
     if (!reapply) unsafe_get_impl(w)->set_reference_metadata_(m);
@@ -427,6 +429,24 @@ bool write_whole_storage(const std::vector<at::Tensor>& originals, c10::ArrayRef
   return true;
 }
 
+// Where write_whole_storage cannot run (a graph without views: no view to write the storage
+// through), a write that may have reached elements no input covers would be lost: refused by
+// name instead (fuzzer program 300118, captured). Writes through the inputs and their views stay
+// inside the inputs' elements and are written back per input.
+void check_outside_writes_expressible(const std::vector<at::Tensor>& originals,
+                                      c10::ArrayRef<size_t> members, const AliasStorage& storage,
+                                      bool any_metadata) {
+  if (!storage.flat() || any_metadata || !storage.written_outside_members()) return;
+  for (size_t i : members) {
+    if (is_whole_storage(originals[i])) return;  // the per-input write covers every element
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, "functionalize: the function wrote elements of an input's storage through ",
+      "as_strided, and the inputs do not cover every element of that storage; a graph without "
+      "views (remove=\"mutations_and_views\" under a tracer) cannot write those elements back. "
+      "Use remove=\"mutations\", or pass the whole storage's tensor as the input.");
+}
+
 // Index (into `members`) of a member whose elements include every other member's, or -1.
 int covering_member(const std::vector<at::Tensor>& originals, c10::ArrayRef<size_t> members) {
   for (size_t k = 0; k < members.size(); ++k) {
@@ -473,6 +493,7 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
     if (storage->flat() && !any_metadata && write_whole_storage(originals, members, *storage)) {
       continue;
     }
+    check_outside_writes_expressible(originals, members, *storage, any_metadata);
     const int cover =
         members.size() > 1 && !any_metadata ? covering_member(originals, members) : -1;
     if (cover >= 0) {
