@@ -10,6 +10,7 @@
 #include <c10/core/StorageImpl.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace tfz::detail {
@@ -52,6 +53,10 @@ class AliasStorage : public c10::StorageImpl {
   /// See Note [Inputs: writes outside every input's elements].
   void add_member_step(const ViewMeta* step) { member_steps_.push_back(step); }
   bool written_outside_members() const { return written_outside_members_; }
+  /// A storage that replaced a lone input's when resize_ grew it: its base (1-D) holds the
+  /// caller's storage elements from `start` on (Note [Inputs: writes to a grown storage]).
+  void mark_grown(int64_t start) { grown_start_ = start; }
+  std::optional<int64_t> grown_start() const { return grown_start_; }
   /// A storage whose base is an input that starts inside a larger storage and is not flat
   /// (Note [Inputs: inputs that do not start their storage]): the base's element 0 is not eager's
   /// storage element 0, so storage coordinates (as_strided) cannot be expressed on it.
@@ -72,6 +77,7 @@ class AliasStorage : public c10::StorageImpl {
   bool offset_base_ = false;
   std::vector<const ViewMeta*> member_steps_;
   bool written_outside_members_ = false;
+  std::optional<int64_t> grown_start_;
 };
 
 }  // namespace tfz::detail

@@ -356,6 +356,52 @@ void write_entry_elements(const at::Tensor& original, const at::Tensor& wrapper)
   if (base.sizes() == original.sizes()) original.copy_(base);
 }
 
+// A tracer or a capture records the epilogue: it must speak the graph's vocabulary.
+bool epilogue_is_recorded() {
+  return c10::impl::TorchDispatchModeTLS::any_modes_set() || ops_are_recorded() ||
+         c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks);
+}
+
+// Note [Inputs: writes to a grown storage]
+// torch.ones((4, 3), out=x) grows x's storage from 6 to 12 elements and writes all 12; a later
+// x.resize_((2,)) leaves x covering 2. The epilogue replays the resizes on the caller's x (its
+// storage grows as eager's) and copies x's final value, so the 10 other written elements kept
+// whatever the new memory held (fuzzer program 404368). The grown storage's base is a 1-D tensor
+// of the caller's storage elements from a known start (AliasStorage::mark_grown), so when x's
+// final elements do not cover it, the base is copied into x.as_strided([n], [1], start) after the
+// resizes, as write_whole_storage does for flat storages. A graph without views has no view to
+// do that with: refused by name there.
+// Rejected: replaying the writes' regions (their chains are gone by the epilogue).
+void write_grown_storage(const at::Tensor& original, const FunctionalTensorImpl& impl) {
+  const AliasStorage& storage = impl.alias_storage();
+  const auto start = storage.grown_start();
+  const at::Tensor& base = storage.base();
+  if (!start || storage.generation() == 0 || base.dim() != 1 ||
+      base.scalar_type() != original.scalar_type() || base.is_conj() || base.is_neg() ||
+      original.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      base.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    return;
+  }
+  const auto item = static_cast<int64_t>(original.itemsize());
+  const Span grown{*start * item, (*start + base.numel()) * item}, final = span_of(original);
+  if (original.is_non_overlapping_and_dense() && final.begin <= grown.begin &&
+      grown.end <= final.end) {
+    return;  // the final copy_ writes every grown element
+  }
+  if (grown.end > static_cast<int64_t>(original.storage().nbytes())) return;
+  const bool recorded = epilogue_is_recorded();
+  const bool views_kept = !impl.chain().empty() && impl.chain().back()->reapply;
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !recorded || views_kept,
+      "functionalize: an input's storage grew (resize_ or an out= resize), was written, and the "
+      "input then covers fewer elements; a graph without views (remove=\"mutations_and_views\" "
+      "under a tracer) cannot write the others back. Use remove=\"mutations\".");
+  at::Tensor whole = original.requires_grad() && original.is_leaf() && !base.requires_grad()
+                         ? original.detach()
+                         : original;
+  whole.as_strided({base.numel()}, {1}, *start).copy_(base);
+}
+
 void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
   const at::Tensor& value = impl.value();
   // An input whose elements share memory (x.expand(3, 3)) is written through its whole storage
@@ -394,14 +440,17 @@ void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
 // is the whole storage, the epilogue copies the whole flat base into the storage, through
 // x.as_strided([numel], [1], 0) of a member with the base's dtype and bits (a view of the
 // caller's tensor, as the region-precise epilogue of capture already writes), and nothing else.
-// Inputs whose metadata changed keep the per-input write, and so do views-removed programs being
-// traced (the graph must hold no view). See Note [Inputs: writes before a metadata change].
+// Inputs whose metadata changed get it too, after their metadata ops (x.resize_((4,)), a write
+// to element 7, x.resize_((2, 1)): element 7 is neither an entry nor a final element of x,
+// fuzzer program 409938), except in a graph, whose epilogue would then write through a view of
+// an input its own as_strided_ just changed: there, and in views-removed programs being traced
+// (the graph must hold no view), the per-input write stays.
+// See Note [Inputs: writes before a metadata change].
 // Rejected: tracking which storage elements were written (a copy per write to find out).
 bool write_whole_storage(const std::vector<at::Tensor>& originals, c10::ArrayRef<size_t> members,
                          const AliasStorage& storage) {
   // A graph of remove="mutations_and_views" must not hold the view this write goes through.
-  const bool recorded = c10::impl::TorchDispatchModeTLS::any_modes_set() || ops_are_recorded() ||
-                        c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks);
+  const bool recorded = epilogue_is_recorded();
   if (!storage.flat_views_kept() && recorded) return false;
   const at::Tensor& base = storage.base();
   const at::Tensor* through = nullptr;
@@ -483,6 +532,7 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
     if (same_object(originals, group, originals[i])) continue;
     if (impl->has_metadata_mutation()) write_entry_elements(originals[i], wrappers[i]);
     apply_metadata_mutations(originals[i], *impl);
+    write_grown_storage(originals[i], *impl);
     group.push_back(i);
   }
   for (const auto* storage : order) {
@@ -490,7 +540,10 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
     const auto& members = groups[storage];
     bool any_metadata = false;
     for (size_t i : members) any_metadata |= unsafe_get_impl(wrappers[i])->has_metadata_mutation();
-    if (storage->flat() && !any_metadata && write_whole_storage(originals, members, *storage)) {
+    // After a metadata change too, but only eagerly: a graph's epilogue would write through a
+    // view of an input its own as_strided_ just changed.
+    if (storage->flat() && (!any_metadata || !epilogue_is_recorded()) &&
+        write_whole_storage(originals, members, *storage)) {
       continue;
     }
     check_outside_writes_expressible(originals, members, *storage, any_metadata);

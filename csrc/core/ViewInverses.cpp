@@ -29,9 +29,13 @@ Tensor diagonal_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m)
 }
 
 // Writing through an expanded view is only defined (and only allowed by eager) when no element
-// is repeated; summing the broadcast dims back is then the identity on each element.
+// is repeated; summing the broadcast dims back is then the identity on each element. sum_to sums
+// integer and bool tensors into int64 (torch.sum's promotion): an int32 x written through
+// x.expand(1, 2) came back int64 without views (fuzzer program 408278), so the sum is cast back
+// to the written dtype, exactly (no summed dimension has more than one element).
 Tensor expand_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
-  return at::sum_to(mv, base.sym_sizes(), /*always_return_non_view=*/!m.reapply);
+  Tensor summed = at::sum_to(mv, base.sym_sizes(), /*always_return_non_view=*/!m.reapply);
+  return summed.scalar_type() == mv.scalar_type() ? summed : summed.to(mv.scalar_type());
 }
 
 Tensor permute_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {

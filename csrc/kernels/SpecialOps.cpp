@@ -285,11 +285,13 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
         grown = at::resize(old, {needed});
       }
     }
+    const int64_t grown_start = impl->alias_storage().grown_start().value_or(0) + offset;
     impl->replace_storage_(grown);
     if (flat) {
       impl->alias_storage().mark_flat(layer.reapply_views);
     } else {
       view_offset = 0;
+      impl->alias_storage().mark_grown(grown_start);  // Note [Inputs: writes to a grown storage]
     }
   }
   if (restride) strides = then_strides.vec();

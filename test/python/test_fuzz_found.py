@@ -647,3 +647,91 @@ def test_as_strided_write_outside_the_inputs_under_a_tracer_without_views(remove
     assert_matches_eager(f, make_inputs=make_inputs, remove=remove, check_graph=False)
     with pytest.raises(NotImplementedError, match="cannot write those elements back"):
         capture(f, *make_inputs(), remove=remove)
+
+
+def _storage_values(t):
+    return torch.tensor([], dtype=t.dtype).set_(t.untyped_storage()).clone()
+
+
+def test_writes_to_a_grown_storage_survive_a_later_shrink(remove):
+    # Fuzzer program 404368: ones(out=x) grows x's storage to 12 elements and writes them all;
+    # x.resize_((2,)) then covers 2, and the epilogue wrote only those 2 of the grown storage
+    # (Note [Inputs: writes to a grown storage]).
+    def f(x):
+        torch.ones((4, 3), out=x)
+        x.resize_((2,))
+        return x * 1
+
+    x_e, x_o = torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.float64)
+    expected = f(x_e)
+    got = functionalize(f, remove=remove)(x_o)
+    torch.testing.assert_close(got, expected)
+    assert x_o.shape == x_e.shape and x_o.stride() == x_e.stride()
+    torch.testing.assert_close(_storage_values(x_o), _storage_values(x_e))
+    if remove == "mutations_and_views":
+        with pytest.raises(NotImplementedError, match="cannot write the others back"):
+            capture(f, torch.zeros(2, 3, dtype=torch.float64), remove=remove)
+    else:
+        gm = capture(f, torch.zeros(2, 3, dtype=torch.float64), remove=remove)
+        x_g = torch.zeros(2, 3, dtype=torch.float64)
+        torch.testing.assert_close(gm(x_g), expected)
+        torch.testing.assert_close(_storage_values(x_g), _storage_values(x_e))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool, torch.float16])
+def test_write_through_an_expand_keeps_the_dtype(remove, dtype):
+    # Fuzzer programs 408278, 400125: expand's inverse sums the broadcast dimensions back, and
+    # torch.sum promotes integers and bools to int64: the written tensor changed dtype.
+    def f(x):
+        v = x.expand((1, 2))
+        v.fill_(1)
+        return v, x
+
+    assert_matches_eager(f, make_inputs=lambda: (torch.zeros(2, dtype=dtype),), remove=remove)
+
+
+def test_write_through_a_row_of_a_self_overlapping_input(remove):
+    # Fuzzer program 407343: x = b.as_strided((7, 2), (1, 1)) (rows share elements); x[1] = 0.5
+    # writes storage elements 1 and 2. torch cannot prove x disjoint ("too hard"), which was read
+    # as disjoint, and the step-by-step inverse wrote element 2 twice, the stale copy last
+    # (Note [Alias: writes through an overlapping view]).
+    def f(x):
+        x[1] = 0.5
+        return x * 1
+
+    assert_matches_eager(
+        f, make_inputs=lambda: (torch.arange(15.0).view(3, 5).as_strided((7, 2), (1, 1), 0),),
+        remove=remove, check_input_strides=True)
+
+
+def test_as_strided_of_a_conjugate_view_without_views_is_refused_by_name():
+    # Fuzzer program 410965: x.mH.as_strided(..) was taken from the storage's base, which has no
+    # conjugation, and returned the unconjugated values (Note [Kernel: as_strided without views]).
+    def f(x):
+        return x.mH.as_strided((3,), (1,), 1) * 1
+
+    x = torch.randn(5, 1, 1, dtype=torch.complex64)
+    torch.testing.assert_close(functionalize(f)(x.clone()), f(x.clone()))
+    with pytest.raises(NotImplementedError, match="conjugate/negative bits"):
+        functionalize(f, remove="mutations_and_views")(x.clone())
+
+
+def test_write_between_two_resizes_of_a_strided_input_reaches_its_storage(remove):
+    # Fuzzer program 409938: x = b[1:, ::2] resized to (4,) covers elements 4..7 of b's storage,
+    # index_fill_ writes 4, 5 and 7, and x.resize_((2, 1)) then covers 4 and 5: element 7 was
+    # in neither x's entry nor its final elements and was lost
+    # (Note [Inputs: writes outside every input's elements]).
+    def f(x):
+        x.resize_((4,))
+        x.index_fill_(0, torch.tensor([0, 1, 1, 3]), -1.5)
+        x.resize_((2, 1))
+        return x * 1
+
+    def make():
+        return torch.arange(12.0).view(3, 4)
+
+    b_e, b_o = make(), make()
+    expected = f(b_e[1:, ::2])
+    got = functionalize(f, remove=remove)(b_o[1:, ::2])
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(b_o, b_e)
