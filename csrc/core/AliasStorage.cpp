@@ -211,10 +211,23 @@ bool AliasStorage::apply_updates() {
     // collapsed run needs only its first base.
     std::vector<at::Tensor> bases{base_};
     const size_t forwards = collapse ? run : chain.size() - 1;
-    for (size_t i = 0; i < forwards; ++i) bases.push_back(chain[i]->forward(bases.back()));
     at::Tensor value = update.value;
-    if (collapse) value = chain[run]->inverse(bases[run], value);
-    for (size_t i = inverted; i-- > 0;) value = chain[i]->inverse(bases[i], value);
+    try {
+      for (size_t i = 0; i < forwards; ++i) bases.push_back(chain[i]->forward(bases.back()));
+      if (collapse) value = chain[run]->inverse(bases[run], value);
+      for (size_t i = inverted; i-- > 0;) value = chain[i]->inverse(bases[i], value);
+    } catch (const c10::Error& e) {
+      // A scatter into a view whose elements share memory, where no single geometry could take
+      // the write (another dtype in the chain, say): named rather than torch's overlap error.
+      const bool overlapping =
+          std::any_of(chain.begin(), chain.end() - 1, [](auto* s) { return may_overlap(*s); });
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          !overlapping, "functionalize: a write through a view made by ", chain.back()->name(),
+          " of a tensor whose elements share memory (expand, unfold or as_strided in its chain) "
+          "cannot be written back here (",
+          e.what_without_backtrace(), "). Clone the tensor before viewing and writing it.");
+      throw;
+    }
     // See Note [Alias: the base keeps its strides].
     base_ = in_base_strides(base_, std::move(value));
   }

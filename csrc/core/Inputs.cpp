@@ -14,6 +14,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
+#include <algorithm>
 #include <optional>
 #include <unordered_map>
 
@@ -346,6 +347,9 @@ void write_entry_elements(const at::Tensor& original, const at::Tensor& wrapper)
   }
   if (storage.flat()) {
     if (base.is_conj() != original.is_conj() || base.is_neg() != original.is_neg()) return;
+    // An input whose elements share memory (x.expand(3, 3)) cannot be copied into; the whole
+    // storage is written instead where it can be (write_whole_storage), else refused by name.
+    if (at::has_internal_overlap(original) == at::MemOverlap::Yes) return;
     const auto needed = static_cast<int64_t>(at::detail::computeStorageNbytes(
         original.sizes(), original.strides(), 1, original.storage_offset()));
     if (needed > base.numel()) return;
@@ -547,6 +551,16 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
       continue;
     }
     check_outside_writes_expressible(originals, members, *storage, any_metadata);
+    // A member that is now its whole storage holds every element the others do: written alone,
+    // the others need no write (and one whose elements share memory could not take one; fuzzer
+    // program 400329: x.expand(3) beside x.view(-1)).
+    const auto whole = std::find_if(members.begin(), members.end(), [&](size_t i) {
+      return storage->flat() && is_whole_storage(originals[i]);
+    });
+    if (whole != members.end()) {
+      write_data(originals[*whole], *unsafe_get_impl(wrappers[*whole]));
+      continue;
+    }
     const int cover =
         members.size() > 1 && !any_metadata ? covering_member(originals, members) : -1;
     if (cover >= 0) {

@@ -49,9 +49,12 @@ Tensor permute_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) 
 }
 
 // view, _reshape_alias and every squeeze overload only regroup elements in row-major order, so the
-// base is the mutated view read back in the base's shape.
+// base is the mutated view read back in the base's shape. With views kept the mutated value may
+// have strides view() cannot regroup (v = x.view(2, 15); v.t_(); v.cumprod_(1): the transpose's
+// inverse hands back a transposed value, fuzzer program 412654): reshape copies it then.
 Tensor view_like_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
-  return m.reapply ? mv.view_symint(base.sym_sizes()) : at::view_copy_symint(mv, base.sym_sizes());
+  return m.reapply ? mv.reshape_symint(base.sym_sizes())
+                   : at::view_copy_symint(mv, base.sym_sizes());
 }
 
 Tensor view_dtype_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {

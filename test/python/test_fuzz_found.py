@@ -735,3 +735,44 @@ def test_write_between_two_resizes_of_a_strided_input_reaches_its_storage(remove
     got = functionalize(f, remove=remove)(b_o[1:, ::2])
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(b_o, b_e)
+
+
+def test_write_through_a_transposed_view_of_a_view(remove):
+    # Fuzzer program 412654: v = x.view(2, 15); v.t_(); v.cumprod_(1): the transpose's inverse
+    # hands back a transposed value, which view() could not regroup into x's shape.
+    def f(x):
+        v = x.view((2, 15))
+        v.t_()
+        v.cumprod_(1)
+        return v
+
+    assert_matches_eager(f, make_inputs=lambda: (torch.arange(30).view(5, 3, 2) % 3 + 1,),
+                         remove=remove)
+
+
+def test_expanded_inputs_beside_their_whole_storage(remove):
+    # Fuzzer program 400329: x0 = b.expand(3), x1 = b.expand(3)[:2], x2 = b.view(-1); after
+    # x1.t_() every input was copied back, and copy_ into an expanded one raised torch's overlap
+    # error. x2 is the whole storage: it alone is written back.
+    def f(x0, x1, x2):
+        x1.t_()
+        x2.mul_(x2)
+        return x0 * 1, x1 * 1
+
+    def make_inputs():
+        b = torch.tensor([3.0])
+        return b.expand((3,)), b.expand((3,))[:2], b.view(-1)
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove, check_graph=False)
+
+
+def test_write_through_a_dtype_view_of_an_expanded_input_is_refused_by_name(remove):
+    # Fuzzer program 407276: unfold and view(complex64) of b.expand(3): no single geometry of the
+    # float64 storage takes the complex write, and the scatter raised torch's overlap error.
+    def f(x):
+        v = x.unfold(0, 1, 3).view(torch.complex64).unsafe_split(1, 1)[0]
+        v.cumsum_(-2)
+        return v
+
+    with pytest.raises(NotImplementedError, match="whose elements share memory"):
+        functionalize(f, remove=remove)(torch.randn(1, dtype=torch.float64).expand((3,)))
