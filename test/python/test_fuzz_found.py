@@ -25,6 +25,17 @@ def deterministic_fill():
     torch.utils.deterministic.fill_uninitialized_memory = was_fill
 
 
+def _matches_eager_but_graphs_without_views_refuse(f, make_inputs, remove, match):
+    """Eager functionalization matches eager in both modes; with views kept so does the graph,
+    without views capture refuses by name (the epilogue would need a view of the input)."""
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+        return
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove, check_graph=False)
+    with pytest.raises(NotImplementedError, match=match):
+        capture(f, *make_inputs(), remove=remove)
+
+
 def test_constant_index_tensor_survives_graph_replay(remove, deterministic_fill):
     # torch.tensor's own construction (empty + raw copy) must stay out of the graph
     # (Note [Layer: torch's untraced regions]); it used to record empty's deterministic fill_
@@ -399,14 +410,13 @@ def _write_through_as_strided_of_a_later_view(x0):
 def test_writes_through_as_strided_of_a_view(remove, name, f, make):
     # as_strided_scatter on the view cloned it (its own elements, offset 0), so the write was lost
     # with remove="mutations" (Note [Kernel: as_strided without views]).
-    if remove == "mutations" or f is _write_through_as_strided_of_a_view:
+    if f is _write_through_as_strided_of_a_view:
         assert_matches_eager(f, make_inputs=make, remove=remove)
         return
-    # A graph without views cannot write the elements past the input: refused by name under a
-    # tracer (its replay used to drop them), written eagerly.
-    assert_matches_eager(f, make_inputs=make, remove=remove, check_graph=False)
-    with pytest.raises(NotImplementedError, match="cannot write those elements back"):
-        capture(f, *make(), remove=remove)
+    # A graph without views cannot write the elements past the input (its replay used to drop
+    # them).
+    _matches_eager_but_graphs_without_views_refuse(f, make, remove,
+                                                   "cannot write those elements back")
 
 
 def test_write_of_no_element_through_an_expanded_input(remove):
@@ -618,14 +628,10 @@ def test_out_into_the_diagonal_of_an_expanded_input(remove):
     def make_inputs():
         return (torch.arange(3.0).view(3, 1).expand(3, 3),)
 
-    if remove == "mutations":
-        assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
-        return
-    # A graph without views has no op to write the expanded input's storage with: refused by
-    # name under a tracer; eagerly it is written through the whole storage.
-    assert_matches_eager(f, make_inputs=make_inputs, remove=remove, check_graph=False)
-    with pytest.raises(NotImplementedError, match="whose elements share memory"):
-        capture(f, *make_inputs(), remove=remove)
+    # A graph without views has no op to write the expanded input's storage with; eagerly it is
+    # written through the whole storage.
+    _matches_eager_but_graphs_without_views_refuse(f, make_inputs, remove,
+                                                   "whose elements share memory")
 
 
 def test_as_strided_write_outside_the_inputs_under_a_tracer_without_views(remove):
@@ -641,12 +647,8 @@ def test_as_strided_write_outside_the_inputs_under_a_tracer_without_views(remove
     def make_inputs():
         return (torch.arange(4.0).view(2, 2)[..., ::2],)
 
-    if remove == "mutations":
-        assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
-        return
-    assert_matches_eager(f, make_inputs=make_inputs, remove=remove, check_graph=False)
-    with pytest.raises(NotImplementedError, match="cannot write those elements back"):
-        capture(f, *make_inputs(), remove=remove)
+    _matches_eager_but_graphs_without_views_refuse(f, make_inputs, remove,
+                                                   "cannot write those elements back")
 
 
 def _storage_values(t):
