@@ -508,6 +508,37 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
   return target;
 }
 
+// Note [Kernel: out= of another dtype, eagerly]
+// torch.logsumexp(x_f32, 0, out=y_f64) sums in float64 inside its out= kernel (it writes into
+// out and works on), while the functional logsumexp computes in float32 and the write casts: the
+// last digits differ (fuzzer programs 403244, 419591). Reductions with a dtype argument get out's
+// dtype through their plan (Note [Schema: reductions into an out= of another dtype]); for the
+// others, when the functional result's dtype is not out's and nothing records the program (the
+// conditions of Note [Kernel: in-place on the inner value]), the out= op itself runs on the
+// inner arguments into a private empty tensor of out's dtype, and its result is the value: eager's
+// numbers by construction. Seeded random ops are left alone (a second run would draw again).
+// Under a tracer the graph keeps the functional op and the cast.
+// Rejected: listing such ops by name (logsumexp, and whichever others accumulate in out).
+void rerun_out_in_its_dtype(const OpInfo& info, const c10::OperatorHandle& op,
+                            const std::vector<c10::IValue>& inner, Stack& fstack) {
+  if (info.written.size() != 1 || !info.written[0].is_out ||
+      info.written[0].functional_return != 0 || op.hasTag(at::Tag::nondeterministic_seeded) ||
+      fstack.empty() || !fstack[0].isTensor() || !inner[info.written[0].index].isTensor()) {
+    return;
+  }
+  const at::Tensor& out = inner[info.written[0].index].toTensor();
+  const at::Tensor& result = fstack[0].toTensor();
+  if (result.scalar_type() == out.scalar_type() || out.layout() != c10::kStrided ||
+      !c10::canCast(result.scalar_type(), out.scalar_type()) || !nothing_records(out)) {
+    return;
+  }
+  std::vector<c10::IValue> call = inner;
+  at::Tensor fresh = at::empty({0}, out.options());
+  call[info.written[0].index] = fresh;
+  op.callBoxed(call);
+  fstack[0] = fresh;
+}
+
 // See Note [Schema: argument plan] for the plan this follows.
 void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                  const Layer& layer, bool on_wrappers) {
@@ -551,6 +582,7 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
     } else {
       push_functional_args(inner);
       info.functional_op->callBoxed(fstack);
+      rerun_out_in_its_dtype(info, op, inner, fstack);
     }
   }
 

@@ -778,3 +778,23 @@ def test_write_through_a_dtype_view_of_an_expanded_input_is_refused_by_name(remo
 
     with pytest.raises(NotImplementedError, match="whose elements share memory"):
         functionalize(f, remove=remove)(torch.randn(1, dtype=torch.float64).expand((3,)))
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_logsumexp_into_an_out_of_another_dtype_sums_in_its_dtype(remove, x_dtype):
+    # Fuzzer programs 403244, 419591: logsumexp(x_f32, out=y_f64) sums in float64 inside its out=
+    # kernel; the functional op summed in float32 and the write cast it
+    # (Note [Kernel: out= of another dtype, eagerly]). Checked bit for bit.
+    def f(x, y):
+        torch.logsumexp(x, 1, keepdim=True, out=y)
+        return y
+
+    def make_inputs():
+        x = torch.linspace(-3.0, 5.0, 40).reshape(2, 20).to(x_dtype) * 1.37
+        return x, torch.empty((2, 1), dtype=torch.float64)
+
+    x, y = make_inputs()
+    expected = f(x, y)
+    xo, yo = make_inputs()
+    got = functionalize(f, remove=remove)(xo, yo)
+    assert torch.equal(got, expected) and torch.equal(yo, y)
