@@ -3,6 +3,7 @@
 #include "core/AliasStorage.h"
 
 #include "core/Layer.h"
+#include "core/Layout.h"
 #include "core/ViewInverses.h"
 
 #include <ATen/Functions.h>
@@ -132,15 +133,7 @@ std::optional<at::Tensor> written_geometry(const at::Tensor& base,
   }
   bool through_overlap = false;
   for (size_t i = 0; i < chain.size(); ++i) {
-    if (views_kept) {
-      view = chain[i]->forward(view);
-    } else {
-      torch::jit::Stack stack{view};
-      stack.insert(stack.end(), chain[i]->args.begin(), chain[i]->args.end());
-      ViewMeta::call_view_op(chain[i]->op, &stack);
-      view = chain[i]->out_index < 0 ? stack[0].toTensor()
-                                     : stack[0].toTensorList().get(chain[i]->out_index);
-    }
+    view = views_kept ? chain[i]->forward(view) : chain[i]->forward_as_view(view);
     // An intermediate counts when it may share memory: torch's test answers "too hard" for
     // x.as_strided((7, 2), (1, 1)), whose step-by-step inverse then scattered one element twice
     // and kept the stale copy (fuzzer program 407343).
@@ -167,18 +160,10 @@ std::optional<at::Tensor> written_geometry(const at::Tensor& base,
 // strides when they differ (in a dimension of size > 1), in both modes.
 // Rejected: making each inverse return the base's layout (every inverse would need the rule).
 at::Tensor in_base_strides(const at::Tensor& base, at::Tensor value) {
-  if (base.layout() != c10::kStrided || value.layout() != c10::kStrided ||
-      base.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-      value.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || base.sizes() != value.sizes() ||
-      !base.is_non_overlapping_and_dense()) {
+  if (!same_sizes_other_strides(base, value) || !base.is_non_overlapping_and_dense()) {
     return value;
   }
-  for (int64_t d = 0; d < base.dim(); ++d) {
-    if (base.size(d) > 1 && base.stride(d) != value.stride(d)) {
-      return at::copy(at::empty_strided(base.sizes(), base.strides(), value.options()), value);
-    }
-  }
-  return value;
+  return at::copy(at::empty_strided(base.sizes(), base.strides(), value.options()), value);
 }
 }  // namespace
 

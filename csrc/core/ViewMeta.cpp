@@ -49,8 +49,14 @@ std::shared_ptr<const ViewMeta> ViewMeta::of(const c10::OperatorName& view_op,
 }
 
 at::Tensor ViewMeta::forward(const at::Tensor& base) const {
-  const bool use_copy = !reapply && copy_op.has_value();
-  const auto& handle = use_copy ? *copy_op : op;
+  return replay(!reapply && copy_op.has_value() ? *copy_op : op, base);
+}
+
+at::Tensor ViewMeta::forward_as_view(const at::Tensor& base) const {
+  return replay(op, base);
+}
+
+at::Tensor ViewMeta::replay(const c10::OperatorHandle& handle, const at::Tensor& base) const {
   torch::jit::Stack stack;
   stack.reserve(args.size() + 1);
   stack.emplace_back(base);

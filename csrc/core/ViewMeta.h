@@ -52,12 +52,17 @@ struct ViewMeta {
 
   /// Replays this step on `base`. Call inside an InnerCallGuard.
   at::Tensor forward(const at::Tensor& base) const;
+  /// Replays this step with the view op itself, whatever `reapply` says: the view's geometry on
+  /// a meta probe (Note [Alias: writes through an overlapping view]).
+  at::Tensor forward_as_view(const at::Tensor& base) const;
   /// Runs `handle` (a view op or its *_copy twin) on the boxed `stack` (self, then the other
   /// arguments); a detach_copy runs with grad mode off. See Note [View: detach without views].
   static void call_view_op(const c10::OperatorHandle& handle, torch::jit::Stack* stack);
   /// Returns the new base after `mutated_view` was written through this step. Throws
   /// NotImplementedError naming the op if it has no inverse.
   at::Tensor inverse(const at::Tensor& base, const at::Tensor& mutated_view) const;
+  /// Runs `handle` (`op` or `copy_op`) on `base` with this step's arguments.
+  at::Tensor replay(const c10::OperatorHandle& handle, const at::Tensor& base) const;
   /// "aten::slice.Tensor"
   std::string name() const { return c10::toString(op.operator_name()); }
   /// Argument i (after self) as the given type.

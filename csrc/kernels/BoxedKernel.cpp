@@ -4,6 +4,7 @@
 #include "kernels/Registration.h"
 
 #include "core/Conversions.h"
+#include "core/Layout.h"
 #include "kernels/Subclasses.h"
 
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -146,17 +147,8 @@ void generic_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::ji
 namespace {
 void use_reported_strides(const at::Tensor& wrapper, c10::IValue& inner) {
   const at::Tensor& value = inner.toTensor();
-  if (wrapper.layout() != c10::kStrided || value.layout() != c10::kStrided ||
-      wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-      value.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-      wrapper.sizes() != value.sizes()) {
-    return;
-  }
-  for (int64_t d = 0; d < value.dim(); ++d) {
-    if (value.size(d) > 1 && value.stride(d) != wrapper.stride(d)) {
-      inner = at::empty_strided(wrapper.sizes(), wrapper.strides(), value.options());
-      return;
-    }
+  if (same_sizes_other_strides(wrapper, value)) {
+    inner = at::empty_strided(wrapper.sizes(), wrapper.strides(), value.options());
   }
 }
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include "core/Conversions.h"
 #include "core/FunctorchInterop.h"
+#include "core/Layout.h"
 #include "core/Recorder.h"
 
 #include <ATen/EmptyTensor.h>
@@ -426,13 +427,6 @@ void commit_written_in_place(const at::Tensor& wrapper) {
 // functional, in the graph too. Views need nothing: their value is regenerated from the base.
 // Rejected: keeping reference strides beside the value, as without views: the inner value's
 // layout is what later ops and the epilogue see, so it must be eager's.
-bool strides_differ(const at::Tensor& a, const at::Tensor& b) {
-  for (int64_t d = 0; d < a.dim(); ++d) {
-    if (a.size(d) > 1 && a.stride(d) != b.stride(d)) return true;
-  }
-  return false;
-}
-
 // Note [Kernel: writes of no element]
 // A write into a tensor with no element (v[1:1].cumsum_(0), an empty narrow of an expanded input)
 // changes nothing in eager. Committed like any write, its view inverse still ran: expand's sums
@@ -457,9 +451,7 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value_in) {
     resize_functional(c10::toString(resize_op.operator_name()), wrapper, value.sizes().vec(),
                       c10::IValue(), *layer, dense ? value.strides() : c10::IntArrayRef());
   }
-  if (impl->chain().empty() && !wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
-      !value.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
-      wrapper.sizes() == value.sizes() && strides_differ(wrapper, value)) {
+  if (impl->chain().empty() && same_sizes_other_strides(wrapper, value)) {
     value = at::copy(at::empty_strided(wrapper.sizes(), wrapper.strides(),
                                        value.options().dtype(wrapper.scalar_type())),
                      value);
