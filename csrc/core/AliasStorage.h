@@ -62,6 +62,14 @@ class AliasStorage : public c10::StorageImpl {
   /// storage element 0, so storage coordinates (as_strided) cannot be expressed on it.
   void mark_offset_base() { offset_base_ = true; }
   bool offset_base() const { return offset_base_; }
+  /// A storage that wraps inputs: `storage` is the caller's, which the epilogue writes.
+  void mark_caller_storage(const c10::StorageImpl* storage) { caller_storage_ = storage; }
+  /// Whether `inner` lies in the caller's memory (the input itself, or a view of it with views
+  /// kept): see Note [Kernel: writes to inputs under autograd].
+  bool in_caller_storage(const at::Tensor& inner) const {
+    return caller_storage_ != nullptr && inner.unsafeGetTensorImpl()->has_storage() &&
+           inner.storage().unsafeGetStorageImpl() == caller_storage_;
+  }
 
  private:
   struct Update {
@@ -75,6 +83,7 @@ class AliasStorage : public c10::StorageImpl {
   bool flat_ = false;
   bool flat_views_kept_ = false;
   bool offset_base_ = false;
+  const c10::StorageImpl* caller_storage_ = nullptr;  // compared, never dereferenced
   std::vector<const ViewMeta*> member_steps_;
   bool written_outside_members_ = false;
   std::optional<int64_t> grown_start_;

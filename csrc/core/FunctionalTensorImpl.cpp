@@ -3,6 +3,7 @@
 
 #include "core/DispatchKey.h"
 #include "core/Layer.h"
+#include "core/LeafGrads.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/function.h>
@@ -72,8 +73,10 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
     meta->grad_fn_ = fn;
     meta->output_nr_ = value.output_nr();
     grad_accumulator_.reset();
+    note_autograd_graph(layer_id_, fn);
   } else {
     grad_accumulator_ = ag::impl::grad_accumulator(value);
+    note_autograd_graph(layer_id_, grad_accumulator_);
     // The weak pointer type follows the strong one (std::weak_ptr or c10::weak_intrusive_ptr).
     meta->grad_accumulator_ = decltype(meta->grad_accumulator_)(grad_accumulator_);
     meta->requires_grad_ = true;

@@ -256,6 +256,13 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
     for (size_t k = 0; k < indices.size(); ++k) out[indices[k]] = wrapped[k];
   }
   for (const auto& [i, j] : repeats) out[i] = out[j];
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (t.defined() && maybe_get_impl(t) == nullptr && t.unsafeGetTensorImpl()->has_storage()) {
+      unsafe_get_impl(out[i])->alias_storage().mark_caller_storage(
+          t.storage().unsafeGetStorageImpl());
+    }
+  }
   return out;
 }
 

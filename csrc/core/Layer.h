@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/FunctorchInterop.h"
+#include "core/LeafGrads.h"
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -24,6 +25,9 @@ struct Layer {
   // for inner calls; null when there were none.
   // See Note [Functorch: torch.func transforms].
   FunctorchStashPtr functorch;
+  // Created on the first wrapper value with autograd history; removes its hooks on exit.
+  // See Note [Autograd: .backward() inside the function].
+  std::unique_ptr<LeafGrads> leaf_grads;
 };
 
 /// The layer user code is running under on this thread, or nullptr (no layer, or we are inside

@@ -71,6 +71,10 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
 bool can_write_inner_in_place(const at::Tensor& wrapper);
 /// After such a write: the inner value is the storage's new base.
 void commit_written_in_place(const at::Tensor& wrapper);
+/// Whether self's inner value is the caller's memory with grad mode on: an in-place op on it
+/// then reads a clone when any argument requires grad.
+/// See Note [Kernel: writes to inputs under autograd].
+bool reads_input_under_autograd(const at::Tensor& wrapper, const at::Tensor& self_inner);
 
 /// Wraps every tensor among the last `count` stack entries as a fresh base wrapper.
 void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id);

@@ -8,6 +8,7 @@
 #include "core/Recorder.h"
 
 #include <ATen/EmptyTensor.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/ScalarType.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -397,6 +398,25 @@ void commit_written_in_place(const at::Tensor& wrapper) {
   unsafe_get_impl(wrapper)->commit_update_();
 }
 
+// Note [Kernel: writes to inputs under autograd]
+// x.mul_(w) on an input x, with w requiring grad: eager's autograd kernel of mul_ clones x's old
+// value before the write and saves the clone for backward (x itself is about to change). Our
+// functional mul(x, w) runs on x's inner value, which for an input is the caller's tensor (or,
+// with views kept, a view of it), and autograd saves that; the epilogue's copy_ then overwrites
+// it, and backward refuses the saved tensor as "modified by an inplace operation" (as
+// torch.func.functionalize's does). So when an in-place op's self lies in the caller's memory,
+// grad mode is on and an argument requires grad, the functional variant reads a clone of self:
+// eager's copy, at eager's cost. A value computed inside f never needs this: nothing overwrites
+// it (Note [Kernel: in-place on the inner value] checks that no saved reference exists).
+// Rejected: cloning only for ops whose backward reads self (nothing at runtime says which do;
+// counting references to spot a SavedVariable misses saved-tensor hooks, which pack elsewhere),
+// and giving an input's inner value a version counter of its own (the saved tensor would then
+// silently read the values the epilogue wrote: wrong gradients instead of an error).
+bool reads_input_under_autograd(const at::Tensor& wrapper, const at::Tensor& self_inner) {
+  return unsafe_get_impl(wrapper)->alias_storage().in_caller_storage(self_inner) &&
+         c10::GradMode::is_enabled();
+}
+
 // Note [Kernel: out= resize]
 // torch.cumsum(v, 0, out=x) with x of another shape: eager's resize_output resizes x in place
 // (resize_: the storage keeps the elements x no longer covers, and views of x keep seeing them),
@@ -569,6 +589,18 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
   if (!on_wrappers) {
     std::vector<c10::IValue> inner = args;
     for (auto& v : inner) transform_tensors(v, sync_and_unwrap);
+    for (const auto& w : info.written) {  // See Note [Kernel: writes to inputs under autograd].
+      if (w.is_out || !inner[w.index].isTensor()) continue;
+      const at::Tensor& self = inner[w.index].toTensor();
+      if (C10_UNLIKELY(self.defined() &&
+                       reads_input_under_autograd(args[w.index].toTensor(), self))) {
+        bool any_requires_grad = false;
+        for (const auto& v : inner) {
+          for_each_tensor(v, [&](const at::Tensor& t) { any_requires_grad |= t.requires_grad(); });
+        }
+        if (any_requires_grad) inner[w.index] = at::clone(self);
+      }
+    }
     if (auto value = random_fill_in_eager_order(info, op, args, inner)) {
       fstack.emplace_back(std::move(*value));
     } else {

@@ -137,6 +137,17 @@ class Call {
   size_t count_ = 0;
 };
 
+bool any_requires_grad(const at::Tensor& t) {
+  return t.requires_grad();
+}
+[[maybe_unused]] bool any_requires_grad(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->requires_grad();
+}
+template <class T, std::enable_if_t<!is_tensor_v<T> && !is_optional_tensor_v<T>, int> = 0>
+bool any_requires_grad(const T& /*not a tensor*/) {
+  return false;
+}
+
 template <class Op, class Sig = typename Op::schema>
 struct Unboxed;
 
@@ -222,6 +233,14 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     MutOp::call(in_place_arg<I>(call, refs, inner)...);
   }
 
+  // The functional variant with `self` in place of the written argument's inner value (in-place
+  // ops only, whose functional arguments are the op's own).
+  template <class Refs, size_t... I>
+  static at::Tensor call_with_self(Call<kTensors>& call, Refs& refs, at::Tensor& self,
+                                   std::index_sequence<I...> /*all args*/) {
+    return FuncOp::call(in_place_arg<I>(call, refs, self)...);
+  }
+
   // Note [Kernel: writes that read their own memory], for each tensor argument but the written.
   template <size_t I, class Refs>
   static void check_read(const at::Tensor& written, Refs& refs) {
@@ -282,7 +301,21 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
       }
     }
     InnerCallGuard guard;
-    at::Tensor value = call_functional(call, refs, std::make_index_sequence<kFunctionalArgs>());
+    at::Tensor value;
+    if constexpr (!kOut) {
+      // See Note [Kernel: writes to inputs under autograd]. check_writable: a wrapper of ours.
+      auto* impl = unsafe_get_impl(written);
+      impl->sync_();
+      const at::Tensor& self = impl->value();
+      if (C10_UNLIKELY(reads_input_under_autograd(written, self) &&
+                       (any_requires_grad(args) || ...))) {
+        at::Tensor copy = at::clone(self);
+        value = call_with_self(call, refs, copy, std::make_index_sequence<kArgs>());
+      }
+    }
+    if (!value.defined()) {
+      value = call_functional(call, refs, std::make_index_sequence<kFunctionalArgs>());
+    }
     check_eager_rules(name(), written, value, /*resizes=*/kOut);
     // The in-place path above ran eager's own kernel, so only the functional one needs this.
     check_reads(written, refs, std::make_index_sequence<kArgs>());

@@ -10,6 +10,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from reference import REMOVE_MODES, assert_functional_graph, assert_trees_match
+import torch_functionalize
 from torch_functionalize import functionalize
 
 
@@ -103,31 +104,137 @@ def test_outputs_requires_grad_and_gradients_through_them(remove):
     assert_trees_match(g_actual, g_expected, "gradient through output")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine limitation: the functional op saves the input's old value for backward and "
-    "the write-back copy_ bumps its version (torch.func.functionalize fails the same way; the "
-    "torch.compile backend saves copies, Note [Dynamo: saved inputs the epilogue overwrites])",
-)
-def test_gradient_through_mutated_input():
-    w = _w()
-    x = torch.ones(3)
+def _grads(tensors):
+    return [None if t.grad is None else t.grad.detach().clone() for t in tensors]
 
+
+# Gradients through inputs that f mutates (Note [Kernel: writes to inputs under autograd]): the
+# write's functional op must not save the caller's tensor, which the epilogue overwrites.
+MUTATED_INPUT_PROGRAMS = {
+    # Each op's backward reads self's old value.
+    "mul_": lambda x, w: x.mul_(w),  # unboxed in-place kernel
+    "div_": lambda x, w: x.div_(w),  # unboxed
+    "atan2_": lambda x, w: x.atan2_(w),  # boxed kernel
+    "through_a_view": lambda x, w: x[1:].mul_(w[1:]),
+    "twice": lambda x, w: x.mul_(w).mul_(w),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(MUTATED_INPUT_PROGRAMS))
+def test_gradient_through_mutated_input(name, remove):
+    body = MUTATED_INPUT_PROGRAMS[name]
+
+    def f(x):
+        body(x, w)
+        return x.exp().sum()
+
+    results = []
+    for run in (f, functionalize(f, remove=remove)):
+        w = _w()
+        x = torch.linspace(0.5, 1.5, 3)
+        out = run(x)
+        (g_out,) = torch.autograd.grad(out, w, retain_graph=True)
+        (g_input,) = torch.autograd.grad(x.pow(2).sum(), w)
+        results.append((out.detach(), g_out, g_input, x.detach().clone(), x.requires_grad))
+    assert_trees_match(results[1][:4], results[0][:4], "outputs, gradients and mutated input")
+    assert results[1][4] == results[0][4]
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_gradient_through_mutated_non_leaf_input(remove):
+    # The input has history of its own: gradients reach both its leaf and w.
     def f(x):
         x.mul_(w)
 
-    functionalize(f)(x)
-    (g,) = torch.autograd.grad(x.sum(), w)
-    assert_trees_match(g, torch.ones(3), "gradient")
+    results = []
+    for run in (f, functionalize(f, remove=remove)):
+        w = _w()
+        a = torch.linspace(0.5, 1.5, 3).requires_grad_()
+        x = a * 2
+        run(x)
+        results.append(torch.autograd.grad(x.sin().sum(), (a, w)))
+    assert_trees_match(list(results[1]), list(results[0]), "gradients")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine limitation: .backward() inside f accumulates the functional gradient (a "
-    "wrapper) into the plain leaf's .grad, which escapes the call (torch.func refuses "
-    "backward() inside its transforms); use torch.autograd.grad inside f",
-)
-def test_backward_inside_f_sets_leaf_grad():
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_read_saved_then_mutated_input_fails_backward_as_in_eager(remove):
+    # y saved x before x changed: eager's backward refuses it, and so does ours.
+    def f(x):
+        y = x * w
+        x.add_(1)
+        return y.sum()
+
+    w = _w()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(f(torch.ones(3)), w)
+    out = functionalize(f, remove=remove)(torch.ones(3))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(out, w)
+
+
+# .backward() inside f (Note [Autograd: .backward() inside the function]): leaves' .grad as in
+# eager after the call, for captured leaves, leaf inputs, captured non-leaf tensors and a .grad
+# that already exists.
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_backward_inside_f_sets_leaf_grads(remove):
+    results = []
+    for fz in (False, True):
+        w = _w()
+        v = torch.linspace(-1, 1, 3).requires_grad_()
+        v.grad = torch.full((3,), 0.5)
+        h = v * 3  # captured, with history outside f
+        x = torch.linspace(0, 1, 3).requires_grad_()
+
+        def f(x):
+            y = x.clone()
+            y.view(3)[1:].mul_(w[1:])
+            loss = (y * h).sin().sum()
+            loss.backward()
+            return loss.detach(), w.grad * 2  # .grad read inside f
+
+        out = functionalize(f, remove=remove)(x) if fz else f(x)
+        results.append((list(out), _grads((w, v, x))))
+    assert_trees_match(results[1][0], results[0][0], "outputs")
+    assert_trees_match(results[1][1], results[0][1], "leaf gradients")
+    for t in results[1][1]:
+        assert type(t) is torch.Tensor and not torch_functionalize._C._is_functional(t)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_backward_inside_f_twice_accumulates(remove):
+    results = []
+    for fz in (False, True):
+        w = _w()
+
+        def f(x):
+            loss = (x * w).sin().sum()
+            loss.backward(retain_graph=True)
+            loss.backward()
+            return loss.detach()
+
+        (functionalize(f, remove=remove) if fz else f)(torch.linspace(0, 1, 3))
+        results.append(_grads((w,)))
+    assert_trees_match(results[1], results[0], "accumulated gradient")
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_backward_inside_f_leaves_no_hook_behind(remove):
+    # The hooks live for the call: a later plain backward accumulates plain tensors as eagerly.
+    w = _w()
+
+    def f(x):
+        (x * w).sum().backward()
+        return x + 1
+
+    functionalize(f, remove=remove)(torch.ones(3))
+    (w * 2).sum().backward()
+    assert_trees_match(w.grad, torch.full((3,), 3.0), "gradient")
+    assert not torch_functionalize._C._is_functional(w.grad)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_make_fx_of_backward_inside_f_is_functional(remove):
     w = _w()
 
     def f(x):
@@ -135,8 +242,10 @@ def test_backward_inside_f_sets_leaf_grad():
         loss.backward()
         return loss.detach()
 
-    functionalize(f)(torch.ones(3))
-    assert_trees_match(w.grad + 0, torch.ones(3).mul(w.detach()).cos(), "grad")
+    x = torch.linspace(0, 1, 3)
+    gm = make_fx(functionalize(f, remove=remove))(x)
+    assert_functional_graph(gm, remove)
+    assert_trees_match(gm(x), f(x), "graph output")
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
