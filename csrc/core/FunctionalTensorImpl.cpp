@@ -149,7 +149,27 @@ void FunctionalTensorImpl::set_reference_metadata_(const at::Tensor& reference) 
   has_reference_metadata_ = true;
 }
 
+// Note [Wrapper: requires_grad_ set on a wrapper]
+// `leaf = p.detach().requires_grad_()` inside f (functional_call with fresh leaves, then
+// torch.autograd.grad over them) sets requires_grad on the wrapper, which Tensor's
+// set_requires_grad does directly on the wrapper's own AutogradMeta (no op, no dispatch), so the
+// value stayed a plain tensor without autograd: ops on it recorded nothing, and autograd.grad
+// raised "element 0 of tensors does not require grad" where eager works. So when a wrapper is
+// synced for an op and its own AutogradMeta asks for grad that its value does not have, the
+// value (a leaf: eager allows requires_grad_ on leaves only) is made to require grad and the
+// wrapper mirrors it again, taking the value's grad accumulator: the leaf is then the value, as
+// autograd.grad and the AccumulateGrad hooks expect. The check costs one pointer test for
+// wrappers without autograd metadata. Rejected: an AutogradMeta subclass on every wrapper that
+// forwards set_requires_grad (one allocation per wrapper for a rare call).
+void FunctionalTensorImpl::adopt_requires_grad_() {
+  auto* meta = autograd_meta();
+  if (!meta->requires_grad() || value_.requires_grad() || value_.grad_fn() != nullptr) return;
+  value_.unsafeGetTensorImpl()->set_requires_grad(true);
+  mirror_autograd_(value_);
+}
+
 void FunctionalTensorImpl::sync_() {
+  sync_requires_grad_();
   if (is_up_to_date()) return;
   InnerCallGuard guard;
   auto& storage = alias_storage();

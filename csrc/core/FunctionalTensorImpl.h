@@ -57,6 +57,11 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   /// Applies pending updates of the storage and, if this wrapper is stale, replays its chain
   /// from the new base. Runs its ops under an InnerCallGuard.
   void sync_();
+  /// The part of sync_() that view ops (which do not sync) need too: a requires_grad_ set on the
+  /// wrapper reaches its value (Note [Wrapper: requires_grad_ set on a wrapper]).
+  void sync_requires_grad_() {
+    if (C10_UNLIKELY(autograd_meta() != nullptr)) adopt_requires_grad_();
+  }
   /// A mutation produced `new_value` for this wrapper: adopt it (cast back to this wrapper's
   /// dtype if the functional op promoted it). Follow with commit_update_().
   void replace_(const at::Tensor& new_value);
@@ -95,8 +100,9 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
 
  private:
   const char* tensorimpl_type_name() const override;
-  void set_value_(const at::Tensor& value);           // value_ + mirrored metadata
-  void mirror_autograd_(const at::Tensor& value);     // See Note [Wrapper: autograd mirrored]
+  void set_value_(const at::Tensor& value);        // value_ + mirrored metadata
+  void mirror_autograd_(const at::Tensor& value);  // See Note [Wrapper: autograd mirrored]
+  void adopt_requires_grad_();  // See Note [Wrapper: requires_grad_ set on a wrapper]
   void copy_metadata_(const c10::TensorImpl& inner);  // non-symbolic sizes/strides + flags
   void copy_fields_to_(FunctionalTensorImpl& dest) const;
 

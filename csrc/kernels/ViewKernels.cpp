@@ -57,6 +57,7 @@ FunctionalTensorImpl* self_wrapper(const OpInfo& info, const torch::jit::Stack& 
   TORCH_CHECK(impl != nullptr, "functionalize: ", info.name,
               ": the viewed tensor is a plain tensor but another argument is functional; "
               "views of tensors created outside the function cannot be functionalized.");
+  impl->sync_requires_grad_();
   return impl;
 }
 
