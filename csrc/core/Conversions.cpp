@@ -1,6 +1,8 @@
 // Wrapper construction and the sync-and-unwrap conversion.
 #include "core/Conversions.h"
 
+#include "core/LayerAutograd.h"
+
 namespace tfz::detail {
 
 at::Tensor make_fresh_wrapper(const at::Tensor& value, int64_t layer_id) {
@@ -15,7 +17,13 @@ at::Tensor make_view_wrapper(const at::Tensor& view_value, const at::Tensor& bas
 
 at::Tensor sync_and_unwrap(const at::Tensor& t) {
   auto* impl = maybe_get_impl(t);
-  if (impl == nullptr) return t;
+  if (impl == nullptr) {
+    // See Note [Autograd: saved outputs under a tracer].
+    if (C10_UNLIKELY(t.unsafeGetTensorImpl()->autograd_meta() != nullptr)) {
+      if (auto traced = traced_saved_output(t)) return *std::move(traced);
+    }
+    return t;
+  }
   impl->sync_();
   return impl->value();
 }

@@ -3,7 +3,8 @@
 
 #include "core/DispatchKey.h"
 #include "core/Layer.h"
-#include "core/LeafGrads.h"
+#include "core/LayerAutograd.h"
+#include "core/Recorder.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/function.h>
@@ -74,6 +75,7 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
     meta->output_nr_ = value.output_nr();
     grad_accumulator_.reset();
     note_autograd_graph(layer_id_, fn);
+    if (C10_UNLIKELY(ops_are_recorded())) note_traced_output(layer_id_, value);
   } else {
     grad_accumulator_ = ag::impl::grad_accumulator(value);
     note_autograd_graph(layer_id_, grad_accumulator_);

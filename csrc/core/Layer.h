@@ -4,7 +4,7 @@
 #pragma once
 
 #include "core/FunctorchInterop.h"
-#include "core/LeafGrads.h"
+#include "core/LayerAutograd.h"
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -27,7 +27,7 @@ struct Layer {
   FunctorchStashPtr functorch;
   // Created on the first wrapper value with autograd history; removes its hooks on exit.
   // See Note [Autograd: .backward() inside the function].
-  std::unique_ptr<LeafGrads> leaf_grads;
+  std::unique_ptr<LayerAutograd> autograd;
 };
 
 /// The layer user code is running under on this thread, or nullptr (no layer, or we are inside

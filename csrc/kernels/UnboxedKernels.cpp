@@ -97,9 +97,21 @@ class Call {
 
   const at::Tensor& unwrap(const at::Tensor& t) {
     auto* impl = maybe_get_impl(t);
-    if (impl == nullptr) return t;
+    if (impl == nullptr) {
+      // See Note [Autograd: saved outputs under a tracer].
+      if (C10_UNLIKELY(t.unsafeGetTensorImpl()->autograd_meta() != nullptr &&
+                       held_count_ < MaxTensors)) {
+        if (auto traced = traced_saved_output(t)) {
+          held_[held_count_] = *std::move(traced);
+          return held_[held_count_++];
+        }
+      }
+      return t;
+    }
     impl->sync_();
-    seen_[count_++] = {impl->value().unsafeGetTensorImpl(), &t};
+    // A mutable op may unwrap twice (the in-place attempt, then the functional variant); only
+    // Unboxed's single pass reads seen_ back (wrap), so later entries are not kept.
+    if (count_ < MaxTensors) seen_[count_++] = {impl->value().unsafeGetTensorImpl(), &t};
     return impl->value();
   }
   std::optional<at::Tensor> unwrap(const std::optional<at::Tensor>& t) {
@@ -135,6 +147,8 @@ class Call {
   const FunctionalTensorImpl* foreign_ = nullptr;
   std::array<Seen, MaxTensors> seen_{};
   size_t count_ = 0;
+  std::array<at::Tensor, MaxTensors> held_;  // traced tensors handed out in place of plain ones
+  size_t held_count_ = 0;
 };
 
 bool any_requires_grad(const at::Tensor& t) {

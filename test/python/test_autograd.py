@@ -362,29 +362,46 @@ def test_leaves_made_inside_f_are_differentiable(maker, remove):
     assert_functional_graph(gm, remove)
 
 
-# Found while testing the above: in a traced joint function, a backward formula that reads the
-# forward op's *output* (tanh, sigmoid, exp, relu's threshold_backward) gets that output as a
-# constant. Autograd runs on inner values below our key and saves an output as a detached copy;
-# the copy made when backward unpacks it is made while the layer hides the Python key, so
-# make_fx's mode (and capture's recorder) does not see it and records the tensor it has as a
-# constant: the graph replays the traced forward's values in its backward.
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine limitation: saved forward outputs unpacked in backward under the layer are "
-    "copies no tracer sees, so joint graphs bake them as constants (wrong gradients on replay)",
-)
+# Joint functions whose backward reads forward outputs, traced with make_fx or capture, then
+# replayed on other inputs and parameters. See Note [Autograd: saved outputs under a tracer].
+OUTPUT_SAVING = {
+    "tanh": lambda h: h.tanh(),
+    "sigmoid": torch.sigmoid,
+    "exp": lambda h: h.mul(0.1).exp(),
+    "relu": torch.relu,
+    "softmax": lambda h: h.softmax(-1),
+    "mlp": lambda h: torch.nn.functional.gelu(h.tanh() @ _MIX).relu().sigmoid(),
+}
+_MIX = torch.randn(4, 4, generator=torch.Generator().manual_seed(5))
+
+
 @pytest.mark.parametrize("remove", REMOVE_MODES)
 @pytest.mark.parametrize("tracer", ["make_fx", "capture"])
-def test_joint_graph_of_op_that_saves_its_output_replays_eager(tracer, remove):
+@pytest.mark.parametrize("name", sorted(OUTPUT_SAVING))
+def test_joint_graph_of_ops_that_save_outputs_replays_eager(name, tracer, remove):
+    body = OUTPUT_SAVING[name]
+
     def joint(x, w):
-        loss = (x * w).tanh().sum()
+        y = x.clone()
+        y.mul_(w)  # a mutation, so there is something to functionalize
+        loss = body(y).pow(2).sum()
         (g,) = torch.autograd.grad(loss, w)
         return loss.detach(), g
 
-    w = _w()
-    trace_input, replay_input = torch.linspace(-1, 1, 3), torch.linspace(2, 3, 3)
+    gen = torch.Generator().manual_seed(7)
+    trace_args = (torch.randn(2, 4, generator=gen), torch.randn(4, generator=gen).requires_grad_())
+    replay_args = (torch.randn(2, 4, generator=gen), torch.randn(4, generator=gen).requires_grad_())
     if tracer == "make_fx":
-        gm = make_fx(functionalize(joint, remove=remove))(trace_input, w)
+        gm = make_fx(functionalize(joint, remove=remove))(*trace_args)
+        # make_fx also records autograd's own detach of each saved output (dead; plain make_fx
+        # records it too): not an op of the program.
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
     else:
-        gm = torch_functionalize.capture(joint, trace_input, w, remove=remove)
-    assert_trees_match(list(gm(replay_input, w)), list(joint(replay_input, w)), "replayed joint")
+        gm = torch_functionalize.capture(joint, *trace_args, remove=remove)
+    assert_functional_graph(gm, remove)
+    for node in gm.graph.nodes:  # the only constant is the one f captures
+        if node.op == "get_attr":
+            constant = getattr(gm, node.target)
+            assert constant.shape == _MIX.shape and torch.equal(constant, _MIX), gm.code
+    assert_trees_match(list(gm(*replay_args)), list(joint(*replay_args)), "replayed joint")

@@ -1,9 +1,10 @@
 // The AccumulateGrad pre-hook of Note [Autograd: .backward() inside the function] and the graph
 // walk that installs it.
-#include "core/LeafGrads.h"
+#include "core/LayerAutograd.h"
 
 #include "core/FunctionalTensorImpl.h"
 #include "core/Layer.h"
+#include "core/Recorder.h"
 
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
@@ -82,7 +83,7 @@ void remove_hook(Hooks& hooks, const Hook* hook) {
 
 }  // namespace
 
-void LeafGrads::note(const NodePtr& fn) {
+void LayerAutograd::note(const NodePtr& fn) {
   std::vector<NodePtr> todo;
   auto visit = [&](const NodePtr& node) {
     if (!node) return;
@@ -109,15 +110,67 @@ void LeafGrads::note(const NodePtr& fn) {
   }
 }
 
-void note_autograd_graph(int64_t layer_id, const NodePtr& fn) {
+// Note [Autograd: saved outputs under a tracer]
+// Autograd runs on inner values, below our key. A backward formula that reads its op's output
+// (tanh_backward(grad, result), threshold_backward for relu, exp's grad * result) gets it from a
+// SavedVariable, which unpacks an output as a new tensor sharing its memory. That copy is made
+// while backward runs under the layer, which hides the Python key, so make_fx's mode does not see
+// the copy being made, and neither does capture's recorder: both then met a tensor they never
+// traced and recorded it as a constant, and the joint graph replayed the traced forward's values
+// in its backward (wrong gradients on any other input). So under a tracer the layer keeps each
+// output a wrapper takes (with a grad_fn) keyed by (grad_fn, output number), and the kernel hands
+// the tracer that traced tensor in place of a plain argument that has the same grad_fn, output
+// number, memory and geometry: the same values, by construction. Outputs are kept alive until
+// the layer exits, under a tracer only. Rejected: un-hiding the Python key while backward nodes
+// run (node hooks): an exception between the hooks would leave the TLS changed, and the mode then
+// sees autograd's bookkeeping (the detach of every unpacked output) as ops of the program.
+namespace {
+Layer* this_threads_layer() {
   Layer* layer = current_layer();
-  if (layer == nullptr) layer = suspended_layer();
+  return layer != nullptr ? layer : suspended_layer();
+}
+}  // namespace
+
+void note_autograd_graph(int64_t layer_id, const NodePtr& fn) {
+  Layer* layer = this_threads_layer();
   if (layer == nullptr || layer->id != layer_id) return;
-  if (!layer->leaf_grads) layer->leaf_grads = std::make_unique<LeafGrads>(layer_id);
-  layer->leaf_grads->note(fn);
+  if (!layer->autograd) layer->autograd = std::make_unique<LayerAutograd>(layer_id);
+  layer->autograd->note(fn);
 }
 
-LeafGrads::~LeafGrads() {
+void note_traced_output(int64_t layer_id, const at::Tensor& value) {
+  Layer* layer = this_threads_layer();
+  if (layer == nullptr || layer->id != layer_id || !layer->autograd) return;
+  layer->autograd->note_output(value);
+}
+
+void LayerAutograd::note_output(const at::Tensor& value) {
+  outputs_[OutputKey{value.grad_fn().get(), static_cast<uint32_t>(value.output_nr())}] = value;
+}
+
+std::optional<at::Tensor> LayerAutograd::traced_output(const at::Tensor& t) const {
+  if (outputs_.empty()) return std::nullopt;
+  const auto& fn = t.grad_fn();
+  if (!fn) return std::nullopt;
+  auto it = outputs_.find(OutputKey{fn.get(), static_cast<uint32_t>(t.output_nr())});
+  if (it == outputs_.end()) return std::nullopt;
+  const at::Tensor& original = it->second;
+  if (original.unsafeGetTensorImpl() == t.unsafeGetTensorImpl() || !original.has_storage() ||
+      !t.has_storage() || !original.is_alias_of(t) || original.dtype() != t.dtype() ||
+      original.sym_sizes() != t.sym_sizes() || original.sym_strides() != t.sym_strides() ||
+      original.sym_storage_offset() != t.sym_storage_offset()) {
+    return std::nullopt;
+  }
+  return original;
+}
+
+std::optional<at::Tensor> traced_saved_output(const at::Tensor& plain) {
+  Layer* layer = this_threads_layer();
+  if (layer == nullptr || !layer->autograd) return std::nullopt;
+  return layer->autograd->traced_output(plain);
+}
+
+LayerAutograd::~LayerAutograd() {
   for (const auto& h : hooked_) {
     auto node = h.node.lock();
     if (!node) continue;

@@ -1,0 +1,78 @@
+// LayerAutograd: a layer's autograd bookkeeping. The leaves a .backward() inside the function can
+// accumulate into (found by walking the graph of each new wrapper value, each given hooks that
+// hand its AccumulateGrad plain gradients; Note [Autograd: .backward() inside the function]), and,
+// under a tracer, the forward outputs a backward formula may read back
+// (Note [Autograd: saved outputs under a tracer]). Owned by a Layer; its destructor removes every
+// hook.
+#pragma once
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+namespace tfz::detail {
+
+// Autograd's node pointers are std::shared_ptr in some torch releases and c10::intrusive_ptr in
+// others; these follow whichever the installed torch uses.
+using NodePtr = std::remove_cv_t<
+    std::remove_reference_t<decltype(std::declval<torch::autograd::Edge&>().function)>>;
+using WeakNodePtr = decltype(torch::autograd::AutogradMeta::grad_accumulator_);
+
+class LayerAutograd {
+ public:
+  explicit LayerAutograd(int64_t layer_id) : layer_id_(layer_id) {}
+  ~LayerAutograd();
+  LayerAutograd(const LayerAutograd&) = delete;
+  LayerAutograd& operator=(const LayerAutograd&) = delete;
+
+  /// Walks the nodes reachable from `fn` not seen before and hooks every AccumulateGrad among
+  /// them (`fn` included).
+  void note(const NodePtr& fn);
+  /// Under a tracer: `value` (with a grad_fn) is the traced output (grad_fn, output_nr).
+  void note_output(const at::Tensor& value);
+  /// The traced output `t` is a copy of (same node, output number, memory and geometry), if any.
+  std::optional<at::Tensor> traced_output(const at::Tensor& t) const;
+
+ private:
+  int64_t layer_id_;
+  // Keyed by address; the weak pointer tells a node seen before from a new one at a freed
+  // node's address. Weak, so the layer does not keep graphs (and their saved tensors) alive.
+  std::unordered_map<const torch::autograd::Node*, WeakNodePtr> seen_;
+  struct Hooked {
+    WeakNodePtr node;
+    const torch::autograd::FunctionPreHook* pre;
+    const torch::autograd::FunctionPostHook* post;
+  };
+  std::vector<Hooked> hooked_;
+  struct OutputKey {
+    const torch::autograd::Node* node;
+    uint32_t output_nr;
+    bool operator==(const OutputKey& o) const { return node == o.node && output_nr == o.output_nr; }
+  };
+  struct OutputKeyHash {
+    size_t operator()(const OutputKey& k) const {
+      return std::hash<const void*>()(k.node) ^ (static_cast<size_t>(k.output_nr) << 1);
+    }
+  };
+  // Strong: the wrapper of an output is often gone by the time backward reads the output back,
+  // and the tracer only knows the tensor while it is alive. Filled only under a tracer.
+  std::unordered_map<OutputKey, at::Tensor, OutputKeyHash> outputs_;
+};
+
+/// A wrapper of layer `layer_id` took a value whose autograd node is `fn`: notes the graph on that
+/// layer when it is this thread's layer (running user code or suspended by an inner call).
+void note_autograd_graph(int64_t layer_id, const NodePtr& fn);
+/// Under a tracer, a wrapper of layer `layer_id` took `value`, an output with a grad_fn.
+void note_traced_output(int64_t layer_id, const at::Tensor& value);
+/// A plain tensor reached the kernel of this thread's layer: under a tracer, the traced forward
+/// output it copies, if any (Note [Autograd: saved outputs under a tracer]).
+std::optional<at::Tensor> traced_saved_output(const at::Tensor& plain);
+
+}  // namespace tfz::detail
