@@ -85,8 +85,9 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
             inputs = [flat[i] for i in positions]
         # Wrapper subclasses enter as their inner tensors (Note [API: wrapper subclasses]).
         plans = None
+        traced_subclass_inputs = False
         if any(type(t) is not torch.Tensor and _is_wrapper_subclass(t) for t in inputs):
-            _check_not_traced_whole(inputs)
+            traced_subclass_inputs = _trace_subclass_inputs(inputs)
             leaves: list = []
             plans = [_flatten_subclass(t, leaves) for t in inputs]
             inputs = leaves
@@ -121,7 +122,10 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
         # (Note [Inputs: outputs that alias inputs]).
         alias = remove == "mutations" and not _tracing()
         outputs = _C._call(inputs, remove, alias, run)
-        return result[0](outputs)
+        out = result[0](outputs)
+        if traced_subclass_inputs:
+            _trace_subclass_outputs(out)
+        return out
 
     return wrapped  # type: ignore[return-value]
 
@@ -236,38 +240,108 @@ def _tensor_leaves(out: object) -> tuple[list, Callable[[list], Any]]:
 # inputs like any tensor (wrapped, mutations written back to them at the end), and `run` rebuilds
 # the subclass around their wrappers with __tensor_unflatten__ (same outer size and stride, same
 # context: a DTensor keeps its mesh and placements). Ops on it then run its __torch_dispatch__
-# above our layer, whose calls on the inner wrappers are functionalized (see
-# Note [Kernel: wrapper subclasses]). Outputs that are such subclasses leave the same way in reverse: flattened inside
-# `run`, their inner tensors unwrapped by the call, rebuilt outside around the plain results.
-# This is how torch's own stack treats them (AOTAutograd flattens subclasses at the graph boundary
-# and traces the inner program). A subclass that a tracer holds as one graph input
-# (make_fx(functionalize(f))(dtensor)) is refused: its inner tensors are not in that graph and
-# would be baked in as constants. Not covered: changes a function makes to the subclass's own
-# metadata of an input (its context, e.g. a DTensor's placements) are not written back; only its
-# inner tensors' values are. Rejected: keeping the subclass as the inner value of one wrapper (the
-# old behaviour: f saw a plain tensor and the subclass's dispatch ran below us, so a tracer saw
-# subclass-level ops, not the local program).
+# above our layer, whose calls on the inner wrappers are functionalized
+# (see Note [Kernel: wrapper subclasses]). Outputs that are such subclasses leave the same way in
+# reverse: flattened inside `run`, their inner tensors unwrapped by the call, rebuilt outside
+# around the plain results. This is how torch's own stack treats them (AOTAutograd flattens
+# subclasses at the graph boundary and traces the inner program). A subclass that a tracer holds
+# as one graph input (make_fx(functionalize(f))(dtensor)):
+# see Note [API: subclasses as graph inputs].
+# Not covered: changes a function makes to the subclass's own metadata of an input (its context,
+# e.g. a DTensor's placements) are not written back; only its inner tensors' values are.
+# Rejected: keeping the subclass as the inner value of one wrapper (the old behaviour: f saw a
+# plain tensor and the subclass's dispatch ran below us, so a tracer saw subclass-level ops, not
+# the local program).
 def _is_wrapper_subclass(t: object) -> bool:
     return type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t)
 
 
-def _check_not_traced_whole(inputs: list) -> None:
-    """Refuses a wrapper subclass that a tracer holds as one graph input (make_fx(functionalize(f))
-    called on a DTensor): its inner tensors have no place in that graph, so they would be baked
-    in as constants and the graph would ignore its real input."""
+def _proxy_tracer():
+    """The tracer of the make_fx running this call, if any."""
     mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)
-    if mode is None:
-        return
-    from torch.fx.experimental.proxy_tensor import has_proxy_slot
+    return None if mode is None else mode.tracer
 
+
+def _trace_subclass_inputs(inputs: list) -> bool:
+    """A subclass that make_fx holds as a graph input: its inner tensors enter the graph as
+    ``getattr`` of that input (Note [API: subclasses as graph inputs]). Returns whether there was
+    one."""
+    tracer = _proxy_tracer()
+    if tracer is None:
+        return False
+    from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
+
+    def track_inner(t, proxy):
+        attrs, _ = t.__tensor_flatten__()
+        for attr in attrs:
+            inner = getattr(t, attr)
+            if not isinstance(inner, torch.Tensor) or has_proxy_slot(inner, tracer):
+                continue
+            inner_proxy = tracer.create_proxy("call_function", getattr, (proxy, attr), {})
+            if _is_wrapper_subclass(inner):
+                track_inner(inner, inner_proxy)
+            _track(inner, inner_proxy, tracer)
+
+    found = False
     for t in inputs:
-        if _is_wrapper_subclass(t) and has_proxy_slot(t, mode.tracer):
-            raise NotImplementedError(
-                f"functionalize: a {type(t).__name__} is a graph input of the tracer running "
-                "this call (make_fx(functionalize(f)) called on the subclass itself); its inner "
-                "tensors would enter the graph as constants. Trace a function of the inner "
-                f"tensors instead that builds the {type(t).__name__} (DTensor.from_local) and "
-                "calls the functionalized function: see docs/distributed.md.")
+        if _is_wrapper_subclass(t) and has_proxy_slot(t, tracer):
+            track_inner(t, get_proxy_slot(t, tracer).proxy)
+            found = True
+    return found
+
+
+def _trace_subclass_outputs(out: object) -> None:
+    """After a call whose subclass inputs are graph inputs: subclass outputs that make_fx does not
+    know are rebuilt in the graph from their traced inner tensors by one node.
+    See Note [API: subclasses as graph inputs]."""
+    tracer = _proxy_tracer()
+    if tracer is None:
+        return
+    from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
+
+    for t in pytree.tree_leaves(out):
+        if not _is_wrapper_subclass(t) or has_proxy_slot(t, tracer):
+            continue
+        leaves: list = []
+        plan = _flatten_subclass(t, leaves)
+        if not all(has_proxy_slot(leaf, tracer) for leaf in leaves):
+            continue  # built from tensors the tracer does not know: its own business
+        key = len(_TRACED_PLANS)
+        _TRACED_PLANS.append(plan)
+        proxies = tuple(get_proxy_slot(leaf, tracer).proxy for leaf in leaves)
+        _track(t, tracer.create_proxy("call_function", rebuild_traced_subclass,
+                                      (key, *proxies), {}), tracer)
+
+
+def _track(t: torch.Tensor, proxy, tracer) -> None:
+    from torch.fx.experimental.proxy_tensor import track_tensor_tree
+
+    track_tensor_tree(t, proxy, constant=None, tracer=tracer)
+
+
+# Note [API: subclasses as graph inputs]
+# make_fx(functionalize(f))(dtensor): make_fx holds the DTensor as one graph input and knows
+# nothing of its local tensor, which our call reads, so the local program used to enter the graph
+# with the local tensor as a constant (plain make_fx of a DTensor program gives exactly that
+# graph: every result a constant). Now, before the call, each inner tensor of a subclass input
+# the tracer holds becomes a `getattr(x, "_local_tensor")` node of that input (recursively for
+# subclasses of subclasses), and after it, each subclass output is rebuilt in the graph by one
+# node, rebuild_traced_subclass(key, *inner), whose plan (type, flatten context, outer size and
+# stride: a DTensor's mesh and placements) stays in this process under `key`. The graph is then
+# the functional local program between the subclass input and the subclass output, and replays
+# on another subclass of the same layout; the epilogue writes input mutations into the input's
+# inner tensors through those getattr nodes. Such a graph runs in the process that traced it
+# (the plans are Python objects, not graph constants); flatten at the graph boundary (trace a
+# function of the local tensors that builds the subclass) for a graph that stands alone.
+# Rejected: refusing the call (what we did first) and returning the local tensors (a graph whose
+# outputs are not what the function returns).
+_TRACED_PLANS: list = []
+
+
+def rebuild_traced_subclass(key: int, *inner: torch.Tensor) -> torch.Tensor:
+    """The graph node that rebuilds a subclass output from its inner tensors (see
+    Note [API: subclasses as graph inputs])."""
+    return _unflatten_subclass(_TRACED_PLANS[key], iter(inner))
 
 
 class _Kept:

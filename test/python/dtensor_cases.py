@@ -6,8 +6,9 @@ parent imports it only for the case names. See Note [API: wrapper subclasses].
 Each program takes DTensors and runs eagerly and through ``functionalize(f)`` on copies of the
 same inputs. Checked on every rank: f sees a DTensor with the input's placements; outputs are
 DTensors with eager's placements and local values; every input's local tensor ends as eager's.
-The traced case checks make_fx's graph of the local program: functional, collectives as
-``_c10d_functional`` ops, and its replay matches eager.
+The traced cases check make_fx's graph of the local program (traced from the local tensor, and
+with the DTensor itself as the graph input): functional, collectives as ``_c10d_functional``
+ops, and its replay matches eager.
 """
 import sys
 
@@ -95,7 +96,8 @@ PROGRAMS = {
 
 def case_ids():
     ids = [f"{name}[{mode}]" for name in PROGRAMS for mode in REMOVE_MODES]
-    return ids + [f"traced[{mode}]" for mode in REMOVE_MODES]
+    return ids + [f"{kind}[{mode}]" for kind in ("traced", "traced_dtensor_input")
+                  for mode in REMOVE_MODES]
 
 
 def _compare(actual, expected, what):
@@ -158,6 +160,47 @@ def _traced_program(x):
     return y + x.redistribute(MESH[0], [Replicate()])
 
 
+def _check_local_program(gm, views_removed):
+    """The graph is functional (copy_ only as the epilogue), collectives are _c10d_functional
+    with their wait, and (views removed) no aten view op is left."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    for n in calls:
+        schema = getattr(n.target, "_schema", None)
+        if schema is None:
+            continue  # getattr of the input's local tensor, the subclass rebuild
+        if schema.is_mutable and n.target is not torch.ops.aten.copy_.default:
+            return f"graph holds the mutable op {n.target}:\n{gm.code}"
+        if n.target.namespace == "c10d":
+            return f"graph holds the c10d op {n.target}:\n{gm.code}"
+        if views_removed and n.target.namespace == "aten" and n.target.is_view:
+            return f"graph holds the view op {n.target}:\n{gm.code}"
+    names = {str(n.target) for n in calls}
+    if not any(t.startswith("_c10d_functional.all_gather_into_tensor") for t in names):
+        return f"no _c10d_functional.all_gather_into_tensor in the graph:\n{gm.code}"
+    if not any(t.startswith("_c10d_functional.wait_tensor") for t in names):
+        return f"no _c10d_functional.wait_tensor in the graph:\n{gm.code}"
+    return None
+
+
+def _run_traced_dtensor_input(mode):
+    """make_fx(functionalize(f))(dtensor): the DTensor itself is the graph input; the graph reads
+    its local tensor, holds the functional local program and returns a DTensor with eager's
+    placements; replayed on another DTensor of the same layout it matches eager on every rank.
+    See Note [API: subclasses as graph inputs]."""
+    gm = make_fx(functionalize(_traced_program, remove=mode))(_dt(_local(2, 3), Shard(0)))
+    problem = _check_local_program(gm, mode == "mutations_and_views")
+    if problem:
+        return problem
+    x_eager = _dt(_local(2, 3, offset=5.0), Shard(0))
+    expected = _traced_program(x_eager)
+    x_graph = _dt(_local(2, 3, offset=5.0), Shard(0))
+    got = gm(x_graph)
+    problem = _compare(got, expected, "graph output")
+    if problem:
+        return problem
+    return _compare(x_graph, x_eager, "graph input after the replay")
+
+
 def _run_traced(mode):
     """make_fx over a function of the local tensor that builds the DTensor and calls the
     functionalized function: the graph is the local program, functional, with
@@ -206,12 +249,13 @@ def run_all():
             except Exception as error:  # noqa: BLE001
                 results[f"{name}[{mode}]"] = f"case raised {type(error).__name__}: {error}"
             dist.barrier()  # a failed case must not leave a peer waiting in the next one
-    for mode in REMOVE_MODES:
-        try:
-            results[f"traced[{mode}]"] = _run_traced(mode)
-        except Exception as error:  # noqa: BLE001
-            results[f"traced[{mode}]"] = f"case raised {type(error).__name__}: {error}"
-        dist.barrier()
+    for kind, run in (("traced", _run_traced), ("traced_dtensor_input", _run_traced_dtensor_input)):
+        for mode in REMOVE_MODES:
+            try:
+                results[f"{kind}[{mode}]"] = run(mode)
+            except Exception as error:  # noqa: BLE001
+                results[f"{kind}[{mode}]"] = f"case raised {type(error).__name__}: {error}"
+            dist.barrier()
     return results
 
 

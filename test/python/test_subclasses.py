@@ -217,7 +217,31 @@ def test_traced_graph_is_functional_inner_program(remove):
     torch.testing.assert_close(gb, pe.b)
 
 
-def test_tracing_the_subclass_itself_as_graph_input_is_refused():
-    # make_fx holds the Pair as one graph input: its inner tensors would be graph constants.
-    with pytest.raises(NotImplementedError, match="Pair is a graph input of the tracer"):
-        make_fx(functionalize(lambda x: x.add_(1) * 2))(make_pair())
+@pytest.mark.parametrize("remove", MODES)
+def test_subclass_itself_as_graph_input(remove):
+    """make_fx(functionalize(f))(subclass): the graph reads the input's inner tensors (getattr),
+    holds the functional inner program, writes the input's mutations back into them and returns
+    the subclass. See Note [API: subclasses as graph inputs]."""
+
+    def f(x):
+        x.add_(1)
+        return x.view(3, 2).mul(2), x.sum_parts()
+
+    gm = make_fx(functionalize(f, remove=remove))(make_pair())
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and schema is not None:
+            assert not schema.is_mutable or node.target is torch.ops.aten.copy_.default, gm.code
+            if remove == "mutations_and_views":
+                assert not node.target.is_view, gm.code
+    assert "_tensor_constant" not in gm.code, gm.code
+    p_graph, p_eager = make_pair(), make_pair()
+    for p in (p_graph, p_eager):  # other values than the traced ones
+        p.a.mul_(3)
+        p.b.add_(5)
+    out_graph, out_eager = gm(p_graph), f(p_eager)
+    assert_pair_equal(out_graph[0], out_eager[0])
+    torch.testing.assert_close(out_graph[1], out_eager[1], rtol=0, atol=0)
+    assert_pair_equal(p_graph, p_eager)
+
+
