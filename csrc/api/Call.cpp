@@ -4,6 +4,7 @@
 #include "core/Conversions.h"
 #include "core/Inputs.h"
 #include "core/Layer.h"
+#include "core/Recorder.h"
 #include "kernels/Registration.h"
 
 namespace tfz::detail {
@@ -24,6 +25,7 @@ std::vector<at::Tensor> call_functionalized(const std::vector<at::Tensor>& input
                                             bool alias_outputs, const FlatFn& fn) {
   ensure_registered();
   std::vector<at::Tensor> wrapped, outputs;
+  std::unique_ptr<LayerAutograd> autograd;  // See Note [Autograd: .backward() inside the function]
   {
     LayerGuard layer(remove == Remove::Mutations);
     wrapped = wrap_inputs(inputs, layer.layer());
@@ -34,8 +36,10 @@ std::vector<at::Tensor> call_functionalized(const std::vector<at::Tensor>& input
     for (const auto& t : wrapped) {
       if (auto* impl = maybe_get_impl(t)) impl->sync_();
     }
+    autograd = layer.take_autograd();
   }
   write_back_inputs(inputs, wrapped);
+  if (autograd) autograd->finish(ops_are_recorded());
   for (auto& t : outputs) t = unwrap_output(t, inputs, wrapped, alias_outputs);
   return outputs;
 }

@@ -60,6 +60,17 @@ FunctionalTensorImpl::FunctionalTensorImpl(ShallowCopy, const FunctionalTensorIm
 // make_fx(functionalize(joint))). The check costs one requires_grad() per new value.
 // Rejected: making the wrapper a differentiable view of its value (autograd would then record
 // our kernel's redispatch twice), and an autograd kernel at our key (that key is ours already).
+namespace {
+// A leaf wrapper's AutogradMeta: requires_grad and the grad accumulator of its value, and its
+// .grad is the value's (Note [Autograd: .backward() inside the function]).
+struct MirroredLeafMeta final : torch::autograd::AutogradMeta {
+  explicit MirroredLeafMeta(at::Tensor value) : value_(std::move(value)) {}
+  const at::Tensor& grad() const override { return value_.grad(); }
+  at::Tensor& mutable_grad() override { return value_.mutable_grad(); }
+  at::Tensor value_;
+};
+}  // namespace
+
 void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
   if (C10_LIKELY(!value.requires_grad())) {
     if (C10_UNLIKELY(autograd_meta() != nullptr)) {
@@ -69,7 +80,12 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
     return;
   }
   namespace ag = torch::autograd;
-  auto meta = std::make_unique<ag::AutogradMeta>();
+  std::unique_ptr<ag::AutogradMeta> meta;
+  if (value.grad_fn()) {
+    meta = std::make_unique<ag::AutogradMeta>();
+  } else {
+    meta = std::make_unique<MirroredLeafMeta>(value);
+  }
   if (const auto& fn = value.grad_fn()) {
     meta->grad_fn_ = fn;
     meta->output_nr_ = value.output_nr();

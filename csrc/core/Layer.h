@@ -53,6 +53,8 @@ class LayerGuard {
   LayerGuard(const LayerGuard&) = delete;
   LayerGuard& operator=(const LayerGuard&) = delete;
   const Layer& layer() const { return layer_; }
+  /// The layer's autograd bookkeeping, to finish after the input epilogue (may be null).
+  std::unique_ptr<LayerAutograd> take_autograd() { return std::move(layer_.autograd); }
 
  private:
   Layer layer_;

@@ -1,12 +1,16 @@
-// The AccumulateGrad pre-hook of Note [Autograd: .backward() inside the function] and the graph
-// walk that installs it.
+// The layer's autograd bookkeeping: the AccumulateGrad hooks of
+// Note [Autograd: .backward() inside the function] and the graph walk that installs them, and
+// the traced outputs of Note [Autograd: saved outputs under a tracer].
 #include "core/LayerAutograd.h"
 
+#include "core/Conversions.h"
 #include "core/FunctionalTensorImpl.h"
 #include "core/Layer.h"
 #include "core/Recorder.h"
 
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
+
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 
@@ -14,64 +18,42 @@ namespace tfz::detail {
 
 // Note [Autograd: .backward() inside the function]
 // loss.backward() inside f seeds the engine with a wrapper (loss is one), so every gradient it
-// computes is a wrapper: the backward ops go through our kernel and are functionalized, which is
-// what torch.autograd.grad inside f needs (Note [Wrapper: autograd mirrored]). But .backward()
-// also accumulates into leaves, and a leaf is a plain tensor the caller owns (a parameter captured
-// by closure, or an input): a wrapper in its .grad escapes the call, and accumulating into a .grad
-// that already exists is a write to a tensor captured from outside f, which is refused. So every
-// AccumulateGrad node reachable from a wrapper value's graph gets, for the layer's lifetime, a
-// pre-hook that replaces a wrapper gradient of this layer by its (synced) inner value: the
-// accumulation then runs as eager's, on plain tensors, and .grad holds eager's value after the
-// call. Under a tracer the gradient the leaf receives is the traced inner value, as for
-// make_fx(f). The walk visits each node once per layer (graphs built outside f included, through
-// captured non-leaf tensors); a value's nodes are walked when the wrapper takes it.
-// Rejected: fixing leaves' .grad after f returns (the leaves are not known then, and an existing
-// .grad would already have refused the write), and hooks registered through the leaf's own hook
-// list (the user's tensor hooks: ours are node pre-hooks, removed on exit).
+// computes is a wrapper: the backward ops go through our kernel and are functionalized, as
+// torch.autograd.grad inside f needs (Note [Wrapper: autograd mirrored]). .backward() also
+// accumulates into leaves, and most leaves are plain tensors the caller owns (a parameter captured
+// by closure, an input). Inside f their .grad must be a functional value (later code reads it:
+// clipping, an optimizer step, a traced graph that returns it); after the call it must be eager's
+// plain tensor. So every AccumulateGrad node reachable from a wrapper value's graph (walked once
+// per node and layer, graphs built outside f included) gets a pre-hook for the layer's lifetime:
+// when a wrapper gradient arrives for a leaf whose .grad is a plain tensor from before the call,
+// that .grad is lifted into a wrapper first, so AccumulateGrad's in-place `grad += new` is a
+// functionalized write instead of a refused write to a captured tensor. After the call
+// (finish(), with the input epilogue) each such leaf's .grad is plain again: eagerly, the value is
+// copied into the tensor that was .grad before the call (eager accumulates in place, and code such
+// as DDP's gradient buckets holds that tensor) or becomes the new .grad; under a tracer the traced
+// value becomes .grad, so the graph writes no captured tensor. A call that raises puts back every
+// .grad it changed. A leaf wrapper's own .grad reads its value's (MirroredLeafMeta, beside
+// Note [Wrapper: autograd mirrored]), so `w.grad` inside f sees the accumulated gradient for
+// leaves made inside f too.
+// Rejected: handing AccumulateGrad plain gradients (the accumulation then ran eagerly, .grad read
+// inside f was a plain tensor no tracer saw, and without views AccumulateGrad's detach() of it
+// lifted it back into a wrapper), and hooks in the leaf's own hook list (the user's tensor hooks:
+// ours are node pre-hooks, removed on exit).
 namespace {
 
-class UnwrapGradHook final : public torch::autograd::FunctionPreHook {
+class LiftGradHook final : public torch::autograd::FunctionPreHook {
  public:
-  explicit UnwrapGradHook(int64_t layer_id) : layer_id_(layer_id) {}
+  LiftGradHook(LayerAutograd* owner, torch::autograd::AccumulateGrad* node, size_t index)
+      : owner_(owner), node_(node), index_(index) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
-    torch::autograd::variable_list out = grads;
-    for (auto& g : out) {
-      auto* impl = g.defined() ? maybe_get_impl(g) : nullptr;
-      if (impl == nullptr || impl->layer_id() != layer_id_) continue;
-      impl->sync_();
-      g = impl->value();
-    }
-    return out;
+    owner_->before_accumulate(index_, *node_, grads);  // the owner removes this hook first
+    return grads;
   }
 
  private:
-  int64_t layer_id_;
-};
-
-// The gradient AccumulateGrad stored, when it is a wrapper of this layer: a new .grad is
-// stolen through detach(), a view op, which without views lifts even a plain gradient into a
-// wrapper (Note [Kernel: views of captured tensors]).
-class UnwrapStoredGradHook final : public torch::autograd::FunctionPostHook {
- public:
-  UnwrapStoredGradHook(int64_t layer_id, torch::autograd::AccumulateGrad* node)
-      : layer_id_(layer_id), node_(node) {}
-  torch::autograd::variable_list operator()(
-      const torch::autograd::variable_list& outputs,
-      const torch::autograd::variable_list& /*inputs*/) override {
-    auto& variable = node_->variable;  // the node owns this hook, so it is alive
-    if (!variable.defined()) return outputs;
-    at::Tensor& grad = variable.mutable_grad();
-    auto* impl = grad.defined() ? maybe_get_impl(grad) : nullptr;
-    if (impl != nullptr && impl->layer_id() == layer_id_) {
-      impl->sync_();
-      grad = impl->value();
-    }
-    return outputs;
-  }
-
- private:
-  int64_t layer_id_;
-  torch::autograd::AccumulateGrad* node_;
+  LayerAutograd* owner_;
+  torch::autograd::AccumulateGrad* node_;  // the node owns this hook, so it is alive
+  size_t index_;                           // this node's entry in the owner's list
 };
 
 template <class Hooks, class Hook>
@@ -99,11 +81,13 @@ void LayerAutograd::note(const NodePtr& fn) {
     auto node = std::move(todo.back());
     todo.pop_back();
     if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node.get())) {
-      auto pre = std::make_unique<UnwrapGradHook>(layer_id_);
-      auto post = std::make_unique<UnwrapStoredGradHook>(layer_id_, acc);
-      hooked_.push_back(Hooked{WeakNodePtr(node), pre.get(), post.get()});
+      auto pre = std::make_unique<LiftGradHook>(this, acc, hooked_.size());
+      hooked_.push_back(
+          Hooked{WeakNodePtr(node),
+                 pre.get(),
+                 c10::weak_intrusive_ptr<c10::TensorImpl>(acc->variable.getIntrusivePtr()),
+                 {}});
       node->add_pre_hook(std::move(pre));
-      node->add_post_hook(std::move(post));
       continue;
     }
     for (const auto& edge : node->next_edges()) visit(edge.function);
@@ -170,12 +154,58 @@ std::optional<at::Tensor> traced_saved_output(const at::Tensor& plain) {
   return layer->autograd->traced_output(plain);
 }
 
+bool LayerAutograd::is_ours(const at::Tensor& t) const {
+  auto* impl = t.defined() ? maybe_get_impl(t) : nullptr;
+  return impl != nullptr && impl->layer_id() == layer_id_;
+}
+
+void LayerAutograd::before_accumulate(size_t index, torch::autograd::AccumulateGrad& node,
+                                      const torch::autograd::variable_list& grads) {
+  at::Tensor& grad = node.variable.mutable_grad();
+  auto& before = hooked_[index].grad_before;
+  if (!before.has_value()) before = grad;  // what the caller had
+  if (!grad.defined() || maybe_get_impl(grad) != nullptr) return;
+  if (std::none_of(grads.begin(), grads.end(), [&](const at::Tensor& g) { return is_ours(g); })) {
+    return;
+  }
+  grad = make_fresh_wrapper(grad, layer_id_);
+}
+
+at::Tensor LayerAutograd::leaf_of(const Hooked& h) {
+  auto impl = h.leaf.lock();
+  return impl ? at::Tensor(std::move(impl)) : at::Tensor();
+}
+
+void LayerAutograd::finish(bool traced) {
+  finished_ = true;
+  for (auto& h : hooked_) {
+    if (!h.grad_before.has_value()) continue;  // never accumulated into
+    at::Tensor variable = leaf_of(h);
+    if (!variable.defined()) continue;
+    at::Tensor& grad = variable.mutable_grad();
+    if (!is_ours(grad)) continue;
+    auto* impl = unsafe_get_impl(grad);
+    impl->sync_();
+    const at::Tensor value = impl->value();
+    at::Tensor& before = *h.grad_before;
+    if (!traced && before.defined() && before.sizes() == value.sizes() &&
+        before.dtype() == value.dtype()) {
+      at::NoGradGuard no_grad;
+      before.copy_(value);  // eager accumulated into this tensor
+      grad = before;
+    } else {
+      grad = value;
+    }
+  }
+}
+
 LayerAutograd::~LayerAutograd() {
-  for (const auto& h : hooked_) {
-    auto node = h.node.lock();
-    if (!node) continue;
-    remove_hook(node->pre_hooks(), h.pre);
-    remove_hook(node->post_hooks(), h.post);
+  for (auto& h : hooked_) {
+    if (auto node = h.node.lock()) remove_hook(node->pre_hooks(), h.pre);
+    if (finished_ || !h.grad_before.has_value()) continue;
+    // The call raised: every .grad it changed is put back.
+    at::Tensor variable = leaf_of(h);
+    if (variable.defined() && is_ours(variable.grad())) variable.mutable_grad() = *h.grad_before;
   }
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <cstdint>
@@ -35,6 +36,13 @@ class LayerAutograd {
   /// Walks the nodes reachable from `fn` not seen before and hooks every AccumulateGrad among
   /// them (`fn` included).
   void note(const NodePtr& fn);
+  /// The pre-hook of `node`: a wrapper gradient is about to be accumulated into a leaf whose
+  /// .grad is plain; that .grad becomes a wrapper first.
+  void before_accumulate(size_t index, torch::autograd::AccumulateGrad& node,
+                         const torch::autograd::variable_list& grads);
+  /// After a call that returned: every leaf's .grad is plain again (copied into the tensor that
+  /// was .grad before the call when not `traced`). Without it, the destructor restores .grad.
+  void finish(bool traced);
   /// Under a tracer: `value` (with a grad_fn) is the traced output (grad_fn, output_nr).
   void note_output(const at::Tensor& value);
   /// The traced output `t` is a copy of (same node, output number, memory and geometry), if any.
@@ -48,8 +56,14 @@ class LayerAutograd {
   struct Hooked {
     WeakNodePtr node;
     const torch::autograd::FunctionPreHook* pre;
-    const torch::autograd::FunctionPostHook* post;
+    // The leaf, weakly: its AccumulateGrad node may be freed with the graph before finish().
+    c10::weak_intrusive_ptr<c10::TensorImpl> leaf;
+    std::optional<at::Tensor> grad_before;  // the leaf's .grad before its first accumulation
   };
+  /// The leaf of entry `h`, if it is alive.
+  static at::Tensor leaf_of(const Hooked& h);
+  bool is_ours(const at::Tensor& t) const;
+  bool finished_ = false;
   std::vector<Hooked> hooked_;
   struct OutputKey {
     const torch::autograd::Node* node;

@@ -234,6 +234,62 @@ def test_backward_inside_f_leaves_no_hook_behind(remove):
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_backward_inside_f_grad_of_leaf_made_inside_f(remove):
+    def f(p, x):
+        w = p.detach().requires_grad_()
+        (x @ w).tanh().sum().backward()
+        return w.grad * 2
+
+    def make():
+        gen = torch.Generator().manual_seed(11)
+        return torch.randn(3, 2, generator=gen), torch.randn(4, 3, generator=gen)
+
+    assert_trees_match(functionalize(f, remove=remove)(*make()), f(*make()), "gradient")
+    gm = make_fx(functionalize(f, remove=remove))(*make())
+    p, x = make()
+    assert_trees_match(gm(p * 2, x + 1), f(p * 2, x + 1), "replayed gradient")
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_backward_inside_f_grad_is_functional_inside_and_keeps_its_tensor(remove):
+    # Inside f the accumulated .grad is a functional value; after the call, eager's .grad tensor
+    # (the same object, accumulated in place) holds eager's value.
+    seen = []
+    results = []
+    for fz in (False, True):
+        w = _w()
+        w.grad = torch.full((3,), 0.25)
+        grad_before = w.grad
+
+        def f(x):
+            (x * w).sin().sum().backward()
+            seen.append(torch_functionalize.is_functional(w.grad))
+            return w.grad.clone()
+
+        out = (functionalize(f, remove=remove) if fz else f)(torch.linspace(0, 1, 3))
+        results.append((out, w.grad.clone()))
+        assert w.grad is grad_before
+    assert seen == [False, True]
+    assert_trees_match(list(results[1]), list(results[0]), "gradient inside and after")
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_exception_after_backward_inside_f_leaves_grads_as_they_were(remove):
+    w, v = _w(), _w()
+    v.grad = torch.full((3,), 0.5)
+
+    def f(x):
+        ((x * w).sum() + (x * v).sum()).backward()
+        raise ValueError("after backward")
+
+    with pytest.raises(ValueError, match="after backward"):
+        functionalize(f, remove=remove)(torch.ones(3))
+    assert w.grad is None
+    assert_trees_match(v.grad, torch.full((3,), 0.5), "untouched gradient")
+    assert not torch_functionalize._C._is_functional(v.grad)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
 def test_make_fx_of_backward_inside_f_is_functional(remove):
     w = _w()
 
