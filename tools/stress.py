@@ -67,6 +67,17 @@ def _view_chain_and_resize(x):
     return v[:12].view(3, 4) + total
 
 
+def _autograd_step(p, x):
+    # A training step inside f: a leaf made inside f, .backward() (AccumulateGrad hooks), tanh
+    # (a saved output, kept for tracers), an update of the input under no_grad.
+    w = p.detach().requires_grad_()
+    loss = (x @ w).tanh().sum()
+    loss.backward()
+    with torch.no_grad():
+        p.sub_(0.1 * w.grad)
+    return loss.detach()
+
+
 def _aliased_inputs(x, xv):
     xv.add_(1)
     x[0].mul_(2)
@@ -81,8 +92,8 @@ class Program:
 
 
 def programs() -> list[Program]:
-    """The mix: the demo programs plus optimizer-, batch-norm-, indexing-, view-chain- and
-    aliasing-shaped ones. Inputs are deterministic so that expected values can be computed once."""
+    """The mix: the demo programs plus optimizer-, batch-norm-, indexing-, view-chain-, autograd-
+    and aliasing-shaped ones. Inputs are deterministic so that expected values can be computed once."""
 
     def seeded(shapes):
         def make():
@@ -107,6 +118,7 @@ def programs() -> list[Program]:
                      torch.tensor([3, 0])),
         ),
         Program("view_chain_and_resize", _view_chain_and_resize, seeded([(12,)])),
+        Program("autograd_step", _autograd_step, seeded([(3, 2), (4, 3)])),
         Program(
             "aliased_inputs",
             _aliased_inputs,
