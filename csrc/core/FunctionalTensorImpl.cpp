@@ -4,8 +4,11 @@
 #include "core/DispatchKey.h"
 #include "core/Layer.h"
 #include "core/LayerAutograd.h"
+#include "core/Layout.h"
 #include "core/Recorder.h"
 
+#include <ATen/ExpandUtils.h>
+#include <ATen/Functions.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
@@ -102,7 +105,35 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
   set_autograd_meta(std::move(meta));
 }
 
-void FunctionalTensorImpl::set_value_(const at::Tensor& value) {
+// Note [Wrapper: values in eager's stride order without views]
+// Without views a view's value is its *_copy, laid out contiguously, while the wrapper reports
+// eager's metadata (Note [Kernel: eager strides without views]). Ops then saw another layout
+// than eager's: x.t_() followed by x.flip(0) returned contiguous strides where eager's result is
+// transposed, and a random op on such a value filled it in another memory order, so other numbers
+// (fuzzer programs 402994, 406665, 408342 and kin). So when nothing records the program (Note
+// [Kernel: in-place on the inner value]), a wrapper reporting eager's metadata takes its value in
+// eager's stride order: dense strides in the order of the reported ones (a transposed view's
+// exactly; a strided slice's packed), copied once when the order differs. Ops on it then lay out
+// their results as eager's do, since TensorIterator and friends follow the operands' stride order.
+// Under a tracer values keep the *_copy layout (a graph holds no extra copy; its results' strides
+// are not part of a graph's contract).
+// Rejected: eager's exact strides (a slice's gaps would need storage no *_copy has).
+at::Tensor FunctionalTensorImpl::in_reported_order_(const at::Tensor& value) const {
+  const auto* inner = value.unsafeGetTensorImpl();
+  if (has_symbolic_sizes_strides_ || inner->has_symbolic_sizes_strides() ||
+      value.layout() != c10::kStrided || value.dim() < 2 || value.sizes() != sizes() ||
+      ops_are_recorded() || inner->key_set().has(c10::DispatchKey::FuncTorchBatched)) {
+    return value;
+  }
+  const auto dense = at::infer_dense_strides(sizes(), strides());
+  if (!strides_differ(value.sizes(), value.strides(), dense)) return value;
+  InnerCallGuard guard;
+  return at::empty_strided(sizes(), dense, value.options()).copy_(value);
+}
+
+void FunctionalTensorImpl::set_value_(const at::Tensor& value_in) {
+  const at::Tensor value =
+      C10_UNLIKELY(has_reference_metadata_) ? in_reported_order_(value_in) : value_in;
   value_ = value;
   mirror_autograd_(value);
   // See Note [Wrapper: mirrored conjugate and negative bits]; other bits of key_set_ stay.
@@ -165,6 +196,12 @@ void FunctionalTensorImpl::set_reference_metadata_(const at::Tensor& reference) 
   }
   set_allow_tensor_metadata_change(allowed);
   has_reference_metadata_ = true;
+  // See Note [Wrapper: values in eager's stride order without views].
+  at::Tensor ordered = in_reported_order_(value_);
+  if (!ordered.is_same(value_)) {
+    value_ = std::move(ordered);
+    mirror_autograd_(value_);
+  }
 }
 
 // Note [Wrapper: requires_grad_ set on a wrapper]

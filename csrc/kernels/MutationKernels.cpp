@@ -148,6 +148,10 @@ bool may_share_memory(const at::Tensor& a, const at::Tensor& b) {
   auto* ia = maybe_get_impl(a);
   auto* ib = maybe_get_impl(b);
   if (ia == nullptr || ib == nullptr || &ia->alias_storage() != &ib->alias_storage()) return false;
+  // One tensor passed as both, even with no element: an out= resize grows it under the read, and
+  // eager then reads memory it has just allocated (torch.mean(x, 0, keepdim=True, out=x) with an
+  // empty x gave 0 or garbage eagerly, nan functionally: fuzzer programs 402197, 405562).
+  if (a.is_same(b)) return true;
   if (a.numel() == 0 || b.numel() == 0 || a.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
       b.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
     return false;

@@ -78,6 +78,12 @@ def test_new_tensor_on_a_functional_tensor(remove):
          lambda: torch.randn(5, 1)),
         ("index_add_ of a view of itself", lambda x: x.index_add_(0, torch.tensor([0, 1]), x[1:3]),
          lambda: torch.randn(4, 2)),
+        # 405562 / 402197: an empty out= that is its own input, grown by the resize before the
+        # reduction reads it (eager read the memory it had just allocated).
+        ("mean out= itself, empty", lambda x: torch.mean(x, 0, keepdim=True, out=x),
+         lambda: torch.randn(0)),
+        ("mean out= itself, empty complex view", lambda x: torch.mean(x, 0, keepdim=True, out=x),
+         lambda: torch.randn(1, 3, dtype=torch.complex64)[1:, ::2]),
     ],
 )
 def test_write_that_reads_its_own_memory_is_refused(remove, name, f, make):
