@@ -84,18 +84,15 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
   }
   namespace ag = torch::autograd;
   std::unique_ptr<ag::AutogradMeta> meta;
-  if (value.grad_fn()) {
-    meta = std::make_unique<ag::AutogradMeta>();
-  } else {
-    meta = std::make_unique<MirroredLeafMeta>(value);
-  }
   if (const auto& fn = value.grad_fn()) {
+    meta = std::make_unique<ag::AutogradMeta>();
     meta->grad_fn_ = fn;
     meta->output_nr_ = value.output_nr();
     grad_accumulator_.reset();
     note_autograd_graph(layer_id_, fn);
     if (C10_UNLIKELY(ops_are_recorded())) note_traced_output(layer_id_, value);
   } else {
+    meta = std::make_unique<MirroredLeafMeta>(value);
     grad_accumulator_ = ag::impl::grad_accumulator(value);
     note_autograd_graph(layer_id_, grad_accumulator_);
     // The weak pointer type follows the strong one (std::weak_ptr or c10::weak_intrusive_ptr).

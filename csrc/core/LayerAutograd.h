@@ -1,9 +1,10 @@
 // LayerAutograd: a layer's autograd bookkeeping. The leaves a .backward() inside the function can
-// accumulate into (found by walking the graph of each new wrapper value, each given hooks that
-// hand its AccumulateGrad plain gradients; Note [Autograd: .backward() inside the function]), and,
-// under a tracer, the forward outputs a backward formula may read back
-// (Note [Autograd: saved outputs under a tracer]). Owned by a Layer; its destructor removes every
-// hook.
+// accumulate into (found by walking the graph of each new wrapper value; each AccumulateGrad gets
+// a hook that lifts a plain .grad into a wrapper before a wrapper gradient is added, and finish()
+// makes .grad plain again; Note [Autograd: .backward() inside the function]), and, under a
+// tracer, the forward outputs a backward formula may read back
+// (Note [Autograd: saved outputs under a tracer]). Owned by a Layer until the call's epilogue;
+// its destructor removes every hook (and, if finish() never ran, puts each .grad back).
 #pragma once
 
 #include <torch/csrc/autograd/function.h>

@@ -52,7 +52,7 @@ def sync(t: torch.Tensor) -> None:
 
 
 def _tracing() -> bool:
-    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
+    return _proxy_tracer() is not None
 
 
 def functionalize(func: F, *, remove: Remove = "mutations") -> F:
