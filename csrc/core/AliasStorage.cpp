@@ -56,9 +56,47 @@ void AliasStorage::add_update(const at::Tensor& value, const ViewChain& chain) {
   ++generation_;
 }
 
+// Note [Alias: writes to a value that is not its whole storage]
+// In eager, x0.select_scatter(src, 1, 0) of a view x0 = b[1:, ::2] is a copy of b's whole storage
+// seen at x0's geometry (torch's *_scatter ops and copy clone a view's storage: offset 4 in 16
+// elements). An in-place write to it (normal_) writes its 6 elements and leaves the storage's
+// other 10 as they were, and a later as_strided may read any of them. The write's functional op
+// returns a fresh tensor of the 6 elements from offset 0, and making that the base lost the offset
+// and the other elements: v.normal_(); v.as_strided_((2,), (3,), 4) read other elements than eager
+// (fuzzer program 419701: a setStorage error, or wrong values within bounds). So a write that
+// replaces a base lying inside a larger storage copies the new value into a copy of the old base's
+// storage (aten.copy: that clone, then copy_) when the storage is small (storage_is_small); a
+// larger one is marked offset_base instead, and as_strided on it is refused by name. Inputs never
+// take this path: one that is not its whole storage has a flat base or is offset_base already
+// (Note [Inputs: inputs that do not start their storage]).
+// Without views x0's value is its 6 elements alone, so eager's 16-element result cannot be had;
+// such a result's storage is marked offset_base where the op runs (kernels/BoxedKernel.cpp).
+// Rejected: a flat base for every fresh value that is not its whole storage (what such inputs
+// get): a step more on each of its views, for values that storage coordinates almost never read.
+namespace {
+constexpr const char* kWrittenInsideLargerStorage =
+    "the tensor is (a view of) an op's result that lies inside a larger storage and was written "
+    "in place; as_strided addresses that storage's other elements, which the write does not keep "
+    "here. Clone the result before writing it";
+}  // namespace
+
+at::Tensor AliasStorage::in_own_storage_(const at::Tensor& value) {
+  if (flat_ || offset_base_ != nullptr || grown_start_ || value.is_same(base_) ||
+      !plain_strided(base_) || is_whole_storage(base_) || !plain_strided(value) ||
+      value.sizes() != base_.sizes() || value.scalar_type() != base_.scalar_type()) {
+    return value;
+  }
+  if (!storage_is_small(base_)) {
+    offset_base_ = kWrittenInsideLargerStorage;
+    return value;
+  }
+  InnerCallGuard guard;
+  return at::copy(base_, value);
+}
+
 void AliasStorage::set_base_(const at::Tensor& value) {
   TORCH_INTERNAL_ASSERT(updates_.empty(), "set_base_ with queued updates");
-  base_ = value;
+  base_ = in_own_storage_(value);
   ++generation_;
 }
 
@@ -141,11 +179,66 @@ std::optional<at::Tensor> written_geometry(const at::Tensor& base,
   }
   // The scatter writes values, not bits: the view must read the base's elements as they are.
   if (!through_overlap || overlaps(view) || (views_kept && !view.is_alias_of(base)) ||
-      view.scalar_type() != base.scalar_type() || view.is_conj() != base.is_conj() ||
-      view.is_neg() != base.is_neg() || view.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+      view.is_conj() != base.is_conj() || view.is_neg() != base.is_neg() ||
+      view.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
     return std::nullopt;
   }
   return view;
+}
+
+// Note [Alias: writes through a bool view of other bytes]
+// v = x.view(torch.bool) of a complex (or float, int32) x shows each byte of x as one bool, whose
+// byte is not 0 or 1. An in-place write through a view of v (v.as_strided(..).add_(m)) changes
+// only the bytes it writes; the scatter that writes it back copies v first, and torch's bool copy
+// turns every byte it copies into 0 or 1, so all of x changed (fuzzer program 403162). So with
+// views kept, the inverses after such a step scatter the bytes as uint8 (a view, same element
+// size, the same geometry), which copies them as they are. Without views the forward values are
+// bool copies already, so such a write is refused by name, except for a view of a 1-byte tensor
+// (a uint8 mask seen as bool, a common idiom), whose bytes other than 0 and 1 (not valid bools
+// for torch either) then become 1. Rejected: refusing in both modes (a view of the bytes costs
+// nothing with views kept).
+namespace {
+// expand's and unfold's inverses add up elements, which uint8 would not do as bool does.
+bool sums_copies(const ViewMeta& step) {
+  static const c10::OperatorName expand{"aten::expand", ""}, unfold{"aten::unfold", ""};
+  return step.op.operator_name() == expand || step.op.operator_name() == unfold;
+}
+
+bool views_as_bool(const ViewMeta& step, const at::Tensor& base) {
+  static const c10::OperatorName view_dtype{"aten::view", "dtype"};
+  return step.op.operator_name() == view_dtype && base.scalar_type() != c10::kBool &&
+         !step.args.empty() && step.args[0].isInt() &&
+         static_cast<c10::ScalarType>(step.args[0].toInt()) == c10::kBool;
+}
+}  // namespace
+
+// `value` written into contiguous `base` at `view`'s sizes, strides and offset. A view of another
+// dtype (inputs x and x.view(torch.int32) share a byte base, Note [Inputs: aliased inputs]) is
+// scattered into the base reinterpreted as its dtype and then reinterpreted back: expand's
+// step-by-step inverse summed the copies (fuzzer program 501087). nullopt where the base's bytes
+// do not divide into the view's elements.
+std::optional<at::Tensor> scatter_at(const at::Tensor& base, const at::Tensor& value,
+                                     const at::Tensor& view, bool views_kept) {
+  if (view.scalar_type() == base.scalar_type()) {
+    return at::as_strided_scatter(base, value, view.sizes(), view.strides(),
+                                  view.storage_offset() - base.storage_offset());
+  }
+  const auto item = static_cast<int64_t>(view.itemsize());
+  const auto base_item = static_cast<int64_t>(base.itemsize());
+  if (base.dim() != 1 || (base.numel() * base_item) % item != 0 ||
+      (base.storage_offset() * base_item) % item != 0 || item % base_item != 0) {
+    return std::nullopt;
+  }
+  // A bool view is scattered as uint8 (Note [Alias: writes through a bool view of other bytes]).
+  const auto dtype = view.scalar_type() == c10::kBool ? c10::kByte : view.scalar_type();
+  const at::Tensor as_view_dtype = views_kept ? base.view(dtype) : at::view_copy(base, dtype);
+  const at::Tensor bytes =
+      dtype == view.scalar_type() ? value : (views_kept ? value.view(dtype) : value.to(dtype));
+  const int64_t offset = base.storage_offset() * base_item / item;
+  const at::Tensor scattered = at::as_strided_scatter(
+      as_view_dtype, bytes, view.sizes(), view.strides(), view.storage_offset() - offset);
+  return views_kept ? scattered.view(base.scalar_type())
+                    : at::view_copy(scattered, base.scalar_type());
 }
 
 // Note [Alias: the base keeps its strides]
@@ -159,9 +252,10 @@ std::optional<at::Tensor> written_geometry(const at::Tensor& base,
 // moves in memory, so a base that was dense receives the inverted value copied into its own
 // strides when they differ (in a dimension of size > 1), in both modes.
 // Rejected: making each inverse return the base's layout (every inverse would need the rule).
-at::Tensor in_base_strides(const at::Tensor& base, at::Tensor value) {
+at::Tensor in_base_strides(const at::Tensor& base, at::Tensor value, bool views_kept) {
   if (!same_sizes_other_strides(base, value) || !base.is_non_overlapping_and_dense()) {
-    return value;
+    // See Note [Kernel: writes keep the written tensor's strides] for dimensions of size 1.
+    return views_kept ? with_size_one_strides_of(base, value) : value;
   }
   return at::copy(at::empty_strided(base.sizes(), base.strides(), value.options()), value);
 }
@@ -172,7 +266,7 @@ bool AliasStorage::apply_updates() {
   InnerCallGuard guard;
   for (auto& update : updates_) {
     if (update.chain.empty()) {
-      base_ = update.value;
+      base_ = in_own_storage_(update.value);
       continue;
     }
     const auto chain = update.chain.steps();
@@ -182,9 +276,10 @@ bool AliasStorage::apply_updates() {
         !base_.unsafeGetTensorImpl()->has_symbolic_sizes_strides() && base_.is_contiguous()) {
       // See Note [Alias: writes through an overlapping view].
       if (auto view = written_geometry(base_, chain)) {
-        base_ = at::as_strided_scatter(base_, update.value, view->sizes(), view->strides(),
-                                       view->storage_offset() - base_.storage_offset());
-        continue;
+        if (auto scattered = scatter_at(base_, update.value, *view, chain.back()->reapply)) {
+          base_ = std::move(*scattered);
+          continue;
+        }
       }
     }
     // See Note [Alias: runs of regrouping views]: chain[run..] regroup only.
@@ -199,8 +294,28 @@ bool AliasStorage::apply_updates() {
     at::Tensor value = update.value;
     try {
       for (size_t i = 0; i < forwards; ++i) bases.push_back(chain[i]->forward(bases.back()));
-      if (collapse) value = chain[run]->inverse(bases[run], value);
-      for (size_t i = inverted; i-- > 0;) value = chain[i]->inverse(bases[i], value);
+      // See Note [Alias: writes through a bool view of other bytes].
+      size_t bytes_from = chain.size();  // the first step inverted as bytes
+      for (size_t j = 0; j < forwards; ++j) {
+        if (views_as_bool(*chain[j], bases[j])) {
+          if (chain[j]->reapply) bytes_from = j + 1;
+          TORCH_CHECK_NOT_IMPLEMENTED(
+              chain[j]->reapply || bases[j].itemsize() == 1, "functionalize: a write through ",
+              chain.back()->name(), " of a bool view of a ", bases[j].scalar_type(),
+              " tensor (x.view(torch.bool)) is not supported with "
+              "remove=\"mutations_and_views\": its copies would turn the tensor's other bytes "
+              "into 0 or 1. Use remove=\"mutations\".");
+          break;
+        }
+      }
+      auto invert = [&](size_t i, const at::Tensor& v) {
+        if (i < bytes_from || bases[i].scalar_type() != c10::kBool || sums_copies(*chain[i])) {
+          return chain[i]->inverse(bases[i], v);
+        }
+        return chain[i]->inverse(bases[i].view(c10::kByte), v.view(c10::kByte)).view(c10::kBool);
+      };
+      if (collapse) value = invert(run, value);
+      for (size_t i = inverted; i-- > 0;) value = invert(i, value);
     } catch (const c10::Error& e) {
       // A scatter into a view whose elements share memory, where no single geometry could take
       // the write (another dtype in the chain, say): named rather than torch's overlap error.
@@ -213,8 +328,11 @@ bool AliasStorage::apply_updates() {
           e.what_without_backtrace(), "). Clone the tensor before viewing and writing it.");
       throw;
     }
-    // See Note [Alias: the base keeps its strides].
-    base_ = in_base_strides(base_, std::move(value));
+    // See Note [Alias: writes to a value that is not its whole storage], then
+    // Note [Alias: the base keeps its strides].
+    at::Tensor placed = in_own_storage_(value);
+    base_ = placed.is_same(value) ? in_base_strides(base_, std::move(value), chain.back()->reapply)
+                                  : std::move(placed);
   }
   updates_.clear();
   return true;

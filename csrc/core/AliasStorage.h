@@ -27,7 +27,9 @@ class AliasStorage : public c10::StorageImpl {
   /// Queues "the view reached through `chain` now holds `value`".
   void add_update(const at::Tensor& value, const ViewChain& chain);
   /// "The base itself now holds `value`", applied at once. Only when nothing is queued (the
-  /// caller is up to date), so no earlier update can be lost. Bumps the generation.
+  /// caller is up to date), so no earlier update can be lost. Bumps the generation. The new base
+  /// may be `value` copied into the old base's storage
+  /// (Note [Alias: writes to a value that is not its whole storage]): read it back with base().
   void set_base_(const at::Tensor& value);
   bool has_pending_updates() const { return !updates_.empty(); }
   /// Folds queued updates into the base (inverse chains, last step first). Returns whether
@@ -57,11 +59,14 @@ class AliasStorage : public c10::StorageImpl {
   /// caller's storage elements from `start` on (Note [Inputs: writes to a grown storage]).
   void mark_grown(int64_t start) { grown_start_ = start; }
   std::optional<int64_t> grown_start() const { return grown_start_; }
-  /// A storage whose base is an input that starts inside a larger storage and is not flat
-  /// (Note [Inputs: inputs that do not start their storage]): the base's element 0 is not eager's
-  /// storage element 0, so storage coordinates (as_strided) cannot be expressed on it.
-  void mark_offset_base() { offset_base_ = true; }
-  bool offset_base() const { return offset_base_; }
+  /// A storage whose base's element 0 is not eager's storage element 0, so storage coordinates
+  /// (as_strided) cannot be expressed on it. `why` (a string literal) completes the error that
+  /// as_strided raises: an input that starts inside a larger storage and is not flat
+  /// (Note [Inputs: inputs that do not start their storage]), or a value that is not its whole
+  /// storage (Note [Alias: writes to a value that is not its whole storage]).
+  void mark_offset_base(const char* why) { offset_base_ = why; }
+  bool offset_base() const { return offset_base_ != nullptr; }
+  const char* offset_base_reason() const { return offset_base_; }
   /// A storage that wraps inputs: `storage` is the caller's, which the epilogue writes.
   void mark_caller_storage(const c10::StorageImpl* storage) { caller_storage_ = storage; }
   /// Whether `inner` lies in the caller's memory (the input itself, or a view of it with views
@@ -72,6 +77,8 @@ class AliasStorage : public c10::StorageImpl {
   }
 
  private:
+  // `value`, the new value of the whole base, placed where eager's write leaves it.
+  at::Tensor in_own_storage_(const at::Tensor& value);
   struct Update {
     at::Tensor value;
     ViewChain chain;
@@ -82,7 +89,7 @@ class AliasStorage : public c10::StorageImpl {
   bool captured_ = false;
   bool flat_ = false;
   bool flat_views_kept_ = false;
-  bool offset_base_ = false;
+  const char* offset_base_ = nullptr;  // why, when the base is offset (see mark_offset_base)
   const c10::StorageImpl* caller_storage_ = nullptr;  // compared, never dereferenced
   std::vector<const ViewMeta*> member_steps_;
   bool written_outside_members_ = false;

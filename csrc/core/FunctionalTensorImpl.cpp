@@ -249,6 +249,7 @@ void FunctionalTensorImpl::commit_update_() {
     // nothing to replay, so the new value becomes the base directly and this wrapper stays up to
     // date (its next sync_ is free). Views of it see the new generation and regenerate.
     storage.set_base_(value_);
+    if (!storage.base().is_same(value_)) set_value_(storage.base());
     generation_ = storage.generation();
     return;
   }

@@ -3,6 +3,7 @@
 
 #include "core/Conversions.h"
 #include "core/DispatchKey.h"
+#include "core/Layout.h"
 #include "core/Recorder.h"
 
 #include <ATen/EmptyTensor.h>
@@ -45,16 +46,6 @@ namespace tfz::detail {
 
 namespace {
 
-struct Span {
-  int64_t begin, end;  // byte offsets [begin, end) in the storage
-};
-
-Span span_of(const at::Tensor& t) {
-  const auto item = static_cast<int64_t>(t.itemsize());
-  const auto extent = at::detail::computeStorageNbytes(t.sizes(), t.strides(), item);
-  return {t.storage_offset() * item, t.storage_offset() * item + static_cast<int64_t>(extent)};
-}
-
 // Note [Inputs: inputs that do not start their storage]
 // Storage coordinates (as_strided's offset, resize_'s room to grow, the elements a shrunk input
 // keeps) are only right on a base whose element i is the storage's element i. An input that is
@@ -71,26 +62,13 @@ Span span_of(const at::Tensor& t) {
 // Rejected: the flat base for every such input (a decode step writing one row of a slice
 // would scatter into the whole cache); translating offsets at each as_strided (only possible for
 // inputs without gaps, and every view inverse would need it too).
-constexpr int64_t kFlatBaseSlackBytes = 4096;
-
-// t is its whole storage, densely from offset 0 (any dense strides): element i of the storage is
-// one of t's elements, and stays at the same place in every value a write gives t.
-bool is_whole_storage(const at::Tensor& t) {
-  const Span span = span_of(t);
-  return t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
-         span.end == static_cast<int64_t>(t.storage().nbytes());
-}
-
-bool plain_strided(const at::Tensor& t) {
-  return t.layout() == c10::kStrided && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
-         t.has_storage() && t.numel() != 0;
-}
+constexpr const char* kInsideLargerStorage =
+    "the tensor is (a view of) an input that starts inside a larger storage (e.g. a slice of a "
+    "big buffer), and as_strided addresses that storage's elements, which the function does not "
+    "see. Pass the whole buffer as the input";
 
 bool wants_flat_base(const at::Tensor& t) {
-  if (!plain_strided(t) || is_whole_storage(t)) return false;
-  const Span span = span_of(t);
-  const auto storage_bytes = static_cast<int64_t>(t.storage().nbytes());
-  return storage_bytes <= 2 * (span.end - span.begin) + kFlatBaseSlackBytes;
+  return plain_strided(t) && !is_whole_storage(t) && storage_is_small(t);
 }
 
 bool can_group(const std::vector<at::Tensor>& members) {
@@ -231,7 +209,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
       const size_t i = indices[0];
       out[i] = make_fresh_wrapper(inputs[i], layer.id);
       if (plain_strided(inputs[i]) && !is_whole_storage(inputs[i])) {
-        unsafe_get_impl(out[i])->alias_storage().mark_offset_base();
+        unsafe_get_impl(out[i])->alias_storage().mark_offset_base(kInsideLargerStorage);
       }
       continue;
     }
@@ -247,7 +225,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
       for (size_t i : indices) {
         out[i] = make_fresh_wrapper(inputs[i], layer.id);
         if (plain_strided(inputs[i]) && !is_whole_storage(inputs[i])) {
-          unsafe_get_impl(out[i])->alias_storage().mark_offset_base();
+          unsafe_get_impl(out[i])->alias_storage().mark_offset_base(kInsideLargerStorage);
         }
       }
       continue;

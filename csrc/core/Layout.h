@@ -1,9 +1,11 @@
 // Layout comparisons shared by the rules that keep eager's memory layout: a written base keeps
 // its strides (kernels/MutationKernels.cpp, core/AliasStorage.cpp) and *_like ops take a wrapper's
 // reported strides (kernels/BoxedKernel.cpp), and values without views take eager's stride order
-// (core/FunctionalTensorImpl.cpp).
+// (core/FunctionalTensorImpl.cpp); and where a tensor lies in its storage (core/Inputs.cpp,
+// core/AliasStorage.cpp).
 #pragma once
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 
 namespace tfz::detail {
@@ -25,6 +27,59 @@ inline bool same_sizes_other_strides(const at::Tensor& a, const at::Tensor& b) {
     return false;
   }
   return strides_differ(a.sizes(), a.strides(), b.strides());
+}
+
+/// `value` seen with `like`'s strides (a view) when both are strided with concrete, equal sizes
+/// and their strides differ only in dimensions of size 1, which address no other element: eager's
+/// view(dtype) checks the last stride even there. Otherwise `value` itself. See
+/// Note [Kernel: writes keep the written tensor's strides].
+inline at::Tensor with_size_one_strides_of(const at::Tensor& like, const at::Tensor& value) {
+  if (like.layout() != c10::kStrided || value.layout() != c10::kStrided ||
+      like.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      value.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || like.sizes() != value.sizes() ||
+      like.strides() == value.strides() || like.numel() == 0 ||
+      strides_differ(like.sizes(), like.strides(), value.strides())) {
+    return value;
+  }
+  return value.as_strided(value.sizes(), like.strides(), value.storage_offset());
+}
+
+struct Span {
+  int64_t begin, end;  // byte offsets [begin, end) in the storage
+};
+
+/// The bytes of its storage that `t` can reach (strided, concrete sizes).
+inline Span span_of(const at::Tensor& t) {
+  const auto item = static_cast<int64_t>(t.itemsize());
+  const auto extent = at::detail::computeStorageNbytes(t.sizes(), t.strides(), item);
+  return {t.storage_offset() * item, t.storage_offset() * item + static_cast<int64_t>(extent)};
+}
+
+/// Strided, concrete sizes, with a storage and at least one element.
+inline bool plain_strided(const at::Tensor& t) {
+  return t.layout() == c10::kStrided && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+         t.has_storage() && t.numel() != 0;
+}
+
+/// `t` (plain_strided) is its whole storage, densely from offset 0 (any dense strides): element i
+/// of the storage is one of t's elements, and stays at the same place in every value a write
+/// gives t.
+inline bool is_whole_storage(const at::Tensor& t) {
+  const Span span = span_of(t);
+  return t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
+         span.end == static_cast<int64_t>(t.storage().nbytes());
+}
+
+/// Slack allowed by storage_is_small.
+constexpr int64_t kSmallStorageSlackBytes = 4096;
+
+/// The storage of `t` (plain_strided) is at most twice t's extent plus 4 KiB: small enough to be
+/// copied or scattered whole when t is written. See
+/// Note [Inputs: inputs that do not start their storage].
+inline bool storage_is_small(const at::Tensor& t) {
+  const Span span = span_of(t);
+  const auto storage_bytes = static_cast<int64_t>(t.storage().nbytes());
+  return storage_bytes <= 2 * (span.end - span.begin) + kSmallStorageSlackBytes;
 }
 
 }  // namespace tfz::detail

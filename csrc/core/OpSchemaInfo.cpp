@@ -424,6 +424,11 @@ OpInfo classify(const c10::OperatorHandle& op) {
                           schema.name().compare(schema.name().size() - 5, 5, "_like") == 0 &&
                           !args.empty() && args[0].name() == "self" &&
                           args[0].type()->kind() == c10::TypeKind::TensorType;
+  static const std::array<std::string_view, 5> copies_storage{
+      "aten::select_scatter", "aten::slice_scatter", "aten::diagonal_scatter",
+      "aten::as_strided_scatter", "aten::copy"};
+  info.copies_self_storage = std::find(copies_storage.begin(), copies_storage.end(),
+                                       schema.name()) != copies_storage.end();
   return info;
 }
 

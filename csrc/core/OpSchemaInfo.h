@@ -94,6 +94,9 @@ struct OpInfo {
   // Functional: a *_like op (empty_like, rand_like, ...), whose `self` gives only its metadata.
   // See Note [Kernel: *_like ops take eager's strides].
   bool self_is_template = false;
+  // Functional: the result is a copy of self's whole storage at self's geometry (the *_scatter
+  // ops and copy). See Note [Alias: writes to a value that is not its whole storage].
+  bool copies_self_storage = false;
 };
 
 /// Computes the OpInfo of `op` from its schema (slow: schema analysis and a table lookup; cache

@@ -151,11 +151,29 @@ void use_reported_strides(const at::Tensor& wrapper, c10::IValue& inner) {
     inner = at::empty_strided(wrapper.sizes(), wrapper.strides(), value.options());
   }
 }
+
+// Without views a wrapper's value holds its own elements only; in eager it may lie inside a larger
+// storage (a view, or an input that does not start its storage), whose other elements an op that
+// copies self's whole storage (copies_self_storage) copies too.
+bool lies_inside_a_storage(const c10::IValue& self) {
+  const auto* impl = self.isTensor() ? maybe_get_impl(self.toTensor()) : nullptr;
+  if (impl == nullptr) return false;
+  const auto& storage = impl->alias_storage();
+  return !impl->chain().empty() || storage.flat() || storage.offset_base();
+}
+
+constexpr const char* kCopiedViewStorage =
+    "the tensor is (a view of) the result of a *_scatter op or copy of a view, which in eager "
+    "holds a copy of the view's whole storage; without views only the view's elements are held, "
+    "so as_strided cannot address the others. Use remove=\"mutations\"";
 }  // namespace
 
 void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                        const Layer& layer) {
   const size_t num_args = op.schema().arguments().size();
+  // See Note [Alias: writes to a value that is not its whole storage].
+  const bool mark_result = info.copies_self_storage && !layer.reapply_views &&
+                           lies_inside_a_storage(*(stack->end() - num_args));
   InnerCallGuard guard;
   // Some ops declared functional return an argument itself (dropout with p=0): such an output
   // must stay that argument's wrapper, or writes through it would not reach the argument.
@@ -180,7 +198,9 @@ void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch:
       for (const auto& [impl, wrapper] : passed) {
         if (t.unsafeGetTensorImpl() == impl) return wrapper;
       }
-      return make_fresh_wrapper(t, layer.id);
+      at::Tensor out = make_fresh_wrapper(t, layer.id);
+      if (mark_result) unsafe_get_impl(out)->alias_storage().mark_offset_base(kCopiedViewStorage);
+      return out;
     });
   }
 }

@@ -449,6 +449,9 @@ bool reads_input_under_autograd(const at::Tensor& wrapper, const at::Tensor& sel
 // not regenerated from a view chain) whose new value differs in the strides of a dimension of
 // size > 1 receives the value copied into its own geometry: copy(empty_strided(..), value), both
 // functional, in the graph too. Views need nothing: their value is regenerated from the base.
+// With views kept, strides that differ only in dimensions of size 1 are eager's too, through a
+// view of the value (no copy): x = b.t() of a (6, 1) b has strides (1, 1) and the value (6, 1),
+// and x.adjoint().view(torch.int16) raised where eager's last stride is 1 (fuzzer program 503303).
 // Rejected: keeping reference strides beside the value, as without views: the inner value's
 // layout is what later ops and the epilogue see, so it must be eager's.
 // Note [Kernel: writes of no element]
@@ -479,6 +482,9 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value_in) {
     value = at::copy(at::empty_strided(wrapper.sizes(), wrapper.strides(),
                                        value.options().dtype(wrapper.scalar_type())),
                      value);
+  } else if (impl->chain().empty() && suspended_layer() != nullptr &&
+             suspended_layer()->reapply_views) {
+    value = with_size_one_strides_of(wrapper, value);
   }
   impl->replace_(value);
   impl->commit_update_();

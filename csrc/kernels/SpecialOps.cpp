@@ -199,6 +199,11 @@ void batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch:
 // old storage. Either way the input epilogue replays the resize_ call on the caller's tensor.
 // Rejected: the functional aten::resize of the current value alone: it drops the elements past
 // the current size that eager keeps, so a shrink followed by a grow gave garbage.
+constexpr const char* kGrownFromInside =
+    "the tensor's storage was grown by a resize (resize_, or an out= result larger than the out= "
+    "tensor) of a tensor that starts inside it, and as_strided addresses the elements before its "
+    "start, which the function does not hold. Resize a tensor that starts its storage";
+
 bool is_resize(const c10::OperatorHandle& op) {
   return named(op, "aten::resize_", "") || named(op, "aten::resize_as_", "");
 }
@@ -292,6 +297,9 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
     } else {
       view_offset = 0;
       impl->alias_storage().mark_grown(grown_start);  // Note [Inputs: writes to a grown storage]
+      // The base's element 0 is eager's element grown_start: as_strided's storage coordinates
+      // would address the wrong elements (fuzzer program 503701).
+      if (grown_start != 0) impl->alias_storage().mark_offset_base(kGrownFromInside);
     }
   }
   if (restride) strides = then_strides.vec();

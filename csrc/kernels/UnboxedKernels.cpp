@@ -424,7 +424,8 @@ struct Entry {
 
 bool is_plain_functional(const c10::OperatorHandle& /*op*/, const KernelPlan& plan) {
   return plan.special == nullptr && plan.info.kind == OpKind::Functional &&
-         !plan.info.wraps_plain_outputs && !plan.info.self_is_template;
+         !plan.info.wraps_plain_outputs && !plan.info.self_is_template &&
+         !plan.info.copies_self_storage;
 }
 
 const std::unordered_map<c10::OperatorName, Entry>& unboxed_kernels() {

@@ -85,11 +85,9 @@ bool is_as_strided(const c10::OperatorHandle& op) {
 // the view (reads are right, its value shares the storage), and without views it is refused.
 bool check_storage_coordinates(std::string_view op_name, const FunctionalTensorImpl& impl,
                                const at::Tensor& self, const Layer& layer) {
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      !impl.alias_storage().offset_base(), "functionalize: ", op_name,
-      ": the tensor is (a view of) an input that starts inside a larger storage (e.g. a slice of "
-      "a big buffer), and as_strided addresses that storage's elements, which the function does "
-      "not see. Pass the whole buffer as the input, or express the view with other view ops.");
+  TORCH_CHECK_NOT_IMPLEMENTED(!impl.alias_storage().offset_base(), "functionalize: ", op_name, ": ",
+                              impl.alias_storage().offset_base_reason(),
+                              ", or express the view with other view ops.");
   if (impl.chain().empty()) return true;  // self is the base
   const at::Tensor& base = impl.alias_storage().base();
   bool same = base.scalar_type() == self.scalar_type() && base.is_conj() == self.is_conj() &&

@@ -774,16 +774,18 @@ def test_expanded_inputs_beside_their_whole_storage(remove):
     assert_matches_eager(f, make_inputs=make_inputs, remove=remove, check_graph=False)
 
 
-def test_write_through_a_dtype_view_of_an_expanded_input_is_refused_by_name(remove):
-    # Fuzzer program 407276: unfold and view(complex64) of b.expand(3): no single geometry of the
-    # float64 storage takes the complex write, and the scatter raised torch's overlap error.
+def test_write_through_a_dtype_view_of_an_expanded_input(remove):
+    # Fuzzer program 407276: unfold and view(complex64) of b.expand(3): the scatter raised
+    # torch's overlap error, and then was refused by name. The written view's geometry is now
+    # scattered into the storage seen as complex64 (Note [Alias: writes through an overlapping view]).
     def f(x):
         v = x.unfold(0, 1, 3).view(torch.complex64).unsafe_split(1, 1)[0]
         v.cumsum_(-2)
         return v
 
-    with pytest.raises(NotImplementedError, match="whose elements share memory"):
-        functionalize(f, remove=remove)(torch.randn(1, dtype=torch.float64).expand((3,)))
+    assert_matches_eager(
+        f, make_inputs=lambda: (torch.tensor([1.5], dtype=torch.float64).expand((3,)),),
+        remove=remove, check_graph=remove == "mutations")
 
 
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
@@ -804,3 +806,131 @@ def test_logsumexp_into_an_out_of_another_dtype_sums_in_its_dtype(remove, x_dtyp
     xo, yo = make_inputs()
     got = functionalize(f, remove=remove)(xo, yo)
     assert torch.equal(got, expected) and torch.equal(yo, y)
+
+
+def _strided_slice_of_a_4x4():
+    return (torch.arange(16.0).view(4, 4)[1:, ::2],)
+
+
+@pytest.mark.parametrize("write", ["normal_", "index_fill_", "out="])
+def test_write_to_a_scatter_result_of_a_view_keeps_its_storage(write):
+    # Fuzzer program 419701: x.select_scatter(..) of a view x is, in eager, a copy of x's whole
+    # storage at x's geometry (offset 4 of 16 elements). A write to it kept only its 6 elements
+    # from offset 0, so a later as_strided read other elements or ran out of bounds
+    # (Note [Alias: writes to a value that is not its whole storage]).
+    def f(x):
+        torch.manual_seed(0)
+        v = x.select_scatter(torch.zeros(3), 1, 0)
+        if write == "normal_":
+            v.normal_()
+        elif write == "index_fill_":
+            v.index_fill_(0, torch.tensor([2]), -1.0)
+        else:
+            torch.sin(v, out=v)
+        v.as_strided_((2,), (3,), 4)  # element (0, 0) of v, then one outside v's elements
+        return v, v.as_strided((3,), (5,), 0)
+
+    assert_matches_eager(f, make_inputs=_strided_slice_of_a_4x4)
+
+
+def test_as_strided_of_a_scatter_result_of_a_view_without_views_is_refused_by_name():
+    # Without views the view's value is its own elements, and eager's result holds the whole
+    # storage's: as_strided on it read the wrong elements silently.
+    def f(x):
+        v = x.select_scatter(torch.zeros(3), 1, 0)
+        return v.as_strided((2,), (3,), 0) * 1
+
+    with pytest.raises(NotImplementedError, match="copy of the view's whole storage"):
+        functionalize(f, remove="mutations_and_views")(*_strided_slice_of_a_4x4())
+    # On a tensor that is its whole storage nothing is refused.
+    x = torch.arange(8.0).view(2, 4)
+    assert_matches_eager(lambda x: x.select_scatter(torch.zeros(4), 0, 0).as_strided((2,), (3,), 1)
+                         * 1, x, remove="mutations_and_views")
+
+
+def test_write_through_a_view_of_a_strided_scatter_result_keeps_its_strides(remove):
+    # Fuzzer program 500448: v = x.slice_scatter(..) of x with strides (1, 2) keeps them in eager;
+    # a write through v.adjoint() gave v the contiguous strides of the inverse's result
+    # (Note [Alias: writes to a value that is not its whole storage]).
+    def f(x):
+        v = x.slice_scatter(torch.zeros((0, 2)), 0, 1)
+        v.adjoint().index_copy_(1, torch.tensor([0]), torch.ones(2, 1))
+        return v, v.as_strided((2,), (1,), 0)
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=lambda: (torch.arange(3.0).as_strided((1, 2), (1, 2)),))
+    else:
+        with pytest.raises(NotImplementedError, match="copy of the view's whole storage"):
+            functionalize(f, remove=remove)(torch.arange(3.0).as_strided((1, 2), (1, 2)))
+
+
+def test_written_input_keeps_the_strides_of_its_size_one_dimensions(remove):
+    # Fuzzer program 503303: x = b.t() of a (6, 1) b has strides (1, 1); after a write its value
+    # had (6, 1), and x.adjoint().view(torch.int16) raised where eager's last stride is 1
+    # (Note [Kernel: writes keep the written tensor's strides]).
+    def f(x):
+        v = x.adjoint()
+        x.clamp_max_(0.5)
+        return v.view(torch.int16) * 1, x.t()
+
+    assert_matches_eager(f, make_inputs=lambda: (torch.linspace(-1, 1, 6).view(6, 1).t(),),
+                         remove=remove)
+
+
+def test_write_through_an_expand_of_an_input_aliased_by_another_dtype(remove):
+    # Fuzzer program 501087: x and x.view(torch.int32) share a byte base; v1[2] = 0 through
+    # x.expand(3, 2).select(1, 1) wrote x[0, 1] three times over in eager, but the byte base
+    # took expand's inverse, which summed the copies: x came back tripled
+    # (Note [Alias: writes through an overlapping view]).
+    def f(x0, x1):
+        v = x0.expand((3, 2)).select(1, 1)
+        v[2] = 0.0
+        return x0 * 1, x1 * 1
+
+    def make_inputs():
+        b = torch.tensor([[1.5, 2.5]])
+        return b, b.view(torch.int32)
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=make_inputs)
+    else:
+        with pytest.raises(NotImplementedError, match="a view of an expanded tensor"):
+            functionalize(f, remove=remove)(*make_inputs())
+
+
+def test_as_strided_below_the_start_of_a_grown_input_is_refused_by_name(remove):
+    # Fuzzer program 503701: x = b[1:, ::2] has no element and starts at b's element 4;
+    # rand(out=x) grows the storage to 8 elements, whose base here holds elements 4..7 only, so
+    # as_strided(.., 2) addressed the wrong elements (Note [Inputs: writes to a grown storage]).
+    def f(x):
+        torch.ones((1, 4), out=x)
+        return x.as_strided((2,), (3,), 2) * 1
+
+    with pytest.raises(NotImplementedError, match="storage was grown by a resize"):
+        functionalize(f, remove=remove)(torch.arange(4.0).view(1, 4)[1:, ::2])
+
+
+def test_write_through_a_bool_view_of_a_complex_input(remove):
+    # Fuzzer program 403162: x.view(torch.bool) shows each byte of x; a write through an
+    # as_strided of it was scattered into a bool copy, and torch's bool copy turned every byte
+    # of x into 0 or 1 (Note [Alias: writes through a bool view of other bytes]).
+    def f(x):
+        v = x.view(torch.bool)[3:30]
+        v[::7] = torch.tensor([True, False, True, False])
+        return x * 1
+
+    def make_inputs():
+        return (torch.tensor([1 + 2j, 3 + 4j, 5 + 6j, 7 + 8j], dtype=torch.complex64),)
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=make_inputs)
+    else:
+        with pytest.raises(NotImplementedError, match="bool view of a ComplexFloat tensor"):
+            functionalize(f, remove=remove)(*make_inputs())
+    # A uint8 mask seen as bool (bytes 0 and 1) stays supported in both modes.
+    def g(m):
+        m.view(torch.bool)[1:].fill_(True)
+        return m * 1
+
+    assert_matches_eager(g, make_inputs=lambda: (torch.tensor([0, 1, 0, 0], dtype=torch.uint8),),
+                         remove=remove)
