@@ -48,9 +48,7 @@ AliasStorage::AliasStorage(const at::Tensor& base)
 void AliasStorage::add_update(const at::Tensor& value, const ViewChain& chain) {
   if (flat_ && !written_outside_members_) {
     const auto steps = chain.steps();  // flat storages only: aliased inputs, O(chain) per write
-    written_outside_members_ =
-        steps.empty() ||
-        std::find(member_steps_.begin(), member_steps_.end(), steps.front()) == member_steps_.end();
+    written_outside_members_ = steps.empty() || !is_member_step(steps.front());
   }
   updates_.push_back(Update{value, chain});
   ++generation_;
@@ -92,6 +90,44 @@ at::Tensor AliasStorage::in_own_storage_(const at::Tensor& value) {
   }
   InnerCallGuard guard;
   return at::copy(base_, value);
+}
+
+namespace {
+// The storage elements [first, last] of an as_strided step, when they are all its own (dense) and
+// its arguments are concrete; nullopt otherwise (another op: no range known).
+std::optional<std::pair<int64_t, int64_t>> dense_range(const ViewMeta& step) {
+  static const c10::OperatorName as_strided{"aten::as_strided", ""};
+  if (step.op.operator_name() != as_strided || step.args.size() < 3 || step.args[2].isNone()) {
+    return std::nullopt;
+  }
+  const std::vector<c10::SymInt> sizes = step.args[0].toSymIntVector();
+  const std::vector<c10::SymInt> strides = step.args[1].toSymIntVector();
+  const auto offset = step.args[2].toSymInt().maybe_as_int();
+  if (!offset || sizes.size() != strides.size()) return std::nullopt;
+  int64_t first = *offset, last = *offset, numel = 1;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    const auto size = sizes[d].maybe_as_int(), stride = strides[d].maybe_as_int();
+    if (!size || !stride) return std::nullopt;
+    const int64_t reach = (*size - 1) * *stride;
+    numel *= *size;
+    first += std::min<int64_t>(0, reach);
+    last += std::max<int64_t>(0, reach);
+  }
+  if (numel == 0) return std::make_pair(*offset, *offset - 1);
+  if (last - first + 1 != numel) return std::nullopt;
+  return std::make_pair(first, last);
+}
+}  // namespace
+
+void AliasStorage::retire_member_step(const ViewMeta& old, const ViewMeta& replacement) {
+  for (const auto& [kept, generation] : kept_member_steps_) {
+    if (kept.get() != &old || generation == generation_) continue;
+    const auto inner = dense_range(old), outer = dense_range(replacement);
+    const bool covered = inner && outer &&
+                         (inner->second < inner->first ||
+                          (inner->first >= outer->first && inner->second <= outer->second));
+    if (!covered) written_outside_members_ = true;
+  }
 }
 
 void AliasStorage::set_base_(const at::Tensor& value) {

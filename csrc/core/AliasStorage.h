@@ -9,8 +9,10 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/StorageImpl.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace tfz::detail {
@@ -54,6 +56,21 @@ class AliasStorage : public c10::StorageImpl {
   /// begin elsewhere (an as_strided from the base) may reach elements no input covers.
   /// See Note [Inputs: writes outside every input's elements].
   void add_member_step(const ViewMeta* step) { member_steps_.push_back(step); }
+  /// A member's new step after resize_ or as_strided_ replaced its chain: writes through it stay
+  /// inside the member's final elements, which the epilogue writes (kept alive here, since the
+  /// member's chain may be replaced again).
+  void add_member_step(std::shared_ptr<const ViewMeta> step) {
+    member_steps_.push_back(step.get());
+    kept_member_steps_.push_back({std::move(step), generation_});
+  }
+  /// A member's step `old` is replaced by `replacement`: if `old` was itself a replacement, the
+  /// storage was written since, and `replacement` may not cover old's elements, those writes may
+  /// lie outside the member's final elements.
+  void retire_member_step(const ViewMeta& old, const ViewMeta& replacement);
+  void mark_written_outside_members() { written_outside_members_ = true; }
+  bool is_member_step(const ViewMeta* step) const {
+    return std::find(member_steps_.begin(), member_steps_.end(), step) != member_steps_.end();
+  }
   bool written_outside_members() const { return written_outside_members_; }
   /// A storage that replaced a lone input's when resize_ grew it: its base (1-D) holds the
   /// caller's storage elements from `start` on (Note [Inputs: writes to a grown storage]).
@@ -92,6 +109,8 @@ class AliasStorage : public c10::StorageImpl {
   const char* offset_base_ = nullptr;  // why, when the base is offset (see mark_offset_base)
   const c10::StorageImpl* caller_storage_ = nullptr;  // compared, never dereferenced
   std::vector<const ViewMeta*> member_steps_;
+  // Replacement member steps, with the generation when each was added.
+  std::vector<std::pair<std::shared_ptr<const ViewMeta>, uint64_t>> kept_member_steps_;
   bool written_outside_members_ = false;
   std::optional<int64_t> grown_start_;
 };

@@ -278,8 +278,14 @@ void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
   TORCH_INTERNAL_ASSERT(is_up_to_date(), "resize_chain_ on a stale wrapper");
   remember_entry_();
   InnerCallGuard guard;
-  const at::Tensor& base = alias_storage().base();
+  auto& storage = alias_storage();
+  const at::Tensor& base = storage.base();
   set_value_(step ? step->forward(base) : base);
+  // An input of a flat storage stays one: see Note [Inputs: writes outside every input's elements].
+  if (flat_member_ && storage.flat() && step) {
+    if (chain_.size() == 1) storage.retire_member_step(*chain_.back(), *step);
+    storage.add_member_step(step);
+  }
   chain_.clear();
   if (step) chain_.push_back(std::move(step));
   chain_is_resize_ = !chain_.empty();

@@ -89,6 +89,9 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   void replace_storage_(const at::Tensor& new_base);
   /// True if the chain is empty or only holds a resize_ step: resize_ may apply again.
   bool is_resizable_base() const { return chain_.empty() || chain_is_resize_; }
+  /// This wrapper is an input of a flat storage (Note [Inputs: aliased inputs]): the steps its
+  /// resize_ / as_strided_ give it count as a member's.
+  void mark_flat_member() { flat_member_ = true; }
 
   // TensorImpl overrides.
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
@@ -117,6 +120,7 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   void remember_entry_();
   bool has_reference_metadata_ = false;
   bool chain_is_resize_ = false;
+  bool flat_member_ = false;  // an input of a flat storage (see mark_flat_member)
   // torch's owning pointer to an autograd Node: std::shared_ptr up to torch 2.11,
   // c10::intrusive_ptr since. Read from TensorBase::grad_fn()'s return type (a feature check, not
   // a version test), so one source builds against both.

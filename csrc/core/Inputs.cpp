@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace tfz::detail {
 
@@ -136,8 +137,10 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
     w = view_step(
         w, value,
         ViewMeta::as_strided(m.sym_sizes(), m.sym_strides(), m.sym_storage_offset(), reapply));
-    if (!mixed)
+    if (!mixed) {
       unsafe_get_impl(w)->alias_storage().add_member_step(unsafe_get_impl(w)->chain().back());
+      unsafe_get_impl(w)->mark_flat_member();
+    }
     if (m.is_conj()) w = view_step(w, value, ViewMeta::of({"aten::_conj", ""}, {}, reapply));
     if (m.is_neg()) w = view_step(w, value, ViewMeta::of({"aten::_neg_view", ""}, {}, reapply));
     if (!reapply) unsafe_get_impl(w)->set_reference_metadata_(m);
@@ -431,9 +434,15 @@ void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
 // caller's tensor, as the region-precise epilogue of capture already writes), and nothing else.
 // Inputs whose metadata changed get it too, after their metadata ops (x.resize_((4,)), a write
 // to element 7, x.resize_((2, 1)): element 7 is neither an entry nor a final element of x,
-// fuzzer program 409938), except in a graph, whose epilogue would then write through a view of
-// an input its own as_strided_ just changed: there, and in views-removed programs being traced
-// (the graph must hold no view), the per-input write stays.
+// fuzzer program 409938); a graph's epilogue, which would then write through a view of an input
+// its own as_strided_ just changed, writes the storage before the metadata ops instead (an
+// as_strided fill_ at element 11 of b[1:, ::2] followed by squeeze_ was lost from graphs, fuzzer
+// program 506674). In views-removed programs being traced (the graph must hold no view), the
+// per-input write stays.
+// A write through an input whose resize_ or as_strided_ made its chain one new step from the
+// base stays inside its final elements, which the per-input write covers: that step counts as a
+// member's (AliasStorage::add_member_step), unless the input's geometry changes again after a
+// write (409938's shape), which a graph without views then refuses.
 // See Note [Inputs: writes before a metadata change].
 // Rejected: tracking which storage elements were written (a copy per write to find out).
 bool write_whole_storage(const std::vector<at::Tensor>& originals, c10::ArrayRef<size_t> members,
@@ -469,12 +478,19 @@ bool write_whole_storage(const std::vector<at::Tensor>& originals, c10::ArrayRef
 
 // Where write_whole_storage cannot run (a graph without views: no view to write the storage
 // through), a write that may have reached elements no input covers would be lost: refused by
-// name instead (fuzzer program 300118, captured). Writes through the inputs and their views stay
-// inside the inputs' elements and are written back per input.
+// name instead (fuzzer program 300118, captured; 506674 with a metadata change after the write).
+// Writes through the inputs and their views stay inside the inputs' elements and are written
+// back per input.
 void check_outside_writes_expressible(const std::vector<at::Tensor>& originals,
                                       c10::ArrayRef<size_t> members, const AliasStorage& storage,
                                       bool any_metadata) {
-  if (!storage.flat() || any_metadata || !storage.written_outside_members()) return;
+  // After metadata ops, only a graph without views refuses: eagerly, and in a graph with views
+  // (which wrote the storage whole before them where it could), what write_whole_storage could
+  // not do (a storage grown past the caller's) is left to the per-input writes.
+  if (!storage.flat() || !storage.written_outside_members() ||
+      (any_metadata && (!epilogue_is_recorded() || storage.flat_views_kept()))) {
+    return;
+  }
   for (size_t i : members) {
     if (is_whole_storage(originals[i])) return;  // the per-input write covers every element
   }
@@ -519,16 +535,39 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
     if (group.empty()) order.push_back(&impl->alias_storage());
     // One tensor passed twice is written back once (Note [Inputs: one tensor passed twice]).
     if (same_object(originals, group, originals[i])) continue;
-    if (impl->has_metadata_mutation()) write_entry_elements(originals[i], wrappers[i]);
-    apply_metadata_mutations(originals[i], *impl);
-    write_grown_storage(originals[i], *impl);
     group.push_back(i);
+  }
+  auto has_metadata = [&](const AliasStorage* storage) {
+    return std::any_of(groups[storage].begin(), groups[storage].end(), [&](size_t i) {
+      return unsafe_get_impl(wrappers[i])->has_metadata_mutation();
+    });
+  };
+  // A recorded epilogue writes a flat storage whole before the metadata ops, not after them
+  // (Note [Inputs: writes outside every input's elements]); such a storage needs no other write.
+  std::unordered_set<const AliasStorage*> written_whole;
+  if (epilogue_is_recorded()) {
+    for (const auto* storage : order) {
+      if (storage->generation() != 0 && storage->flat() && has_metadata(storage) &&
+          write_whole_storage(originals, groups[storage], *storage)) {
+        written_whole.insert(storage);
+      }
+    }
+  }
+  for (const auto* storage : order) {
+    for (size_t i : groups[storage]) {
+      auto* impl = unsafe_get_impl(wrappers[i]);
+      if (impl->has_metadata_mutation() && written_whole.count(storage) == 0) {
+        write_entry_elements(originals[i], wrappers[i]);
+      }
+      apply_metadata_mutations(originals[i], *impl);
+      write_grown_storage(originals[i], *impl);
+    }
   }
   for (const auto* storage : order) {
     if (storage->generation() == 0) continue;  // nothing was written to this storage
+    if (written_whole.count(storage) != 0) continue;
     const auto& members = groups[storage];
-    bool any_metadata = false;
-    for (size_t i : members) any_metadata |= unsafe_get_impl(wrappers[i])->has_metadata_mutation();
+    const bool any_metadata = has_metadata(storage);
     // After a metadata change too, but only eagerly: a graph's epilogue would write through a
     // view of an input its own as_strided_ just changed.
     if (storage->flat() && (!any_metadata || !epilogue_is_recorded()) &&

@@ -291,9 +291,11 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
       }
     }
     const int64_t grown_start = impl->alias_storage().grown_start().value_or(0) + offset;
+    const bool written_outside = impl->alias_storage().written_outside_members();
     impl->replace_storage_(grown);
     if (flat) {
       impl->alias_storage().mark_flat(layer.reapply_views);
+      if (written_outside) impl->alias_storage().mark_written_outside_members();
     } else {
       view_offset = 0;
       impl->alias_storage().mark_grown(grown_start);  // Note [Inputs: writes to a grown storage]
