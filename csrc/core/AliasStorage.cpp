@@ -84,6 +84,12 @@ at::Tensor AliasStorage::in_own_storage_(const at::Tensor& value) {
       value.sizes() != base_.sizes() || value.scalar_type() != base_.scalar_type()) {
     return value;
   }
+  // A view inverse's scatter copies the base's storage and writes into it: already in place, and
+  // it may hold writes outside its own elements (an out= resize within the storage).
+  if (value.strides() == base_.strides() && value.storage_offset() == base_.storage_offset() &&
+      value.storage().nbytes() == base_.storage().nbytes()) {
+    return value;
+  }
   if (!storage_is_small(base_)) {
     offset_base_ = kWrittenInsideLargerStorage;
     return value;

@@ -960,3 +960,22 @@ def test_write_outside_the_inputs_then_a_metadata_change_reaches_graphs(remove):
         gm = capture(f, *make_inputs())
         gm(base_g[1:, ::2])
         assert torch.equal(base_g, base_e)
+
+
+def test_out_resize_within_the_storage_of_a_scatter_result(remove):
+    # Fuzzer program 506943: v = x.slice_scatter(x, 0, 0) of x = b[:2] holds a copy of b's whole
+    # storage (15 elements for 10); index_select(.., out=v) grows v to 15 elements inside it. The
+    # write's scatter had placed all 15, and copying it into v's storage again kept only v's old 10
+    # (Note [Alias: writes to a value that is not its whole storage]).
+    def f(x0, x2):
+        v = x2.slice_scatter(x2, 0, 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # eager's own "output was resized"
+            torch.index_select(x0, 1, torch.tensor([0]), out=v)
+        return v
+
+    def make_inputs():
+        b = torch.arange(15.0).view(3, 1, 5)
+        return b, b[:2]
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
