@@ -68,7 +68,10 @@ void AliasStorage::add_update(const at::Tensor& value, const ViewChain& chain) {
 // take this path: one that is not its whole storage has a flat base or is offset_base already
 // (Note [Inputs: inputs that do not start their storage]).
 // Without views x0's value is its 6 elements alone, so eager's 16-element result cannot be had;
-// such a result's storage is marked offset_base where the op runs (kernels/BoxedKernel.cpp).
+// such a result's storage is marked offset_base where the op runs (kernels/BoxedKernel.cpp). And
+// where x0's elements share memory (as_strided with overlapping strides), eager's result keeps
+// that layout and the op's own writes land on each other: refused by name without views
+// (fuzzer program 413527).
 // Rejected: a flat base for every fresh value that is not its whole storage (what such inputs
 // get): a step more on each of its views, for values that storage coordinates almost never read.
 namespace {

@@ -8,6 +8,11 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <utility>
+#include <vector>
+
 namespace tfz::detail {
 
 /// Strides `a` and `b` of a tensor of `sizes` differ in a dimension of size > 1 (dimensions of
@@ -42,6 +47,25 @@ inline at::Tensor with_size_one_strides_of(const at::Tensor& like, const at::Ten
     return value;
   }
   return value.as_strided(value.sizes(), like.strides(), value.storage_offset());
+}
+
+/// Whether a tensor of these sizes and strides may address one element twice: false when, with
+/// its dimensions of size > 1 ordered by stride, each stride passes the extent of the smaller
+/// ones (a sufficient test for no overlap; torch's own answers "too hard" for any tensor that is
+/// not dense).
+inline bool may_self_overlap(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) return false;
+    if (sizes[d] > 1) dims.emplace_back(std::abs(strides[d]), sizes[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 0;  // the largest offset the smaller dimensions reach
+  for (const auto& [stride, size] : dims) {
+    if (stride <= extent) return true;
+    extent += (size - 1) * stride;
+  }
+  return false;
 }
 
 struct Span {

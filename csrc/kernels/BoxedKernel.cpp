@@ -154,10 +154,21 @@ void use_reported_strides(const at::Tensor& wrapper, c10::IValue& inner) {
 
 // Without views a wrapper's value holds its own elements only; in eager it may lie inside a larger
 // storage (a view, or an input that does not start its storage), whose other elements an op that
-// copies self's whole storage (copies_self_storage) copies too.
-bool lies_inside_a_storage(const c10::IValue& self) {
+// copies self's whole storage (copies_self_storage) copies too. Raises where self's elements share
+// memory.
+bool lies_inside_a_storage(const c10::IValue& self, const OpInfo& info) {
   const auto* impl = self.isTensor() ? maybe_get_impl(self.toTensor()) : nullptr;
   if (impl == nullptr) return false;
+  // Eager's result keeps self's strides, and where they make elements share memory the op's
+  // writes land on each other (fuzzer program 413527): a layout no *_copy value has.
+  const at::Tensor& t = self.toTensor();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+          !may_self_overlap(t.sizes(), t.strides()),
+      "functionalize: ", info.name,
+      " of a view whose elements share memory (as_strided with "
+      "overlapping strides) is not supported with remove=\"mutations_and_views\": eager's result "
+      "keeps that layout. Clone the view first, or use remove=\"mutations\".");
   const auto& storage = impl->alias_storage();
   return !impl->chain().empty() || storage.flat() || storage.offset_base();
 }
@@ -173,7 +184,7 @@ void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch:
   const size_t num_args = op.schema().arguments().size();
   // See Note [Alias: writes to a value that is not its whole storage].
   const bool mark_result = info.copies_self_storage && !layer.reapply_views &&
-                           lies_inside_a_storage(*(stack->end() - num_args));
+                           lies_inside_a_storage(*(stack->end() - num_args), info);
   InnerCallGuard guard;
   // Some ops declared functional return an argument itself (dropout with p=0): such an output
   // must stay that argument's wrapper, or writes through it would not reach the argument.

@@ -979,3 +979,25 @@ def test_out_resize_within_the_storage_of_a_scatter_result(remove):
         return b, b[:2]
 
     assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+
+
+def test_scatter_of_a_self_overlapping_view(remove):
+    # Fuzzer program 413527: v = x.as_strided((1, 2, 3), (2, 3, 3)) shares elements between its
+    # last two dimensions; eager's v.select_scatter(..) keeps v's strides, so the scattered
+    # elements land on others. With views kept ours is eager's; without views the *_copy value has
+    # no such layout, so it is refused by name (Note [Alias: writes to a value that is not its whole storage]).
+    def f(x):
+        v = x.as_strided((1, 2, 3), (2, 3, 3), 0)
+        return v * 1, v.select_scatter(torch.ones((1, 2)), 2, 2) * 1
+
+    def make_inputs():
+        return (torch.arange(12.0).view(3, 2, 2)[..., ::2],)
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=make_inputs)
+    else:
+        with pytest.raises(NotImplementedError, match="whose elements share memory"):
+            functionalize(f, remove=remove)(*make_inputs())
+        # A strided view whose elements do not share memory is not refused.
+        assert_matches_eager(lambda x: x[:, ::2].select_scatter(torch.zeros(3), 1, 0) * 1,
+                             torch.arange(12.0).view(3, 4), remove=remove)
