@@ -283,6 +283,66 @@ c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg
   return c10::IValue();
 }
 
+// Note [Kernel: out= strides in graphs without views]
+// Without views a traced program's values keep their *_copy layout (reordered only when nothing
+// records: Note [Wrapper: values in eager's stride order without views]), so an out= tensor
+// resized to the functional result took that layout's strides, not eager's:
+// torch.add(x.diagonal(-1, 0, 1), 0.0, out=y) left the caller's y with strides (2, 1) where eager
+// gives (1, 2) (fuzzer programs 511351, 511801, 502651: about 1 graph in 5,000). There, when an
+// out= tensor is resized, the result's strides are read off the functional op run on meta tensors
+// of the wrappers' reported geometry (eager's), and a dense value is laid out in them before the
+// write (empty_strided + copy in the graph), so the resize and the epilogue take them.
+// Rejected: reordering every traced value (a copy per op in every graph); running the out= op
+// itself on meta (meta's resize disagrees with CPU's, as
+// Note [Kernel: strides of a resized out= tensor] found).
+void out_results_in_eager_strides(const OpInfo& info, const std::vector<c10::IValue>& args,
+                                  Stack& fstack) {
+  bool resizes = false;
+  for (const auto& w : info.written) {
+    const auto& v = fstack[w.functional_return];
+    resizes |= w.is_out && args[w.index].isTensor() && v.isTensor() &&
+               !args[w.index].toTensor().unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+               args[w.index].toTensor().sizes() != v.toTensor().sizes();
+  }
+  if (!resizes) return;
+  Stack meta;
+  try {
+    MetaComputeGuard guard;
+    std::vector<c10::IValue> meta_args = args;
+    for (auto& v : meta_args) {
+      transform_tensors(v, [](const at::Tensor& t) {
+        return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+      });
+    }
+    at::Tensor first_out;
+    for (const auto& w : info.written) {
+      if (w.is_out && meta_args[w.index].isTensor() && !first_out.defined()) {
+        first_out = meta_args[w.index].toTensor();
+      }
+    }
+    const auto& fschema = info.functional_op->schema();
+    for (size_t i = 0; i < info.functional_args.size(); ++i) {
+      meta.push_back(
+          functional_arg(info.functional_args[i], fschema.arguments()[i], meta_args, first_out));
+    }
+    info.functional_op->callBoxed(meta);
+  } catch (const std::exception&) {
+    // No meta kernel, or arguments meta cannot take (a Python meta function may raise a Python
+    // error, not a c10::Error): the value's strides stay.
+    return;
+  }
+  for (const auto& w : info.written) {
+    auto& v = fstack[w.functional_return];
+    if (!w.is_out || !v.isTensor() || !meta[w.functional_return].isTensor()) continue;
+    const at::Tensor value = v.toTensor();
+    const at::Tensor& eager = meta[w.functional_return].toTensor();
+    if (value.layout() == c10::kStrided && value.is_non_overlapping_and_dense() &&
+        eager.is_non_overlapping_and_dense() && same_sizes_other_strides(value, eager)) {
+      v = at::copy(at::empty_strided(value.sizes(), eager.strides(), value.options()), value);
+    }
+  }
+}
+
 }  // namespace
 
 void check_eager_rules(std::string_view op_name, const at::Tensor& written, const at::Tensor& value,
@@ -617,6 +677,9 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
       push_functional_args(inner);
       info.functional_op->callBoxed(fstack);
       rerun_out_in_its_dtype(info, op, inner, fstack);
+      if (C10_UNLIKELY(!layer.reapply_views && ops_are_recorded())) {
+        out_results_in_eager_strides(info, args, fstack);
+      }
     }
   }
 

@@ -6,6 +6,7 @@
 #include "kernels/Subclasses.h"
 
 #include "core/Conversions.h"
+#include "core/Recorder.h"
 
 #include <ATen/Operators.h>
 
@@ -297,6 +298,20 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
       return MutOp::call(args...);
     }
     check_writable(name(), kWrittenName, written);
+    if constexpr (kOut) {
+      if (C10_UNLIKELY(ops_are_recorded() && !current_layer()->reapply_views)) {
+        // The boxed kernel lays a resized out= value out in eager's strides, by a meta replay
+        // (Note [Kernel: out= strides in graphs without views]); traced only, so its cost is not
+        // paid in eager calls.
+        static const auto op =
+            c10::Dispatcher::singleton().findSchemaOrThrow(MutOp::name, MutOp::overload_name);
+        static const KernelPlan plan = plan_for_kernel(op);
+        torch::jit::Stack stack;
+        torch::jit::push(stack, args...);
+        run_boxed_kernel(plan, op, ks, &stack);
+        return written;
+      }
+    }
     if constexpr (!kOut) {
       if (can_write_inner_in_place(written)) {  // See Note [Kernel: in-place on the inner value]
         at::Tensor inner = unsafe_get_impl(written)->value();

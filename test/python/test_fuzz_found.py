@@ -1001,3 +1001,22 @@ def test_scatter_of_a_self_overlapping_view(remove):
         # A strided view whose elements do not share memory is not refused.
         assert_matches_eager(lambda x: x[:, ::2].select_scatter(torch.zeros(3), 1, 0) * 1,
                              torch.arange(12.0).view(3, 4), remove=remove)
+
+
+def test_out_resize_in_a_graph_without_views_takes_eager_strides():
+    # Fuzzer program 511351: add(x1.diagonal(-1, 0, 1), 0.0, out=x0) resizes x0 to the result,
+    # whose eager strides follow the diagonal's (1, 2); a graph without views computed it from
+    # the diagonal's contiguous *_copy and left the caller's x0 with (2, 1)
+    # (Note [Kernel: out= strides in graphs without views]). Both kernels: add's is unboxed,
+    # abs's boxed.
+    def f(x0, x1, y):
+        torch.add(x1.diagonal(-1, 0, 1), 0.0, out=x0)
+        torch.abs(x1.transpose(0, 2), out=y)
+        return x0 * 1, y * 1
+
+    def make_inputs():
+        return torch.zeros(3), torch.arange(24.0).view(4, 3, 2), torch.zeros(1)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # eager's own "output was resized"
+        assert_matches_eager(f, make_inputs=make_inputs, remove="mutations_and_views")
