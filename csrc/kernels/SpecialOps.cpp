@@ -467,8 +467,64 @@ bool has_raw_fast_path(const c10::OperatorHandle& op) {
   return has_out;
 }
 
+// Note [Kernel: composites that restride out]
+// torch.matmul(v, m, out=y) of a 1-D v passes y to mm_out at shape (1, n), whose resize gives y
+// contiguous strides, then squeezes it back: eager leaves y (a diagonal view, stride 7) with
+// stride 1 and writes the storage's first n elements, where the functional variant written into
+// y kept its strides and wrote the diagonal (fuzzer program 527699, in both modes). So for the
+// composite out= ops taken whole, the decomposition is first replayed on meta tensors of the
+// arguments' geometry, and an out= tensor that ends with its own sizes but other strides or
+// offset is restrided (as_strided_, a metadata mutation of it like any other) before the write.
+// Other out= kernels restride only when they resize to another size, which the write handles
+// (Note [Kernel: strides of a resized out= tensor]).
+// Rejected: running the decomposition itself on the wrappers (see
+// Note [Kernel: composites intercepted whole]).
+namespace {
+void restride_outs_as_eager(const OpInfo& info, const c10::OperatorHandle& op, const Stack& stack) {
+  const size_t num_args = op.schema().arguments().size();
+  const std::vector<c10::IValue> args(stack.end() - static_cast<std::ptrdiff_t>(num_args),
+                                      stack.end());
+  std::vector<std::pair<at::Tensor, at::Tensor>> outs;  // (wrapper, its meta twin)
+  try {
+    MetaComputeGuard guard;
+    Stack meta;
+    for (size_t i = 0; i < num_args; ++i) {
+      c10::IValue v = args[i];
+      const bool is_out = std::any_of(info.written.begin(), info.written.end(), [&](auto& w) {
+        return w.is_out && w.index == static_cast<int>(i);
+      });
+      transform_tensors(v, [&](const at::Tensor& t) {
+        TORCH_CHECK(t.layout() == c10::kStrided &&
+                        !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() && !t.is_conj() &&
+                        !t.is_neg(),
+                    "no meta twin");
+        const auto nbytes =
+            at::detail::computeStorageNbytes(t.sizes(), t.strides(), 1, t.storage_offset());
+        at::Tensor twin = at::empty({static_cast<int64_t>(nbytes)}, t.options().device(c10::kMeta))
+                              .as_strided(t.sizes(), t.strides(), t.storage_offset());
+        if (is_out) outs.emplace_back(t, twin);
+        return twin;
+      });
+      meta.push_back(std::move(v));
+    }
+    if (outs.empty()) return;
+    op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, meta);
+  } catch (const std::exception&) {
+    return;  // no meta replay for this op or these arguments: out keeps its strides
+  }
+  for (const auto& [wrapper, twin] : outs) {
+    if (wrapper.numel() > 0 && twin.sizes() == wrapper.sizes() &&
+        (twin.strides() != wrapper.strides() ||
+         twin.storage_offset() != wrapper.storage_offset())) {
+      at::Tensor(wrapper).as_strided_(twin.sizes(), twin.strides(), twin.storage_offset());
+    }
+  }
+}
+}  // namespace
+
 void composite_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                       const Layer& layer) {
+  if (info.kind == OpKind::Mutable) restride_outs_as_eager(info, op, *stack);
   // Under capture, functional ones (max_pool1d, ctc_loss, quantile) run whole on inner values and
   // are recorded whole (their decomposition would read data pointers, which no recorder sees); out=
   // ones take the tracer's path below, so their views become *_copy ops like any others.

@@ -1020,3 +1020,21 @@ def test_out_resize_in_a_graph_without_views_takes_eager_strides():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # eager's own "output was resized"
         assert_matches_eager(f, make_inputs=make_inputs, remove="mutations_and_views")
+
+
+def test_matmul_out_restrides_a_strided_out_like_eager(remove):
+    # Fuzzer program 527699: torch.matmul(v, m, out=y) of a 1-D v hands y to mm_out at shape
+    # (1, n); its resize gives y contiguous strides, so eager leaves y = b.diagonal() with
+    # stride 1 and writes b's first elements, not its diagonal
+    # (Note [Kernel: composites that restride out]).
+    def f(m, v, y):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # eager's own "output was resized"
+            torch.matmul(v, m, out=y)
+        return y * 1
+
+    def make_inputs():
+        return (torch.arange(12.0).view(4, 3), torch.arange(4.0) - 1,
+                torch.arange(18.0).view(3, 6).diagonal())
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
