@@ -396,6 +396,10 @@ void plan_reshape_alias(const c10::OperatorHandle& /*op*/, OpInfo& info) {
 // a write through an output would be lost on self and its aliases (torch.func loses it). So they
 // are planned as their safe twins, split.Tensor and split_with_sizes, which take the same
 // arguments: replayed, inverted and turned into *_copy like them.
+// Except on a tensor with the conjugate or negative bit: eager's conjugate and negative fallbacks
+// see no view in unsafe_split, so they resolve the bit into a copy first, and the outputs alias
+// that copy, not self. A write to self then left them alone in eager, where ours followed it
+// (fuzzer program 528705). There the outputs are split from a resolved copy and wrapped fresh.
 bool is_unsafe_split(const c10::OperatorHandle& op) {
   return named(op, "aten::unsafe_split", "Tensor") ||
          named(op, "aten::unsafe_split_with_sizes", "");
@@ -409,6 +413,33 @@ void plan_unsafe_split(const c10::OperatorHandle& op, OpInfo& info) {
   TORCH_INTERNAL_ASSERT(view.has_value(), c10::toString(twin), " is not registered");
   info.kind = OpKind::View;
   set_view_plan(*view, info);
+}
+
+void unsafe_split_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
+                         const Layer& layer) {
+  const size_t num_args = op.schema().arguments().size();
+  c10::IValue& self = *(stack->end() - static_cast<std::ptrdiff_t>(num_args));
+  const auto* impl = maybe_get_impl(self.toTensor());
+  if (impl == nullptr) return view_kernel(info, op, stack, layer);
+  // Without views the value has no bit to read: the chain's _conj / _neg_view steps say it.
+  bool conj = self.toTensor().is_conj(), neg = self.toTensor().is_neg();
+  if (!layer.reapply_views) {
+    for (const auto* step : impl->chain().steps()) {
+      conj ^= step->op.operator_name().name == "aten::_conj";
+      neg ^= step->op.operator_name().name == "aten::_neg_view";
+    }
+  }
+  if (!conj && !neg) return view_kernel(info, op, stack, layer);
+  InnerCallGuard guard;
+  const at::Tensor inner = sync_and_unwrap(self.toTensor());
+  // A copy either way: without views the value has its bits resolved already, and a fresh output
+  // must not share another wrapper's value.
+  self = inner.is_conj() || inner.is_neg() ? at::resolve_neg(at::resolve_conj(inner))
+                                           : at::clone(inner);
+  op.callBoxed(stack);
+  c10::IValue out = torch::jit::pop(*stack);
+  transform_tensors(out, [&](const at::Tensor& t) { return make_fresh_wrapper(t, layer.id); });
+  torch::jit::push(*stack, std::move(out));
 }
 
 // --- composite ops with raw fast paths
@@ -740,7 +771,7 @@ constexpr std::array<SpecialOp, 12> kSpecialOps{{
     {"lift_fresh", &is_lift, &wrap_lifted, nullptr, false},
     {"_unsafe_view", &is_unsafe_view, &plan_unsafe_view, nullptr, false},
     {"_reshape_alias", &is_reshape_alias, &plan_reshape_alias, nullptr, false},
-    {"unsafe_split", &is_unsafe_split, &plan_unsafe_split, nullptr, false},
+    {"unsafe_split", &is_unsafe_split, &plan_unsafe_split, &unsafe_split_kernel, false},
     {"composite with raw fast path", &has_raw_fast_path, nullptr, &composite_kernel, true},
     {"in-place _foreach_", &is_inplace_foreach, nullptr, &foreach_kernel, false},
     {"c10d collective", &is_c10d_collective, nullptr, &collective_kernel, false},

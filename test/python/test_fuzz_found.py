@@ -1038,3 +1038,21 @@ def test_matmul_out_restrides_a_strided_out_like_eager(remove):
                 torch.arange(18.0).view(3, 6).diagonal())
 
     assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+
+
+@pytest.mark.parametrize("bit", ["conj", "neg"])
+def test_unsafe_chunk_of_a_conjugate_view_does_not_alias_it(remove, bit):
+    # Fuzzer program 528705: eager's conjugate (and negative) fallback resolves the bit into a
+    # copy before unsafe_split, so unsafe_chunk of x.conj() does not alias x; a write to x.conj()
+    # then reached our chunk but not eager's (Note [Kernel: unsafe_split]).
+    def f(x):
+        torch.manual_seed(0)
+        v = x.conj() if bit == "conj" else x._neg_view()
+        chunk = v.unsafe_chunk(2, 0)[1]
+        torch.rand((4,), out=v)
+        return chunk * 1, v * 1
+
+    def make_inputs():
+        return (torch.tensor([1 + 2j, 3 - 4j, -5 + 6j, 7 + 8j], dtype=torch.complex64),)
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
