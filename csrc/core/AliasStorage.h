@@ -51,6 +51,13 @@ class AliasStorage : public c10::StorageImpl {
     flat_views_kept_ = views_kept;
   }
   bool flat() const { return flat_; }
+  /// A storage whose base is the byte storage of aliased inputs of different dtypes
+  /// (Note [Inputs: aliased inputs]): element i of the base is byte i of eager's storage.
+  void mark_bytes(bool views_kept) {
+    bytes_ = true;
+    flat_views_kept_ = views_kept;
+  }
+  bool bytes() const { return bytes_; }
   bool flat_views_kept() const { return flat_views_kept_; }
   /// The step that makes an input of a flat storage a view of it: writes through chains that
   /// begin elsewhere (an as_strided from the base) may reach elements no input covers.
@@ -105,6 +112,7 @@ class AliasStorage : public c10::StorageImpl {
   uint64_t generation_ = 0;
   bool captured_ = false;
   bool flat_ = false;
+  bool bytes_ = false;
   bool flat_views_kept_ = false;
   const char* offset_base_ = nullptr;  // why, when the base is offset (see mark_offset_base)
   const c10::StorageImpl* caller_storage_ = nullptr;  // compared, never dereferenced

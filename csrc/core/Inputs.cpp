@@ -117,7 +117,11 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
     }
   }
   const at::Tensor base = make_fresh_wrapper(base_value, layer.id);
-  if (!mixed) unsafe_get_impl(base)->alias_storage().mark_flat(reapply);
+  if (!mixed) {
+    unsafe_get_impl(base)->alias_storage().mark_flat(reapply);
+  } else {
+    unsafe_get_impl(base)->alias_storage().mark_bytes(reapply);
+  }
   const int64_t base_bytes = numel * static_cast<int64_t>(first->itemsize());
   std::vector<at::Tensor> wrapped;
   for (const auto& m : members) {
@@ -476,6 +480,35 @@ bool write_whole_storage(const std::vector<at::Tensor>& originals, c10::ArrayRef
   return true;
 }
 
+// The byte base of inputs of different dtypes (x and x.view(torch.int32), or b[::2] and b.real of
+// a complex b) may hold writes that no member covers either: x.as_strided_((2,), (3,), 0) of a
+// complex member, then uniform_, writes bytes 24..31 of which b.real covers only 24..27 (fuzzer
+// program 534085). Eagerly and in graphs with views, the whole storage is written as bytes,
+// through a member seen as its storage's elements (as_strided) and then as bytes (view), and
+// nothing else. See Note [Inputs: writes outside every input's elements].
+bool write_whole_bytes(const std::vector<at::Tensor>& originals, c10::ArrayRef<size_t> members,
+                       const AliasStorage& storage) {
+  if (!storage.bytes() || (!storage.flat_views_kept() && epilogue_is_recorded())) return false;
+  const at::Tensor& base = storage.base();
+  if (base.dim() != 1 || base.scalar_type() != c10::kByte || base.is_conj() || base.is_neg()) {
+    return false;
+  }
+  for (size_t i : members) {
+    const at::Tensor& t = originals[i];
+    const auto item = static_cast<int64_t>(t.itemsize());
+    if (t.layout() != c10::kStrided || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+        t.is_conj() || t.is_neg() || t.requires_grad() ||
+        static_cast<int64_t>(t.storage().nbytes()) != base.numel() || base.numel() % item != 0) {
+      continue;
+    }
+    at::Tensor whole = t.as_strided({base.numel() / item}, {1}, 0);
+    if (t.is_complex()) whole = at::view_as_real(whole).view(-1);
+    whole.view(c10::kByte).copy_(base);
+    return true;
+  }
+  return false;
+}
+
 // Where write_whole_storage cannot run (a graph without views: no view to write the storage
 // through), a write that may have reached elements no input covers would be lost: refused by
 // name instead (fuzzer program 300118, captured; 506674 with a metadata change after the write).
@@ -574,6 +607,7 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
         write_whole_storage(originals, members, *storage)) {
       continue;
     }
+    if (!any_metadata && write_whole_bytes(originals, members, *storage)) continue;
     check_outside_writes_expressible(originals, members, *storage, any_metadata);
     // A member that is now its whole storage holds every element the others do: written alone,
     // the others need no write (and one whose elements share memory could not take one; fuzzer
