@@ -299,7 +299,7 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     }
     check_writable(name(), kWrittenName, written);
     if constexpr (kOut) {
-      if (C10_UNLIKELY(ops_are_recorded() && !current_layer()->reapply_views)) {
+      if (C10_UNLIKELY(!current_layer()->reapply_views && ops_are_recorded())) {
         // The boxed kernel lays a resized out= value out in eager's strides, by a meta replay
         // (Note [Kernel: out= strides in graphs without views]); traced only, so its cost is not
         // paid in eager calls.
