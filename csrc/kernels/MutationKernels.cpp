@@ -629,6 +629,15 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
   const size_t num_returns = schema.returns().size();
   std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
   torch::jit::drop(*stack, num_args);
+  // Eager's copy_ returns at once when src is self; the functional copy would still convert the
+  // values (x.view(torch.bool).copy_ of itself turned float bytes into 0/1, fuzzer program 550374).
+  static const c10::OperatorName copy_inplace{"aten::copy_", ""};
+  if (C10_UNLIKELY(num_args >= 2 && args[0].isTensor() && args[1].isTensor() &&
+                   args[0].toTensor().is_same(args[1].toTensor())) &&
+      op.operator_name() == copy_inplace) {
+    torch::jit::push(*stack, args[0]);
+    return;
+  }
 
   // Every written tensor must be ours: a plain tensor cannot receive a functional value.
   at::Tensor first_out;

@@ -1083,3 +1083,15 @@ def test_write_outside_the_members_of_inputs_of_two_dtypes(remove):
     else:
         with pytest.raises(NotImplementedError, match="shared with a tensor of another dtype"):
             functionalize(f, remove=remove)(*make_inputs())
+
+
+def test_copy_of_a_tensor_into_itself_changes_nothing(remove):
+    # Fuzzer program 550374: eager's copy_ returns at once when src is self; the functional copy
+    # of a bool view of float bytes (v.view(torch.bool).copy_ of itself) turned them into 0/1.
+    def f(x):
+        v = x.view(torch.bool)
+        v.copy_(v)
+        x.copy_(x)
+        return x * 1
+
+    assert_matches_eager(f, make_inputs=lambda: (torch.tensor([-0.5, 1.25, 3.0]),), remove=remove)
