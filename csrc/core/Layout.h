@@ -2,11 +2,12 @@
 // its strides (kernels/MutationKernels.cpp, core/AliasStorage.cpp) and *_like ops take a wrapper's
 // reported strides (kernels/BoxedKernel.cpp), and values without views take eager's stride order
 // (core/FunctionalTensorImpl.cpp); and where a tensor lies in its storage (core/Inputs.cpp,
-// core/AliasStorage.cpp).
+// core/AliasStorage.cpp); the meta twin of a tensor's geometry for replays on meta (kernels/).
 #pragma once
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -66,6 +67,15 @@ inline bool may_self_overlap(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
     extent += (size - 1) * stride;
   }
   return false;
+}
+
+/// A meta tensor with t's sizes, strides and storage offset (concrete), over a meta storage just
+/// large enough: what eager's op would see of t's geometry, for replays on meta.
+inline at::Tensor meta_twin(const at::Tensor& t) {
+  const auto nbytes =
+      at::detail::computeStorageNbytes(t.sizes(), t.strides(), 1, t.storage_offset());
+  return at::empty({static_cast<int64_t>(nbytes)}, t.options().device(c10::kMeta))
+      .as_strided(t.sizes(), t.strides(), t.storage_offset());
 }
 
 struct Span {

@@ -25,6 +25,17 @@ std::vector<const ViewMeta*> ViewChain::steps() const {
   return out;
 }
 
+std::pair<bool, bool> ViewChain::bit_flips() const {
+  static const c10::OperatorName conj{"aten::_conj", ""}, neg{"aten::_neg_view", ""};
+  bool conj_flip = false, neg_flip = false;
+  for (const Node* n = tail_.get(); n != nullptr; n = n->parent.get()) {
+    const auto& name = n->step->op.operator_name();
+    conj_flip ^= name == conj;
+    neg_flip ^= name == neg;
+  }
+  return {conj_flip, neg_flip};
+}
+
 bool ViewChain::starts_with(const ViewChain& prefix) const {
   if (prefix.size() > size()) return false;
   const Node* a = tail_.get();

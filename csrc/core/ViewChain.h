@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <initializer_list>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace tfz::detail {
@@ -39,6 +40,9 @@ class ViewChain {
   void push_back(std::shared_ptr<const ViewMeta> step) { *this = extended(std::move(step)); }
   /// The steps, first (applied to the base) to last. O(size()).
   std::vector<const ViewMeta*> steps() const;
+  /// Whether the chain's _conj and _neg_view steps flip the conjugate and the negative bit (an
+  /// odd number of each): without views the values carry no bit, the chain does. O(size()).
+  std::pair<bool, bool> bit_flips() const;
   /// Whether `prefix` is this chain's beginning: the same step objects at its first positions.
   bool starts_with(const ViewChain& prefix) const;
 

@@ -311,7 +311,8 @@ void out_results_in_eager_strides(const OpInfo& info, const std::vector<c10::IVa
     std::vector<c10::IValue> meta_args = args;
     for (auto& v : meta_args) {
       transform_tensors(v, [](const at::Tensor& t) {
-        return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+        TORCH_CHECK(!t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(), "no meta twin");
+        return meta_twin(t);
       });
     }
     at::Tensor first_out;

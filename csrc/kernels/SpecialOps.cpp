@@ -5,6 +5,7 @@
 #include "kernels/SpecialOps.h"
 
 #include "core/Conversions.h"
+#include "core/Layout.h"
 #include "core/Recorder.h"
 #include "core/ViewInverses.h"
 
@@ -424,10 +425,9 @@ void unsafe_split_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stac
   // Without views the value has no bit to read: the chain's _conj / _neg_view steps say it.
   bool conj = self.toTensor().is_conj(), neg = self.toTensor().is_neg();
   if (!layer.reapply_views) {
-    for (const auto* step : impl->chain().steps()) {
-      conj ^= step->op.operator_name().name == "aten::_conj";
-      neg ^= step->op.operator_name().name == "aten::_neg_view";
-    }
+    const auto [conj_steps, neg_steps] = impl->chain().bit_flips();
+    conj ^= conj_steps;
+    neg ^= neg_steps;
   }
   if (!conj && !neg) return view_kernel(info, op, stack, layer);
   InnerCallGuard guard;
@@ -529,10 +529,7 @@ void restride_outs_as_eager(const OpInfo& info, const c10::OperatorHandle& op, c
                         !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() && !t.is_conj() &&
                         !t.is_neg(),
                     "no meta twin");
-        const auto nbytes =
-            at::detail::computeStorageNbytes(t.sizes(), t.strides(), 1, t.storage_offset());
-        at::Tensor twin = at::empty({static_cast<int64_t>(nbytes)}, t.options().device(c10::kMeta))
-                              .as_strided(t.sizes(), t.strides(), t.storage_offset());
+        at::Tensor twin = meta_twin(t);
         if (is_out) outs.emplace_back(t, twin);
         return twin;
       });

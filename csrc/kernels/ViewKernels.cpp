@@ -3,6 +3,7 @@
 #include "kernels/Handlers.h"
 
 #include "core/Conversions.h"
+#include "core/Layout.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
@@ -32,10 +33,7 @@ std::optional<c10::IValue> meta_reference(const c10::OperatorHandle& op, const a
                                           const std::vector<c10::IValue>& extra) {
   if (self.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return std::nullopt;
   MetaComputeGuard guard;
-  const auto nbytes =
-      at::detail::computeStorageNbytes(self.sizes(), self.strides(), 1, self.storage_offset());
-  auto storage = at::empty({static_cast<int64_t>(nbytes)}, self.options().device(c10::kMeta));
-  torch::jit::Stack stack{storage.as_strided(self.sizes(), self.strides(), self.storage_offset())};
+  torch::jit::Stack stack{meta_twin(self)};
   stack.insert(stack.end(), extra.begin(), extra.end());
   op.callBoxed(stack);
   return std::move(stack[0]);
@@ -95,10 +93,8 @@ bool check_storage_coordinates(std::string_view op_name, const FunctionalTensorI
   if (layer.reapply_views) return same;
   // Without views a _conj / _neg_view step gives a *_copy value and the wrapper no bit to compare:
   // the chain says it (x.mH.as_strided(..) lost the conjugation, fuzzer program 410965).
-  for (const auto* step : impl.chain().steps()) {
-    const auto& name = step->op.operator_name().name;
-    same = same && name != "aten::_conj" && name != "aten::_neg_view";
-  }
+  const auto [conj, neg] = impl.chain().bit_flips();
+  same = same && !conj && !neg;
   TORCH_CHECK_NOT_IMPLEMENTED(
       same, "functionalize: ", op_name, ": as_strided of a ", self.scalar_type(),
       " view whose storage is shared with a tensor of another dtype or with conjugate/negative "
