@@ -67,9 +67,17 @@ inline c10::DispatchKeySet wrapper_key_set() {
 // backend-key kernel, materializing through ops that reach us as usual, which is what eager does to
 // a plain tensor. Rejected: copying the value's whole key set, as torch's own wrapper does; it
 // would put the value's backend keys (CPU, CUDA) on the wrapper and let their kernels see wrappers.
+// The ZeroTensor bit is mirrored the same way, for `_is_zerotensor()` and for the reroute of
+// Note [Kernel: efficient zero tensors].
 inline c10::DispatchKeySet mirrored_key_set(c10::DispatchKeySet value_keys) {
-  return value_keys &
-         c10::DispatchKeySet({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+  return value_keys & c10::DispatchKeySet({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative,
+                                           c10::DispatchKey::ZeroTensor});
+}
+
+/// Where an op with an efficient-zero wrapper among its arguments goes first: torch's ZeroTensor
+/// kernel, then our backend key (Note [Kernel: efficient zero tensors]).
+inline c10::DispatchKeySet zero_tensor_keys() {
+  return c10::DispatchKeySet({c10::DispatchKey::ZeroTensor, kBackendKey});
 }
 
 /// Keys a functionalize layer adds to the thread's included set (see Note [Layer: TLS scheme]).

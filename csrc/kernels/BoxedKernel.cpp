@@ -4,6 +4,7 @@
 #include "kernels/Registration.h"
 
 #include "core/Conversions.h"
+#include "core/DispatchKey.h"
 #include "core/Layout.h"
 #include "kernels/Subclasses.h"
 
@@ -62,6 +63,23 @@ void lift_captured_self(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   self = std::move(lifted);
 }
 
+// Note [Kernel: efficient zero tensors]
+// Forward-mode AD gives an undefined tangent as an efficient zero tensor (_efficientzerotensor: no
+// storage, the ZeroTensor bit), and torch's ZeroTensor kernels, below our key, implement ops on
+// them as compositions: add(zero, t) is _to_copy(t.expand(size)), and the fallback materializes a
+// zero as zeros({}).expand(size). Run on inner values, those are views we never see: with
+// remove="mutations_and_views", jvp / jacfwd / hessian inside a layer left aten.expand in the
+// graph. So a wrapper mirrors its value's ZeroTensor bit, as it mirrors the conjugate bit:
+// See Note [Wrapper: mirrored conjugate and negative bits]
+// and an op reaching our autograd key with that bit among its keys is sent, still on wrappers, to
+// the ZeroTensor kernel and from there to our backend key: its expand and _to_copy calls come back
+// to us as ops on wrappers (expand becomes expand_copy), and its redispatch arrives with the bit
+// gone (ks lacks ZeroTensor), so nothing loops. The values are eager's: the same ZeroTensor kernels
+// run, one level up. Writing to a zero tensor gets the kernel's own "ZeroTensors are immutable"
+// error, as in eager.
+// Rejected: materializing zero tensors when they are wrapped (zeros would make 0 * inf give NaN
+// where a zero tensor gives 0, and -0.0 + 0 give +0.0); rewriting the traced graph afterwards
+// (the run without a tracer would still differ from the traced one).
 void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                       torch::jit::Stack* stack) {
   // A torch.func transform pushed inside the layer is processing this op: it is autograd's, not
@@ -112,6 +130,9 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
     }
     if (wrap) wrap_outputs(stack, op.schema().returns().size(), layer_id);
     return;
+  }
+  if (C10_UNLIKELY(ks.has(c10::DispatchKey::ZeroTensor))) {
+    return op.redispatchBoxed(zero_tensor_keys(), stack);  // Note [Kernel: efficient zero tensors]
   }
   if (plan.special != nullptr && plan.special->handle != nullptr) {
     return plan.special->handle(info, op, stack, *layer);

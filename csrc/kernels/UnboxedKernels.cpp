@@ -6,6 +6,7 @@
 #include "kernels/Subclasses.h"
 
 #include "core/Conversions.h"
+#include "core/DispatchKey.h"
 #include "core/Recorder.h"
 
 #include <ATen/Operators.h>
@@ -188,6 +189,9 @@ struct Unboxed<Op, Ret(Args...)> {
       SubclassCallGuard guard;
       return Op::redispatch(subclass_dispatch_keys(ks), args...);
     }
+    if (C10_UNLIKELY(call.any() && ks.has(c10::DispatchKey::ZeroTensor))) {
+      return Op::redispatch(zero_tensor_keys(), args...);  // See run_boxed_kernel.
+    }
     InnerCallGuard guard;
     if (!call.any()) return Op::call(args...);
     Ret out = Op::call(call.unwrap(args)...);
@@ -296,6 +300,9 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     if (!call.any()) {
       InnerCallGuard guard;
       return MutOp::call(args...);
+    }
+    if (C10_UNLIKELY(ks.has(c10::DispatchKey::ZeroTensor))) {
+      return MutOp::redispatch(zero_tensor_keys(), args...);  // See run_boxed_kernel.
     }
     check_writable(name(), kWrittenName, written);
     if constexpr (kOut) {

@@ -99,22 +99,13 @@ TORCH_FUNC_FAILS = {
     "nested_functionalize": "nested functionalize: FunctionalStorageImpl assertion",
 }
 
-# Forward-mode AD inside our layer: the ZeroTensor fallback of a tangent that is an efficient zero
-# tensor calls expand (and a meta-device _to_copy) on the inner values, below our key, so the view
-# is recorded as is (torch.func.functionalize leaves the same aten.expand).
-_FORWARD_AD_EXPAND = pytest.mark.xfail(
-    strict=True,
-    reason="forward-mode AD's ZeroTensor fallback calls expand on inner values below our key "
-    "(torch.func.functionalize leaves the same aten.expand)",
-)
-
 
 def _make_fx_cases():
     for name in STACKS:
         for remove in REMOVE_MODES:
-            forward_ad_inside = name in ("jvp_inside", "jacfwd_inside", "hessian_inside")
-            marks = [_FORWARD_AD_EXPAND] if forward_ad_inside and remove != "mutations" else []
-            yield pytest.param(name, remove, marks=marks, id=f"{name}-{remove}")
+            # Forward AD inside the layer (jvp, jacfwd, hessian) makes efficient zero tensors,
+            # whose torch kernels expand on them: see Note [Kernel: efficient zero tensors].
+            yield pytest.param(name, remove, id=f"{name}-{remove}")
 
 
 def _identity(f, remove="mutations"):

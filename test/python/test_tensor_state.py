@@ -4,6 +4,7 @@ same tensor, and writes through conjugate and negative views reach their bases a
 See Note [Wrapper: mirrored conjugate and negative bits].
 """
 
+import pytest
 import torch
 
 from reference import assert_matches_eager
@@ -118,3 +119,34 @@ def test_conj_physical_inplace_on_conj_view_keeps_the_bit():
         return c.is_conj(), c.resolve_conj(), x
 
     assert_matches_eager(f, _complex(3), remove="mutations")
+
+
+def _zero_tensor_ops(x):
+    # Forward AD's undefined tangents are such tensors; torch's ZeroTensor kernels broadcast them
+    # (expand) and give zero for 0 * inf. See Note [Kernel: efficient zero tensors].
+    z = torch._efficientzerotensor(x.shape[-1:], dtype=x.dtype)
+    inf = torch.full_like(x, float("inf"))
+    return (
+        z._is_zerotensor(),
+        z + x,
+        x - z,
+        (z * inf)._is_zerotensor(),
+        (z * inf).clone(),
+        torch.where(x > 0, z, x),
+    )
+
+
+def test_efficient_zero_tensors_match_eager(remove):
+    assert_matches_eager(_zero_tensor_ops, torch.randn(3, 4), remove=remove)
+
+
+def test_write_to_an_efficient_zero_tensor_is_eagers_error(remove):
+    def f(x):
+        z = torch._efficientzerotensor(x.shape, dtype=x.dtype)
+        z.add_(x)
+        return z
+
+    with pytest.raises(RuntimeError, match="ZeroTensors are immutable"):
+        f(torch.randn(3))
+    with pytest.raises(RuntimeError, match="ZeroTensors are immutable"):
+        functionalize(f, remove=remove)(torch.randn(3))
