@@ -69,6 +69,13 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
 /// Whether an in-place op may write the wrapper's inner value directly, because nothing else
 /// can observe it (Note [Kernel: in-place on the inner value]).
 bool can_write_inner_in_place(const at::Tensor& wrapper);
+/// Whether the out= wrapper `wrapper` (inner value `out`) gets its value from the out= kernel
+/// itself run into fresh_out_like(wrapper, out), not from the functional `result`: eager's numbers
+/// in out's dtype, eager's strides after a resize (Note [Kernel: out= of another dtype, eagerly]).
+bool out_takes_eager_kernel(const at::Tensor& wrapper, const at::Tensor& out,
+                            const at::Tensor& result);
+/// A private tensor of the wrapper's sizes and strides and the inner out's options.
+at::Tensor fresh_out_like(const at::Tensor& wrapper, const at::Tensor& out);
 /// After such a write: the inner value is the storage's new base.
 void commit_written_in_place(const at::Tensor& wrapper);
 /// Whether self's inner value is the caller's memory with grad mode on: an in-place op on it

@@ -283,28 +283,82 @@ c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg
   return c10::IValue();
 }
 
-// Note [Kernel: out= strides in graphs without views]
+// Note [Kernel: out= strides in graphs]
 // Without views a traced program's values keep their *_copy layout (reordered only when nothing
 // records: Note [Wrapper: values in eager's stride order without views]), so an out= tensor
 // resized to the functional result took that layout's strides, not eager's:
 // torch.add(x.diagonal(-1, 0, 1), 0.0, out=y) left the caller's y with strides (2, 1) where eager
-// gives (1, 2) (fuzzer programs 511351, 511801, 502651: about 1 graph in 5,000). There, when an
-// out= tensor is resized, the result's strides are read off the functional op run on meta tensors
-// of the wrappers' reported geometry (eager's), and a dense value is laid out in them before the
-// write (empty_strided + copy in the graph), so the resize and the epilogue take them.
+// gives (1, 2) (fuzzer programs 511351, 511801, 502651: about 1 graph in 5,000). And with views or
+// without, an out= kernel that is not structured (fft.*, abs of a complex tensor) leaves
+// resize_output's contiguous strides where the functional result has others (fuzzer program
+// 531362; Note [Kernel: strides of a resized out= tensor]). So when a traced out= tensor is
+// resized, eager's strides are read off the out= op itself, run hidden from the tracer on real
+// copies of its arguments in the wrappers' reported geometry (eager's) with a private out, and a
+// dense value is laid out in them before the write (empty_strided + copy in the graph), so the
+// resize and the epilogue take them. That run costs a second op at trace time, never in the
+// graph. Where the values are not real tensors (fake or symbolic tracing) or the op is seeded
+// random (a run would draw), the functional op is run on meta tensors of that geometry instead,
+// without views only: it gives the structured kernels' strides.
 // Rejected: reordering every traced value (a copy per op in every graph); running the out= op
 // itself on meta (meta's resize disagrees with CPU's, as
 // Note [Kernel: strides of a resized out= tensor] found).
-void out_results_in_eager_strides(const OpInfo& info, const std::vector<c10::IValue>& args,
-                                  Stack& fstack) {
-  bool resizes = false;
-  for (const auto& w : info.written) {
-    const auto& v = fstack[w.functional_return];
-    resizes |= w.is_out && args[w.index].isTensor() && v.isTensor() &&
-               !args[w.index].toTensor().unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
-               args[w.index].toTensor().sizes() != v.toTensor().sizes();
+
+bool is_real(const at::Tensor& t) {
+  return t.layout() == c10::kStrided && !t.is_meta() &&
+         !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+         !t.key_set().has_any(c10::python_ks |
+                              c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
+                                                   c10::DispatchKey::FuncTorchGradWrapper}));
+}
+
+// The out= op run untraced on real copies of `args` (wrappers and plain tensors) in their
+// reported geometry, each written out= tensor a private fresh_out_like: eager's results, or
+// nullopt where that cannot be done.
+std::optional<std::vector<c10::IValue>> run_out_op_on_eager_geometry(
+    const OpInfo& info, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  if (op.hasTag(at::Tag::nondeterministic_seeded)) return std::nullopt;
+  std::vector<c10::IValue> call = args;
+  bool real = true;
+  try {
+    // Values up to date first, as the op itself would see them (a sync is part of the graph).
+    std::vector<at::Tensor> values;
+    for (const auto& v : args) {
+      for_each_tensor(v, [&](const at::Tensor& t) { values.push_back(sync_and_unwrap(t)); });
+    }
+    size_t next = 0;
+    MetaComputeGuard guard;
+    for (size_t i = 0; i < call.size(); ++i) {
+      bool is_out = false;
+      for (const auto& w : info.written) is_out |= w.is_out && w.index == i;
+      transform_tensors(call[i], [&](const at::Tensor& t) -> at::Tensor {
+        const at::Tensor value = values[next++];
+        real = real && is_real(value) && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+        if (!real) return t;
+        if (is_out) return fresh_out_like(t, value);
+        if (value.sizes() == t.sizes() && value.strides() == t.strides()) return value;
+        if (has_internal_overlap(t)) {
+          real = false;
+          return t;
+        }
+        return at::empty_strided(t.sizes(), t.strides(), value.options()).copy_(value);
+      });
+      if (!real) return std::nullopt;
+    }
+    op.callBoxed(call);
+  } catch (const std::exception&) {
+    return std::nullopt;  // eager raises on these arguments: the functional path reports it
   }
-  if (!resizes) return;
+  std::vector<c10::IValue> results(info.written.size());
+  for (size_t k = 0; k < info.written.size(); ++k) {
+    const auto& w = info.written[k];
+    if (w.is_out) results[k] = call[w.index];
+  }
+  return results;
+}
+
+// The functional op on meta tensors of the wrappers' reported geometry.
+std::optional<Stack> run_functional_on_meta(const OpInfo& info,
+                                            const std::vector<c10::IValue>& args) {
   Stack meta;
   try {
     MetaComputeGuard guard;
@@ -330,16 +384,44 @@ void out_results_in_eager_strides(const OpInfo& info, const std::vector<c10::IVa
   } catch (const std::exception&) {
     // No meta kernel, or arguments meta cannot take (a Python meta function may raise a Python
     // error, not a c10::Error): the value's strides stay.
+    return std::nullopt;
+  }
+  return meta;
+}
+
+void out_results_in_eager_strides(const OpInfo& info, const c10::OperatorHandle& op,
+                                  const std::vector<c10::IValue>& args, Stack& fstack,
+                                  bool views_kept) {
+  bool resizes = false;
+  for (const auto& w : info.written) {
+    const auto& v = fstack[w.functional_return];
+    resizes |= w.is_out && args[w.index].isTensor() && v.isTensor() &&
+               !args[w.index].toTensor().unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+               args[w.index].toTensor().sizes() != v.toTensor().sizes();
+  }
+  if (!resizes) return;
+  // eager[k]: the k-th written argument as eager leaves it (out= ones only).
+  std::vector<c10::IValue> eager(info.written.size());
+  if (auto outs = run_out_op_on_eager_geometry(info, op, args)) {
+    eager = std::move(*outs);
+  } else if (views_kept) {
+    return;
+  } else if (auto meta = run_functional_on_meta(info, args)) {
+    for (size_t k = 0; k < info.written.size(); ++k) {
+      eager[k] = (*meta)[info.written[k].functional_return];
+    }
+  } else {
     return;
   }
-  for (const auto& w : info.written) {
+  for (size_t k = 0; k < info.written.size(); ++k) {
+    const auto& w = info.written[k];
     auto& v = fstack[w.functional_return];
-    if (!w.is_out || !v.isTensor() || !meta[w.functional_return].isTensor()) continue;
+    if (!w.is_out || !v.isTensor() || !eager[k].isTensor()) continue;
     const at::Tensor value = v.toTensor();
-    const at::Tensor& eager = meta[w.functional_return].toTensor();
+    const at::Tensor& e = eager[k].toTensor();
     if (value.layout() == c10::kStrided && value.is_non_overlapping_and_dense() &&
-        eager.is_non_overlapping_and_dense() && same_sizes_other_strides(value, eager)) {
-      v = at::copy(at::empty_strided(value.sizes(), eager.strides(), value.options()), value);
+        e.is_non_overlapping_and_dense() && same_sizes_other_strides(value, e)) {
+      v = at::copy(at::empty_strided(value.sizes(), e.strides(), value.options()), value);
     }
   }
 }
@@ -498,7 +580,9 @@ bool reads_input_under_autograd(const at::Tensor& wrapper, const at::Tensor& sel
 // kin). Not every out= kernel restrides: measured over OpInfo's out= samples with a transposed
 // input (torch 2.13 CPU), eager's out strides equal the functional result's in 874 of 943 cases;
 // the 69 others (fft.*, cholesky, slice_scatter, linalg.tensorinv: not structured) keep
-// resize_output's contiguous strides, which we then get wrong.
+// resize_output's contiguous strides. Those the out= kernel itself gives: eagerly by rerunning it
+// (Note [Kernel: out= of another dtype, eagerly]), in graphs by running it at trace time
+// (Note [Kernel: out= strides in graphs]).
 // Rejected: contiguous strides always (what we did first): wrong in 296 of those 943 cases.
 // Rejected: reading eager's strides off the out= op run on meta tensors: meta's resize disagrees
 // with CPU's for TensorIterator ops (abs(x.t(), out=) is (1, 4) on CPU, (3, 1) on meta).
@@ -591,6 +675,8 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
   return target;
 }
 
+}  // namespace
+
 // Note [Kernel: out= of another dtype, eagerly]
 // torch.logsumexp(x_f32, 0, out=y_f64) sums in float64 inside its out= kernel (it writes into
 // out and works on), while the functional logsumexp computes in float32 and the write casts: the
@@ -598,26 +684,51 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
 // dtype through their plan (Note [Schema: reductions into an out= of another dtype]); for the
 // others, when the functional result's dtype is not out's and nothing records the program (the
 // conditions of Note [Kernel: in-place on the inner value]), the out= op itself runs on the
-// inner arguments into a private empty tensor of out's dtype, and its result is the value: eager's
-// numbers by construction. Seeded random ops are left alone (a second run would draw again).
-// Under a tracer the graph keeps the functional op and the cast.
-// Rejected: listing such ops by name (logsumexp, and whichever others accumulate in out).
-void rerun_out_in_its_dtype(const OpInfo& info, const c10::OperatorHandle& op,
-                            const std::vector<c10::IValue>& inner, Stack& fstack) {
+// inner arguments into a private tensor of out's geometry and dtype, and its result is the value:
+// eager's numbers by construction. Seeded random ops are left alone (a second run would draw
+// again). Under a tracer the graph keeps the functional op and the cast.
+// The same rerun gives a resized out= tensor eager's strides. Structured kernels restride the
+// output they resize to the result's strides (Note [Kernel: strides of a resized out= tensor]),
+// the others keep resize_output's contiguous ones, and which kind an op has can depend on the
+// dtype: abs of a float tensor is a TensorIterator kernel, abs of a complex one computes aside and
+// copies into the resized out (fuzzer program 531362; fft.* likewise). Nothing at runtime says
+// which, and the kernel itself does: so an out= tensor whose shape differs from the functional
+// result's is computed by the out= kernel too, at the cost of a second run of the op, paid only
+// when out is resized (an empty out, mostly).
+// Rejected: listing such ops by name (logsumexp, and whichever others accumulate in out; the
+// non-structured out= kernels, which vary with dtype and torch version).
+bool out_takes_eager_kernel(const at::Tensor& wrapper, const at::Tensor& out,
+                            const at::Tensor& result) {
+  if (out.layout() != c10::kStrided || result.layout() != c10::kStrided ||
+      wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      result.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || !nothing_records(out)) {
+    return false;
+  }
+  const bool other_dtype = result.scalar_type() != out.scalar_type() &&
+                           c10::canCast(result.scalar_type(), out.scalar_type());
+  return other_dtype || wrapper.sizes() != result.sizes();
+}
+
+at::Tensor fresh_out_like(const at::Tensor& wrapper, const at::Tensor& out) {
+  return at::empty_strided(wrapper.sizes(), wrapper.strides(), out.options());
+}
+
+namespace {
+
+void rerun_out_eagerly(const OpInfo& info, const c10::OperatorHandle& op,
+                       const std::vector<c10::IValue>& args, const std::vector<c10::IValue>& inner,
+                       Stack& fstack) {
+  const size_t index = info.written.empty() ? 0 : info.written[0].index;
   if (info.written.size() != 1 || !info.written[0].is_out ||
       info.written[0].functional_return != 0 || op.hasTag(at::Tag::nondeterministic_seeded) ||
-      fstack.empty() || !fstack[0].isTensor() || !inner[info.written[0].index].isTensor()) {
-    return;
-  }
-  const at::Tensor& out = inner[info.written[0].index].toTensor();
-  const at::Tensor& result = fstack[0].toTensor();
-  if (result.scalar_type() == out.scalar_type() || out.layout() != c10::kStrided ||
-      !c10::canCast(result.scalar_type(), out.scalar_type()) || !nothing_records(out)) {
+      fstack.empty() || !fstack[0].isTensor() || !inner[index].isTensor() ||
+      !out_takes_eager_kernel(args[index].toTensor(), inner[index].toTensor(),
+                              fstack[0].toTensor())) {
     return;
   }
   std::vector<c10::IValue> call = inner;
-  at::Tensor fresh = at::empty({0}, out.options());
-  call[info.written[0].index] = fresh;
+  at::Tensor fresh = fresh_out_like(args[index].toTensor(), inner[index].toTensor());
+  call[index] = fresh;
   op.callBoxed(call);
   fstack[0] = fresh;
 }
@@ -666,6 +777,9 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
     for (auto& v : fstack) transform_tensors(v, sync_and_unwrap);
   }
   InnerCallGuard guard;
+  if (on_wrappers && ops_are_recorded()) {
+    out_results_in_eager_strides(info, op, args, fstack, layer.reapply_views);
+  }
   if (!on_wrappers) {
     std::vector<c10::IValue> inner = args;
     for (auto& v : inner) transform_tensors(v, sync_and_unwrap);
@@ -686,9 +800,9 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
     } else {
       push_functional_args(inner);
       info.functional_op->callBoxed(fstack);
-      rerun_out_in_its_dtype(info, op, inner, fstack);
-      if (C10_UNLIKELY(!layer.reapply_views && ops_are_recorded())) {
-        out_results_in_eager_strides(info, args, fstack);
+      rerun_out_eagerly(info, op, args, inner, fstack);
+      if (C10_UNLIKELY(ops_are_recorded())) {
+        out_results_in_eager_strides(info, op, args, fstack, layer.reapply_views);
       }
     }
   }

@@ -306,9 +306,9 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     }
     check_writable(name(), kWrittenName, written);
     if constexpr (kOut) {
-      if (C10_UNLIKELY(!current_layer()->reapply_views && ops_are_recorded())) {
-        // The boxed kernel lays a resized out= value out in eager's strides, by a meta replay
-        // (Note [Kernel: out= strides in graphs without views]); traced only, so its cost is not
+      if (C10_UNLIKELY(ops_are_recorded())) {
+        // The boxed kernel lays a resized out= value out in eager's strides, by a replay
+        // (Note [Kernel: out= strides in graphs]); traced only, so its cost is not
         // paid in eager calls.
         static const auto op =
             c10::Dispatcher::singleton().findSchemaOrThrow(MutOp::name, MutOp::overload_name);
@@ -351,6 +351,15 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     }
     if (!value.defined()) {
       value = call_functional(call, refs, std::make_index_sequence<kFunctionalArgs>());
+    }
+    if constexpr (kOut) {
+      // See Note [Kernel: out= of another dtype, eagerly]. (Listed ops are not seeded random.)
+      const at::Tensor& out = unsafe_get_impl(written)->value();
+      if (C10_UNLIKELY(out_takes_eager_kernel(written, out, value))) {
+        at::Tensor fresh = fresh_out_like(written, out);
+        call_in_place(call, refs, fresh, std::make_index_sequence<kArgs>());
+        value = std::move(fresh);
+      }
     }
     check_eager_rules(name(), written, value, /*resizes=*/kOut);
     // The in-place path above ran eager's own kernel, so only the functional one needs this.
