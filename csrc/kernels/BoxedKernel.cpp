@@ -6,6 +6,7 @@
 #include "core/Conversions.h"
 #include "core/DispatchKey.h"
 #include "core/Layout.h"
+#include "core/Recorder.h"
 #include "kernels/Subclasses.h"
 
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -200,12 +201,73 @@ constexpr const char* kCopiedViewStorage =
     "so as_strided cannot address the others. Use remove=\"mutations\"";
 }  // namespace
 
+// Note [Kernel: eager strides of results in traced programs without views]
+// Traced without views, values keep their *_copy layout, reordered only when nothing records:
+// See Note [Wrapper: values in eager's stride order without views]
+// and a view wrapper reports eager's strides beside it. A result computed from such a value was a
+// fresh wrapper reporting the value's layout, no longer eager's: `v = x.t().diagonal_scatter(s);
+// v.t_(); v.view(6)` raised where eager's v is contiguous (fuzzer program 562796), and an out=
+// tensor resized to `x2 / x0` of two transposed inputs took the wrong strides (502651). So when
+// some argument reports other strides than its value, the functional op is also run on meta
+// tensors of the arguments' reported geometry, and each fresh result reports the meta result's
+// strides, as a view wrapper does (Note [Kernel: eager strides without views]); its value keeps
+// its layout. Only then, and only while tracing: one meta kernel call per such op; graphs are
+// unchanged.
+// Rejected: laying every traced value out in eager's strides (a copy per op in the graph).
+bool reports_eager_strides_of_results(const c10::IValue& arg) {
+  bool differs = false;
+  for_each_tensor(arg, [&](const at::Tensor& t) {
+    auto* impl = maybe_get_impl(t);
+    differs = differs || (impl != nullptr && same_sizes_other_strides(t, impl->value()));
+  });
+  return differs;
+}
+
+void adopt_eager_strides(const at::Tensor& result, const at::Tensor& meta) {
+  auto* impl = maybe_get_impl(result);
+  if (impl == nullptr || !meta.defined() || meta.layout() != c10::kStrided ||
+      result.layout() != c10::kStrided || !same_sizes_other_strides(result, meta)) {
+    return;
+  }
+  impl->set_reference_metadata_(meta);
+}
+
+namespace {
+// The functional op on meta twins of the wrappers' reported geometry, or nullopt.
+std::optional<torch::jit::Stack> run_on_reported_geometry(const c10::OperatorHandle& op,
+                                                          const torch::jit::Stack& stack) {
+  const size_t num_args = op.schema().arguments().size();
+  torch::jit::Stack meta(stack.end() - static_cast<std::ptrdiff_t>(num_args), stack.end());
+  try {
+    MetaComputeGuard guard;
+    for (auto& v : meta) {
+      transform_tensors(v, [](const at::Tensor& t) {
+        TORCH_CHECK(
+            t.layout() == c10::kStrided && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(),
+            "no meta twin");
+        return meta_twin(t);
+      });
+    }
+    op.callBoxed(meta);
+  } catch (const std::exception&) {
+    return std::nullopt;  // no meta kernel, or arguments it cannot take: the values' strides
+  }
+  return meta;
+}
+}  // namespace
+
 void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                        const Layer& layer) {
   const size_t num_args = op.schema().arguments().size();
   // See Note [Alias: writes to a value that is not its whole storage].
   const bool mark_result = info.copies_self_storage && !layer.reapply_views &&
                            lies_inside_a_storage(*(stack->end() - num_args), info);
+  std::optional<torch::jit::Stack> eager_meta;
+  if (C10_UNLIKELY(!layer.reapply_views && ops_are_recorded()) &&
+      std::any_of(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end(),
+                  reports_eager_strides_of_results)) {
+    eager_meta = run_on_reported_geometry(op, *stack);
+  }
   InnerCallGuard guard;
   // Some ops declared functional return an argument itself (dropout with p=0): such an output
   // must stay that argument's wrapper, or writes through it would not reach the argument.
@@ -234,6 +296,18 @@ void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch:
       if (mark_result) unsafe_get_impl(out)->alias_storage().mark_offset_base(kCopiedViewStorage);
       return out;
     });
+  }
+  if (C10_UNLIKELY(eager_meta.has_value())) {
+    for (size_t i = 0; i < num_returns && i < eager_meta->size(); ++i) {
+      const auto& r = *(stack->end() - static_cast<std::ptrdiff_t>(num_returns - i));
+      const bool passed_through =
+          r.isTensor() && std::any_of(passed.begin(), passed.end(), [&](const auto& p) {
+            return p.second.is_same(r.toTensor());
+          });
+      if (r.isTensor() && !passed_through && (*eager_meta)[i].isTensor()) {
+        adopt_eager_strides(r.toTensor(), (*eager_meta)[i].toTensor());
+      }
+    }
   }
 }
 

@@ -23,6 +23,12 @@ using Handler = void (*)(const OpInfo& info, const c10::OperatorHandle& op,
                          torch::jit::Stack* stack, const Layer& layer);
 
 // The generic handlers: what an op's schema (OpKind) asks for.
+/// Traced without views, some argument (a wrapper) reports other strides than its value has:
+/// the op's fresh results then take eager's strides from a meta run
+/// (Note [Kernel: eager strides of results in traced programs without views]).
+bool reports_eager_strides_of_results(const c10::IValue& arg);
+/// `result`, a fresh wrapper, reports `meta`'s geometry where the sizes agree.
+void adopt_eager_strides(const at::Tensor& result, const at::Tensor& meta);
 void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                        const Layer& layer);
 void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,

@@ -701,12 +701,13 @@ bool out_takes_eager_kernel(const at::Tensor& wrapper, const at::Tensor& out,
                             const at::Tensor& result) {
   if (out.layout() != c10::kStrided || result.layout() != c10::kStrided ||
       wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-      result.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || !nothing_records(out)) {
+      result.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
     return false;
   }
   const bool other_dtype = result.scalar_type() != out.scalar_type() &&
                            c10::canCast(result.scalar_type(), out.scalar_type());
-  return other_dtype || wrapper.sizes() != result.sizes();
+  // The common case (same dtype, same shape) returns before the TLS reads of nothing_records.
+  return (other_dtype || wrapper.sizes() != result.sizes()) && nothing_records(out);
 }
 
 at::Tensor fresh_out_like(const at::Tensor& wrapper, const at::Tensor& out) {

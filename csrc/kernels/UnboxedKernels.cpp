@@ -10,6 +10,7 @@
 #include "core/Recorder.h"
 
 #include <ATen/Operators.h>
+#include <ATen/core/boxing/impl/boxing.h>
 
 #include <array>
 #include <string_view>
@@ -164,6 +165,18 @@ bool any_requires_grad(const T& /*not a tensor*/) {
   return false;
 }
 
+// A tensor argument as an IValue for the shared boxed helpers; other arguments as None.
+c10::IValue as_ivalue(const at::Tensor& t) {
+  return c10::IValue(t);
+}
+[[maybe_unused]] c10::IValue as_ivalue(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? c10::IValue(*t) : c10::IValue();
+}
+template <class T, std::enable_if_t<!is_tensor_v<T> && !is_optional_tensor_v<T>, int> = 0>
+c10::IValue as_ivalue(const T& /*not a tensor*/) {
+  return c10::IValue();
+}
+
 template <class Op, class Sig = typename Op::schema>
 struct Unboxed;
 
@@ -191,6 +204,18 @@ struct Unboxed<Op, Ret(Args...)> {
     }
     if (C10_UNLIKELY(call.any() && ks.has(c10::DispatchKey::ZeroTensor))) {
       return Op::redispatch(zero_tensor_keys(), args...);  // See run_boxed_kernel.
+    }
+    if (C10_UNLIKELY(call.any() && !current_layer()->reapply_views && ops_are_recorded()) &&
+        (reports_eager_strides_of_results(as_ivalue(args)) || ...)) {
+      // The boxed kernel runs the meta replay this needs; traced only, so eager calls never pay
+      // it. See Note [Kernel: eager strides of results in traced programs without views]
+      static const auto op =
+          c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+      static const KernelPlan plan = plan_for_kernel(op);
+      torch::jit::Stack stack;
+      torch::jit::push(stack, args...);
+      run_boxed_kernel(plan, op, ks, &stack);
+      return c10::impl::PopResult<Ret>::call(stack);
     }
     InnerCallGuard guard;
     if (!call.any()) return Op::call(args...);

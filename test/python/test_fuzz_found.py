@@ -1020,6 +1020,35 @@ def test_out_resize_in_a_graph_without_views_takes_eager_strides():
         assert_matches_eager(f, make_inputs=make_inputs, remove="mutations_and_views")
 
 
+def test_results_of_views_report_eager_strides_in_graphs_without_views():
+    # Traced without views, a result computed from a view's value reported the value's layout:
+    # v0.view(6) raised where eager's v0 is contiguous (fuzzer program 562796), and an out=
+    # tensor resized to x2 / x0 of two transposed inputs took the wrong strides (502651).
+    # See Note [Kernel: eager strides of results in traced programs without views].
+    def f(x0, x1):
+        v0 = x1.diagonal_scatter(torch.full((2,), 7.0))
+        v0.t_()
+        return v0 * 1, v0.view(6)
+
+    def make_f_inputs():
+        b0 = torch.arange(6.0).reshape(3, 2)
+        return b0, b0.t()
+
+    def g(x0, x1, x2):
+        v1 = x2 / x0
+        torch.add(v1, x0, out=x1)  # add's kernel is unboxed, div's too
+        return v1 * 1, x1 * 1
+
+    def make_g_inputs():
+        b0 = torch.linspace(1.0, 2.0, 20).reshape(4, 5)
+        return b0.t(), torch.zeros(3), b0.t()
+
+    assert_matches_eager(f, make_inputs=make_f_inputs, remove="mutations_and_views")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # eager's own "output was resized"
+        assert_matches_eager(g, make_inputs=make_g_inputs, remove="mutations_and_views")
+
+
 def test_matmul_out_restrides_a_strided_out_like_eager(remove):
     # Fuzzer program 527699: torch.matmul(v, m, out=y) of a 1-D v hands y to mm_out at shape
     # (1, n); its resize gives y contiguous strides, so eager leaves y = b.diagonal() with
