@@ -232,27 +232,32 @@ void adopt_eager_strides(const at::Tensor& result, const at::Tensor& meta) {
   impl->set_reference_metadata_(meta);
 }
 
+std::vector<c10::IValue> meta_twins_of(std::vector<c10::IValue> args) {
+  for (auto& v : args) {
+    transform_tensors(v, [](const at::Tensor& t) {
+      TORCH_CHECK(
+          t.layout() == c10::kStrided && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(),
+          "no meta twin");
+      return meta_twin(t);
+    });
+  }
+  return args;
+}
+
 namespace {
 // The functional op on meta twins of the wrappers' reported geometry, or nullopt.
 std::optional<torch::jit::Stack> run_on_reported_geometry(const c10::OperatorHandle& op,
                                                           const torch::jit::Stack& stack) {
   const size_t num_args = op.schema().arguments().size();
-  torch::jit::Stack meta(stack.end() - static_cast<std::ptrdiff_t>(num_args), stack.end());
   try {
     MetaComputeGuard guard;
-    for (auto& v : meta) {
-      transform_tensors(v, [](const at::Tensor& t) {
-        TORCH_CHECK(
-            t.layout() == c10::kStrided && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(),
-            "no meta twin");
-        return meta_twin(t);
-      });
-    }
+    torch::jit::Stack meta = meta_twins_of(
+        torch::jit::Stack(stack.end() - static_cast<std::ptrdiff_t>(num_args), stack.end()));
     op.callBoxed(meta);
+    return meta;
   } catch (const std::exception&) {
     return std::nullopt;  // no meta kernel, or arguments it cannot take: the values' strides
   }
-  return meta;
 }
 }  // namespace
 

@@ -27,6 +27,10 @@ using Handler = void (*)(const OpInfo& info, const c10::OperatorHandle& op,
 /// the op's fresh results then take eager's strides from a meta run
 /// (Note [Kernel: eager strides of results in traced programs without views]).
 bool reports_eager_strides_of_results(const c10::IValue& arg);
+/// `args` with every tensor replaced by its meta twin (core/Layout.h: same sizes, strides and
+/// offset, on the meta device); raises for a symbolic or non-strided tensor. Call under
+/// MetaComputeGuard.
+std::vector<c10::IValue> meta_twins_of(std::vector<c10::IValue> args);
 /// `result`, a fresh wrapper, reports `meta`'s geometry where the sizes agree.
 void adopt_eager_strides(const at::Tensor& result, const at::Tensor& meta);
 void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,

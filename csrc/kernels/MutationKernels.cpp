@@ -362,13 +362,7 @@ std::optional<Stack> run_functional_on_meta(const OpInfo& info,
   Stack meta;
   try {
     MetaComputeGuard guard;
-    std::vector<c10::IValue> meta_args = args;
-    for (auto& v : meta_args) {
-      transform_tensors(v, [](const at::Tensor& t) {
-        TORCH_CHECK(!t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(), "no meta twin");
-        return meta_twin(t);
-      });
-    }
+    const std::vector<c10::IValue> meta_args = meta_twins_of(args);
     at::Tensor first_out;
     for (const auto& w : info.written) {
       if (w.is_out && meta_args[w.index].isTensor() && !first_out.defined()) {
