@@ -329,7 +329,7 @@ std::optional<std::vector<c10::IValue>> run_out_op_on_eager_geometry(
     MetaComputeGuard guard;
     for (size_t i = 0; i < call.size(); ++i) {
       bool is_out = false;
-      for (const auto& w : info.written) is_out |= w.is_out && w.index == i;
+      for (const auto& w : info.written) is_out |= w.is_out && w.index == static_cast<int>(i);
       transform_tensors(call[i], [&](const at::Tensor& t) -> at::Tensor {
         const at::Tensor value = values[next++];
         real = real && is_real(value) && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
