@@ -318,6 +318,8 @@ std::optional<std::vector<c10::IValue>> run_out_op_on_eager_geometry(
     const OpInfo& info, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
   if (op.hasTag(at::Tag::nondeterministic_seeded)) return std::nullopt;
   std::vector<c10::IValue> call = args;
+  // The written arguments as passed: callBoxed leaves only the op's returns on `call`.
+  std::vector<c10::IValue> passed(args.size());
   bool real = true;
   try {
     // Values up to date first, as the op itself would see them (a sync is part of the graph).
@@ -343,6 +345,7 @@ std::optional<std::vector<c10::IValue>> run_out_op_on_eager_geometry(
         return at::empty_strided(t.sizes(), t.strides(), value.options()).copy_(value);
       });
       if (!real) return std::nullopt;
+      if (is_out) passed[i] = call[i];
     }
     op.callBoxed(call);
   } catch (const std::exception&) {
@@ -351,7 +354,7 @@ std::optional<std::vector<c10::IValue>> run_out_op_on_eager_geometry(
   std::vector<c10::IValue> results(info.written.size());
   for (size_t k = 0; k < info.written.size(); ++k) {
     const auto& w = info.written[k];
-    if (w.is_out) results[k] = call[w.index];
+    if (w.is_out) results[k] = passed[w.index];
   }
   return results;
 }
