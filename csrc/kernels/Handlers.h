@@ -86,6 +86,9 @@ bool out_takes_eager_kernel(const at::Tensor& wrapper, const at::Tensor& out,
                             const at::Tensor& result);
 /// A private tensor of the wrapper's sizes and strides and the inner out's options.
 at::Tensor fresh_out_like(const at::Tensor& wrapper, const at::Tensor& out);
+/// A bool wrapper over a storage of wider elements (x.view(torch.bool) of a float x): its in-place
+/// writes take the boxed path (Note [Kernel: in-place writes to a bool view of other bytes]).
+bool is_bool_view_of_wider_bytes(const at::Tensor& wrapper);
 /// After such a write: the inner value is the storage's new base.
 void commit_written_in_place(const at::Tensor& wrapper);
 /// Whether self's inner value is the caller's memory with grad mode on: an in-place op on it

@@ -16,6 +16,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 #include <algorithm>
+#include <array>
 
 namespace tfz::detail {
 
@@ -674,6 +675,72 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
 
 }  // namespace
 
+// Note [Kernel: in-place writes to a bool view of other bytes]
+// v = x.view(torch.bool) of a float (or complex, int32) x holds bytes that are not 0 or 1, and
+// v[idx] = True (index_put_), masked_fill_ and the like write some of them only. The functional
+// variant starts from a copy of v, and torch's bool copy turns every byte it copies into 0 or 1,
+// so the bytes the op did not write changed too: x's other elements came back as tiny floats
+// (fuzzer program 587134, both modes). Writes through a further view of v scatter bytes as
+// uint8 (Note [Alias: writes through a bool view of other bytes]); this is the write to v itself.
+// When nothing records the program, the in-place op runs as called on a byte-exact private copy
+// of v (cloned as uint8): eager's bytes by construction. A graph has no functional op that keeps
+// them, and without views v's value is a bool copy already, so there the write is refused by
+// name, unless the op writes every element (copy_, fill_, zero_, pointwise ops: eager's bytes
+// are then all 0 or 1 too); a view of a 1-byte tensor (a uint8 mask seen as bool) is exempt, as
+// in that Note. "Nothing records" is the condition of:
+// See Note [Kernel: in-place on the inner value]
+// Rejected: comparing the result's bytes with the old ones afterwards (a write of True over a
+// byte that was 0x3F and a byte left alone look the same).
+bool is_bool_view_of_wider_bytes(const at::Tensor& wrapper) {
+  if (C10_LIKELY(wrapper.scalar_type() != c10::kBool)) return false;
+  auto* impl = maybe_get_impl(wrapper);
+  return impl != nullptr && impl->alias_storage().base().itemsize() > 1;
+}
+
+namespace {
+
+std::optional<at::Tensor> write_bool_bytes_in_place(const OpInfo& info,
+                                                    const c10::OperatorHandle& op,
+                                                    const std::vector<c10::IValue>& args,
+                                                    const std::vector<c10::IValue>& inner,
+                                                    const Layer& layer) {
+  if (info.written.size() != 1 || info.written[0].is_out) return {};
+  const auto& w = info.written[0];
+  if (w.functional_return != 0 || !args[w.index].isTensor() || !inner[w.index].isTensor()) {
+    return {};
+  }
+  const at::Tensor& value = inner[w.index].toTensor();
+  if (!is_bool_view_of_wider_bytes(args[w.index].toTensor()) || value.layout() != c10::kStrided) {
+    return {};
+  }
+  auto* impl = unsafe_get_impl(args[w.index].toTensor());
+  if (!layer.reapply_views || !nothing_records(value)) {
+    // Ops that write every element of v lose nothing: eager's result is all 0 and 1 too.
+    static const std::array<c10::OperatorName, 4> whole{
+        c10::OperatorName{"aten::copy_", ""}, c10::OperatorName{"aten::fill_", "Scalar"},
+        c10::OperatorName{"aten::fill_", "Tensor"}, c10::OperatorName{"aten::zero_", ""}};
+    if (op.hasTag(at::Tag::pointwise) ||
+        std::find(whole.begin(), whole.end(), op.operator_name()) != whole.end()) {
+      return {};
+    }
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      layer.reapply_views && nothing_records(value), "functionalize: ", info.name,
+      " of a bool view of a ", impl->alias_storage().base().scalar_type(),
+      " tensor (x.view(torch.bool)) is not supported ",
+      layer.reapply_views ? "while the program is traced" : "with remove=\"mutations_and_views\"",
+      ": the op writes some bytes only, and its functional form would turn the others into 0 or 1. "
+      "Write through x.view(torch.uint8) instead",
+      layer.reapply_views ? "." : ", or use remove=\"mutations\".");
+  at::Tensor bytes = value.view(c10::kByte).clone().view(c10::kBool);
+  std::vector<c10::IValue> call = inner;
+  call[w.index] = bytes;
+  op.callBoxed(call);
+  return bytes;
+}
+
+}  // namespace
+
 // Note [Kernel: out= of another dtype, eagerly]
 // torch.logsumexp(x_f32, 0, out=y_f64) sums in float64 inside its out= kernel (it writes into
 // out and works on), while the functional logsumexp computes in float32 and the write casts: the
@@ -795,6 +862,8 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
     }
     if (auto value = random_fill_in_eager_order(info, op, args, inner)) {
       fstack.emplace_back(std::move(*value));
+    } else if (auto bytes = write_bool_bytes_in_place(info, op, args, inner, layer)) {
+      fstack.emplace_back(std::move(*bytes));
     } else {
       push_functional_args(inner);
       info.functional_op->callBoxed(fstack);

@@ -330,19 +330,17 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
       return MutOp::redispatch(zero_tensor_keys(), args...);  // See run_boxed_kernel.
     }
     check_writable(name(), kWrittenName, written);
-    if constexpr (kOut) {
-      if (C10_UNLIKELY(ops_are_recorded())) {
-        // The boxed kernel lays a resized out= value out in eager's strides, by a replay
-        // (Note [Kernel: out= strides in graphs]); traced only, so its cost is not
-        // paid in eager calls.
-        static const auto op =
-            c10::Dispatcher::singleton().findSchemaOrThrow(MutOp::name, MutOp::overload_name);
-        static const KernelPlan plan = plan_for_kernel(op);
-        torch::jit::Stack stack;
-        torch::jit::push(stack, args...);
-        run_boxed_kernel(plan, op, ks, &stack);
-        return written;
-      }
+    // The boxed kernel's rules for these (Note [Kernel: out= strides in graphs] for a traced
+    // out=, Note [Kernel: in-place writes to a bool view of other bytes]), whose cost eager
+    // calls on other tensors never pay.
+    if (C10_UNLIKELY(kOut ? ops_are_recorded() : is_bool_view_of_wider_bytes(written))) {
+      static const auto op =
+          c10::Dispatcher::singleton().findSchemaOrThrow(MutOp::name, MutOp::overload_name);
+      static const KernelPlan plan = plan_for_kernel(op);
+      torch::jit::Stack stack;
+      torch::jit::push(stack, args...);
+      run_boxed_kernel(plan, op, ks, &stack);
+      return written;
     }
     if constexpr (!kOut) {
       if (can_write_inner_in_place(written)) {  // See Note [Kernel: in-place on the inner value]

@@ -934,6 +934,45 @@ def test_write_through_a_bool_view_of_a_complex_input(remove):
                          remove=remove)
 
 
+def test_partial_write_to_a_bool_view_of_float_bytes(remove):
+    # Fuzzer program 587134: v = x.view(torch.bool); v[idx] = True (index_put_) writes some bytes
+    # of x; its functional form started from a bool copy of v, which turned x's other bytes into
+    # 0 or 1 (x's first row came back as tiny floats). See
+    # Note [Kernel: in-place writes to a bool view of other bytes].
+    def f(x):
+        v = x.reshape_as(x).view(torch.bool)
+        v[torch.tensor([2, 2])] = True
+        v.masked_fill_(torch.arange(12) == 5, True)
+        return x * 1
+
+    def make_inputs():
+        return (torch.arange(1.0, 10.0).reshape(3, 3),)
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=make_inputs, check_graph=False)
+        # Checked bit for bit (assert_matches_eager compares floats).
+        expected, x_e = f(*make_inputs()), make_inputs()[0]
+        f(x_e)
+        x = make_inputs()[0]
+        got = functionalize(f)(x)
+        assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+        assert torch.equal(x.view(torch.int32), x_e.view(torch.int32))
+        # A graph has no functional op that keeps the other bytes: refused by name.
+        with pytest.raises(NotImplementedError, match="index_put_ of a bool view of a Float"):
+            make_fx(functionalize(f))(*make_inputs())
+    else:
+        with pytest.raises(NotImplementedError, match="index_put_ of a bool view of a Float"):
+            functionalize(f, remove=remove)(*make_inputs())
+
+    # An op that writes every element of the view loses nothing, traced too (views kept).
+    def g(x):
+        x.view(torch.bool)[2].fill_(True)
+        return x * 1
+
+    if remove == "mutations":
+        assert_matches_eager(g, make_inputs=make_inputs)
+
+
 def test_write_outside_the_inputs_then_a_metadata_change_reaches_graphs(remove):
     # Fuzzer program 506674: x = b[1:, ::2]; x.as_strided((2,), (1,), 10).fill_(0) writes b's
     # element 11, which x does not cover, then x.squeeze_(): a graph's epilogue wrote x's own
