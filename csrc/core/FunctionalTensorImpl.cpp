@@ -297,6 +297,13 @@ void FunctionalTensorImpl::set_chain_from_base_(std::shared_ptr<const ViewMeta> 
   chain_.push_back(std::move(step));
 }
 
+void FunctionalTensorImpl::set_chain_from_base_(std::shared_ptr<const ViewMeta> dtype_step,
+                                                std::shared_ptr<const ViewMeta> step) {
+  chain_.clear();
+  chain_.push_back(std::move(dtype_step));
+  chain_.push_back(std::move(step));
+}
+
 void FunctionalTensorImpl::replace_storage_(const at::Tensor& new_base) {
   TORCH_INTERNAL_ASSERT(storage_.use_count() == 1, "replace_storage_ with other aliases alive");
   // The new storage holds the old one's elements: if those were written, so is it (the input

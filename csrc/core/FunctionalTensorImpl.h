@@ -84,6 +84,9 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   /// A fresh view whose step applies to the storage's base rather than to the tensor it was
   /// taken from (as_strided without views): its chain becomes `step` alone.
   void set_chain_from_base_(std::shared_ptr<const ViewMeta> step);
+  /// The same with a dtype reinterpretation of the base first (`dtype_step`, then `step`).
+  void set_chain_from_base_(std::shared_ptr<const ViewMeta> dtype_step,
+                            std::shared_ptr<const ViewMeta> step);
   /// resize_ past the storage: this wrapper (the storage's only user) moves to a new storage
   /// whose base is `new_base`, with an empty chain.
   void replace_storage_(const at::Tensor& new_base);

@@ -81,6 +81,28 @@ bool is_as_strided(const c10::OperatorHandle& op) {
 // step may be taken from the base: its dtype and conjugate/negative bits must be self's too (a
 // step from the base keeps neither). Where they are not, remove="mutations" keeps the step on
 // the view (reads are right, its value shares the storage), and without views it is refused.
+// With views kept, a base of another dtype is first reinterpreted as self's (view.dtype), whose
+// element i is then the storage's element i in self's dtype: as_strided of view_as_real(x) of a
+// complex x reaching floats the view does not cover lost its write (fuzzer program 581477).
+std::shared_ptr<const ViewMeta> base_in_dtype_of(const FunctionalTensorImpl& impl,
+                                                 const at::Tensor& self, const Layer& layer) {
+  const at::Tensor& base = impl.alias_storage().base();
+  if (!layer.reapply_views || impl.chain().empty() || base.scalar_type() == self.scalar_type() ||
+      base.is_conj() != self.is_conj() || base.is_neg() != self.is_neg() ||
+      base.layout() != c10::kStrided || base.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      base.dim() == 0 || base.stride(-1) != 1 || impl.alias_storage().offset_base()) {
+    return nullptr;
+  }
+  try {
+    MetaComputeGuard guard;
+    (void)meta_twin(base).view(self.scalar_type());  // raises where the bytes do not regroup
+  } catch (const c10::Error&) {
+    return nullptr;
+  }
+  return ViewMeta::of({"aten::view", "dtype"}, {c10::IValue(self.scalar_type())},
+                      /*reapply=*/true);
+}
+
 bool check_storage_coordinates(std::string_view op_name, const FunctionalTensorImpl& impl,
                                const at::Tensor& self, const Layer& layer) {
   TORCH_CHECK_NOT_IMPLEMENTED(!impl.alias_storage().offset_base(), "functionalize: ", op_name, ": ",
@@ -121,9 +143,13 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   std::optional<c10::IValue> reference;
   if (!layer.reapply_views) reference = meta_reference(view_op, self, extra);
 
-  const bool from_base = is_as_strided(view_op) &&
-                         check_storage_coordinates(info.name, *impl, self, layer) &&
-                         !impl->chain().empty();
+  bool from_base = is_as_strided(view_op) &&
+                   check_storage_coordinates(info.name, *impl, self, layer) &&
+                   !impl->chain().empty();
+  // See base_in_dtype_of: the base, reinterpreted in self's dtype, then the step.
+  const auto dtype_step =
+      is_as_strided(view_op) && !from_base ? base_in_dtype_of(*impl, self, layer) : nullptr;
+  from_base = from_base || dtype_step != nullptr;
   if (from_base) {
     impl->sync_();  // the base must be current: the step reads it directly
     // Eager's default offset is self's own; on the base it would be the base's (0).
@@ -131,7 +157,9 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   }
   InnerCallGuard guard;
   torch::jit::drop(*stack, num_args);
-  torch::jit::push(*stack, from_base ? impl->alias_storage().base() : impl->value());
+  torch::jit::push(*stack, !from_base   ? impl->value()
+                           : dtype_step ? dtype_step->forward(impl->alias_storage().base())
+                                        : impl->alias_storage().base());
   for (const auto& a : extra) {
     c10::IValue v = a;
     transform_tensors(v, sync_and_unwrap);
@@ -148,7 +176,11 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
     auto step = make_step(-1);
     auto wrapper = make_view_wrapper(out.toTensor(), self, step);
     // See Note [Kernel: as_strided without views].
-    if (from_base) unsafe_get_impl(wrapper)->set_chain_from_base_(std::move(step));
+    if (dtype_step) {
+      unsafe_get_impl(wrapper)->set_chain_from_base_(dtype_step, std::move(step));
+    } else if (from_base) {
+      unsafe_get_impl(wrapper)->set_chain_from_base_(std::move(step));
+    }
     if (reference) set_reference(wrapper, reference->toTensor());
     torch::jit::push(*stack, std::move(wrapper));
     return;

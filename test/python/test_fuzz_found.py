@@ -973,6 +973,28 @@ def test_partial_write_to_a_bool_view_of_float_bytes(remove):
         assert_matches_eager(g, make_inputs=make_inputs)
 
 
+def test_write_through_as_strided_of_a_real_view_of_a_complex_input(remove):
+    # Fuzzer program 581477: view_as_real(x) of a complex x, then as_strided reaching floats the
+    # view does not cover: with views kept the step stayed on the view, whose inverse
+    # (as_strided_scatter into the view's own elements) lost the write. It is now taken from the
+    # base reinterpreted as float (Note [Kernel: as_strided without views]); without views it
+    # stays refused by name.
+    def f(x):
+        v = torch.view_as_real(x.unsqueeze(-2)[0])
+        w = v.as_strided((2, 1), (3, 2), 8)
+        w.add_(2.0, alpha=-1)
+        return w * 1, x * 1
+
+    def make_inputs():
+        return (torch.arange(12.0).view(4, 3).to(torch.complex64) * (1 + 2j),)
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=make_inputs)
+    else:
+        with pytest.raises(NotImplementedError, match="as_strided of a Float view"):
+            functionalize(f, remove=remove)(*make_inputs())
+
+
 def test_write_outside_the_inputs_then_a_metadata_change_reaches_graphs(remove):
     # Fuzzer program 506674: x = b[1:, ::2]; x.as_strided((2,), (1,), 10).fill_(0) writes b's
     # element 11, which x does not cover, then x.squeeze_(): a graph's epilogue wrote x's own
