@@ -685,9 +685,9 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
 // When nothing records the program, the in-place op runs as called on a byte-exact private copy
 // of v (cloned as uint8): eager's bytes by construction. A graph has no functional op that keeps
 // them, and without views v's value is a bool copy already, so there the write is refused by
-// name, unless the op writes every element (copy_, fill_, zero_, pointwise ops: eager's bytes
-// are then all 0 or 1 too); a view of a 1-byte tensor (a uint8 mask seen as bool) is exempt, as
-// in that Note. "Nothing records" is the condition of:
+// name, unless the op overwrites every element with values of its own (copy_, fill_, zero_:
+// eager's bytes are then all 0 or 1 too); a view of a 1-byte tensor (a uint8 mask seen as bool)
+// is exempt, as in that Note. "Nothing records" is the condition of:
 // See Note [Kernel: in-place on the inner value]
 // Rejected: comparing the result's bytes with the old ones afterwards (a write of True over a
 // byte that was 0x3F and a byte left alone look the same).
@@ -715,21 +715,21 @@ std::optional<at::Tensor> write_bool_bytes_in_place(const OpInfo& info,
   }
   auto* impl = unsafe_get_impl(args[w.index].toTensor());
   if (!layer.reapply_views || !nothing_records(value)) {
-    // Ops that write every element of v lose nothing: eager's result is all 0 and 1 too.
+    // Ops that overwrite every element of v with values of their own lose nothing: eager's
+    // bytes are all 0 and 1 too. Not pointwise ops in general: some are no-ops on bool
+    // (nan_to_num_ left eager's bytes alone, fuzzer program 594302).
     static const std::array<c10::OperatorName, 4> whole{
         c10::OperatorName{"aten::copy_", ""}, c10::OperatorName{"aten::fill_", "Scalar"},
         c10::OperatorName{"aten::fill_", "Tensor"}, c10::OperatorName{"aten::zero_", ""}};
-    if (op.hasTag(at::Tag::pointwise) ||
-        std::find(whole.begin(), whole.end(), op.operator_name()) != whole.end()) {
-      return {};
-    }
+    if (std::find(whole.begin(), whole.end(), op.operator_name()) != whole.end()) return {};
   }
   TORCH_CHECK_NOT_IMPLEMENTED(
       layer.reapply_views && nothing_records(value), "functionalize: ", info.name,
       " of a bool view of a ", impl->alias_storage().base().scalar_type(),
       " tensor (x.view(torch.bool)) is not supported ",
       layer.reapply_views ? "while the program is traced" : "with remove=\"mutations_and_views\"",
-      ": the op writes some bytes only, and its functional form would turn the others into 0 or 1. "
+      ": the op may leave some of its bytes unwritten, and its functional form would turn those "
+      "into 0 or 1. "
       "Write through x.view(torch.uint8) instead",
       layer.reapply_views ? "." : ", or use remove=\"mutations\".");
   at::Tensor bytes = value.view(c10::kByte).clone().view(c10::kBool);

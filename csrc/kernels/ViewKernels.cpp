@@ -83,14 +83,17 @@ bool is_as_strided(const c10::OperatorHandle& op) {
 // the view (reads are right, its value shares the storage), and without views it is refused.
 // With views kept, a base of another dtype is first reinterpreted as self's (view.dtype), whose
 // element i is then the storage's element i in self's dtype: as_strided of view_as_real(x) of a
-// complex x reaching floats the view does not cover lost its write (fuzzer program 581477).
+// complex x reaching floats the view does not cover lost its write (fuzzer program 581477). Not
+// for the flat byte base of inputs of several dtypes (Note [Inputs: aliased inputs]): an output
+// made from it is no longer a view of those inputs (fuzzer program 591455).
 std::shared_ptr<const ViewMeta> base_in_dtype_of(const FunctionalTensorImpl& impl,
                                                  const at::Tensor& self, const Layer& layer) {
   const at::Tensor& base = impl.alias_storage().base();
   if (!layer.reapply_views || impl.chain().empty() || base.scalar_type() == self.scalar_type() ||
       base.is_conj() != self.is_conj() || base.is_neg() != self.is_neg() ||
       base.layout() != c10::kStrided || base.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-      base.dim() == 0 || base.stride(-1) != 1 || impl.alias_storage().offset_base()) {
+      base.dim() == 0 || base.stride(-1) != 1 || impl.alias_storage().offset_base() ||
+      impl.alias_storage().flat() || impl.alias_storage().bytes()) {
     return nullptr;
   }
   try {

@@ -964,7 +964,19 @@ def test_partial_write_to_a_bool_view_of_float_bytes(remove):
         with pytest.raises(NotImplementedError, match="index_put_ of a bool view of a Float"):
             functionalize(f, remove=remove)(*make_inputs())
 
-    # An op that writes every element of the view loses nothing, traced too (views kept).
+    # Fuzzer program 594302: nan_to_num_ is a no-op on bool (eager writes nothing); without
+    # views the value is a bool copy already, so it is refused there too.
+    def n(x):
+        x.view(torch.bool).nan_to_num_()
+        return x * 1
+
+    if remove == "mutations":
+        assert_matches_eager(n, make_inputs=make_inputs, check_graph=False)
+    else:
+        with pytest.raises(NotImplementedError, match="nan_to_num_ of a bool view of a Float"):
+            functionalize(n, remove=remove)(*make_inputs())
+
+    # An op that overwrites every element of the view loses nothing, traced too (views kept).
     def g(x):
         x.view(torch.bool)[2].fill_(True)
         return x * 1
@@ -990,6 +1002,28 @@ def test_write_through_as_strided_of_a_real_view_of_a_complex_input(remove):
 
     if remove == "mutations":
         assert_matches_eager(f, make_inputs=make_inputs)
+    else:
+        with pytest.raises(NotImplementedError, match="as_strided of a Float view"):
+            functionalize(f, remove=remove)(*make_inputs())
+
+
+def test_as_strided_of_inputs_of_two_dtypes_stays_a_view_of_them(remove):
+    # Fuzzer program 597756 (a regression of the fix above, caught by the next fuzz run): inputs
+    # of two dtypes share a byte base, and an as_strided taken from the byte base reinterpreted
+    # was returned as a copy, not a view of the inputs as in eager.
+    def f(x0, x1, x2):
+        x2.mul_(2)
+        return x0.as_strided((4, 3), (0, 0), 1)
+
+    def make_inputs():
+        b0 = torch.linspace(-1.0, 1.0, 4).view(1, 4)
+        return b0, b0.view(torch.int32), b0
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=make_inputs)
+        inputs = make_inputs()
+        out = functionalize(f)(*inputs)
+        assert out.untyped_storage().data_ptr() == inputs[0].untyped_storage().data_ptr()
     else:
         with pytest.raises(NotImplementedError, match="as_strided of a Float view"):
             functionalize(f, remove=remove)(*make_inputs())
