@@ -177,6 +177,19 @@ c10::IValue as_ivalue(const T& /*not a tensor*/) {
   return c10::IValue();
 }
 
+// The boxed kernel on these arguments, for the rare cases a listed op hands back to it; the
+// stack holds the op's returns afterwards.
+template <class OpT, class... A>
+torch::jit::Stack run_on_boxed_kernel(c10::DispatchKeySet ks, A&&... args) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(OpT::name, OpT::overload_name);
+  static const KernelPlan plan = plan_for_kernel(op);
+  torch::jit::Stack stack;
+  torch::jit::push(stack, std::forward<A>(args)...);
+  run_boxed_kernel(plan, op, ks, &stack);
+  return stack;
+}
+
 template <class Op, class Sig = typename Op::schema>
 struct Unboxed;
 
@@ -209,12 +222,7 @@ struct Unboxed<Op, Ret(Args...)> {
         (reports_eager_strides_of_results(as_ivalue(args)) || ...)) {
       // The boxed kernel runs the meta replay this needs; traced only, so eager calls never pay
       // it. See Note [Kernel: eager strides of results in traced programs without views]
-      static const auto op =
-          c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-      static const KernelPlan plan = plan_for_kernel(op);
-      torch::jit::Stack stack;
-      torch::jit::push(stack, args...);
-      run_boxed_kernel(plan, op, ks, &stack);
+      torch::jit::Stack stack = run_on_boxed_kernel<Op>(ks, args...);
       return c10::impl::PopResult<Ret>::call(stack);
     }
     InnerCallGuard guard;
@@ -334,12 +342,7 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     // out=, Note [Kernel: in-place writes to a bool view of other bytes]), whose cost eager
     // calls on other tensors never pay.
     if (C10_UNLIKELY(kOut ? ops_are_recorded() : is_bool_view_of_wider_bytes(written))) {
-      static const auto op =
-          c10::Dispatcher::singleton().findSchemaOrThrow(MutOp::name, MutOp::overload_name);
-      static const KernelPlan plan = plan_for_kernel(op);
-      torch::jit::Stack stack;
-      torch::jit::push(stack, args...);
-      run_boxed_kernel(plan, op, ks, &stack);
+      run_on_boxed_kernel<MutOp>(ks, args...);
       return written;
     }
     if constexpr (!kOut) {
