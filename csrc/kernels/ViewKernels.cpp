@@ -84,8 +84,9 @@ bool is_as_strided(const c10::OperatorHandle& op) {
 // With views kept, a base of another dtype is first reinterpreted as self's (view.dtype), whose
 // element i is then the storage's element i in self's dtype: as_strided of view_as_real(x) of a
 // complex x reaching floats the view does not cover lost its write (fuzzer program 581477). Not
-// for the flat byte base of inputs of several dtypes (Note [Inputs: aliased inputs]): an output
-// made from it is no longer a view of those inputs (fuzzer program 591455).
+// for the flat or byte base of aliased inputs (Note [Inputs: aliased inputs]): an output made from
+// it was no longer a view of those inputs (fuzzer program 597756), so there such a write is still
+// lost (591455, open).
 std::shared_ptr<const ViewMeta> base_in_dtype_of(const FunctionalTensorImpl& impl,
                                                  const at::Tensor& self, const Layer& layer) {
   const at::Tensor& base = impl.alias_storage().base();
