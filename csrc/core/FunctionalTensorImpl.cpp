@@ -292,16 +292,10 @@ void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
   for (auto& m : mutations) metadata_mutations_.push_back(std::move(m));
 }
 
-void FunctionalTensorImpl::set_chain_from_base_(std::shared_ptr<const ViewMeta> step) {
+void FunctionalTensorImpl::set_chain_from_base_(
+    std::vector<std::shared_ptr<const ViewMeta>> steps) {
   chain_.clear();
-  chain_.push_back(std::move(step));
-}
-
-void FunctionalTensorImpl::set_chain_from_base_(std::shared_ptr<const ViewMeta> dtype_step,
-                                                std::shared_ptr<const ViewMeta> step) {
-  chain_.clear();
-  chain_.push_back(std::move(dtype_step));
-  chain_.push_back(std::move(step));
+  for (auto& step : steps) chain_.push_back(std::move(step));
 }
 
 void FunctionalTensorImpl::replace_storage_(const at::Tensor& new_base) {

@@ -81,12 +81,10 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   /// chain (nullptr: the base itself), and remember `mutations` (in order) for the input
   /// epilogue. See Note [Kernel: resize_].
   void resize_chain_(std::shared_ptr<const ViewMeta> step, std::vector<MetadataMutation> mutations);
-  /// A fresh view whose step applies to the storage's base rather than to the tensor it was
-  /// taken from (as_strided without views): its chain becomes `step` alone.
-  void set_chain_from_base_(std::shared_ptr<const ViewMeta> step);
-  /// The same with a dtype reinterpretation of the base first (`dtype_step`, then `step`).
-  void set_chain_from_base_(std::shared_ptr<const ViewMeta> dtype_step,
-                            std::shared_ptr<const ViewMeta> step);
+  /// A fresh view whose steps apply to the storage's base rather than to the tensor it was
+  /// taken from (as_strided without views): its chain becomes `steps` (the as_strided step,
+  /// after the base's reinterpretation in the view's dtype where it has another).
+  void set_chain_from_base_(std::vector<std::shared_ptr<const ViewMeta>> steps);
   /// resize_ past the storage: this wrapper (the storage's only user) moves to a new storage
   /// whose base is `new_base`, with an empty chain.
   void replace_storage_(const at::Tensor& new_base);

@@ -320,7 +320,8 @@ void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensor
 // written first gets its entry elements back as the storage now holds them: its base (a lone
 // input's base is the input itself) or, for aliased inputs, as_strided_copy of the flat base at
 // the input's entry geometry. Skipped, rather than guessed, where the base is no longer the entry
-// storage (grown past its end: a new storage) or is a byte view of mixed-dtype inputs.
+// storage (grown past its end: a new storage) or is a byte view of mixed-dtype inputs (whose
+// storage write_whole_bytes writes whole instead).
 // Rejected: copying the whole flat storage back for aliased inputs (a view of the caller's
 // tensor in the epilogue, which speaks only copy_, as_strided_ and resize_).
 void write_entry_elements(const at::Tensor& original, const at::Tensor& wrapper) {
@@ -480,12 +481,25 @@ bool write_whole_storage(const std::vector<at::Tensor>& originals, c10::ArrayRef
   return true;
 }
 
+// The whole storage of `t` (strided, no conjugate or negative bit, whose storage is a whole
+// number of its elements) as a 1-D uint8 view: what a byte base (Note [Inputs: aliased inputs])
+// stands for.
+at::Tensor storage_as_bytes(const at::Tensor& t) {
+  const auto item = static_cast<int64_t>(t.itemsize());
+  at::Tensor whole = t.as_strided({static_cast<int64_t>(t.storage().nbytes()) / item}, {1}, 0);
+  if (t.is_complex()) whole = at::view_as_real(whole).view(-1);
+  return whole.view(c10::kByte);
+}
+
 // The byte base of inputs of different dtypes (x and x.view(torch.int32), or b[::2] and b.real of
 // a complex b) may hold writes that no member covers either: x.as_strided_((2,), (3,), 0) of a
 // complex member, then uniform_, writes bytes 24..31 of which b.real covers only 24..27 (fuzzer
 // program 534085). Eagerly and in graphs with views, the whole storage is written as bytes,
 // through a member seen as its storage's elements (as_strided) and then as bytes (view), and
-// nothing else. See Note [Inputs: writes outside every input's elements].
+// nothing else; after metadata ops too, as flat storages are (eagerly after them, in graphs
+// before): x1 = b.view(torch.int32) beside b[::2], x1.masked_fill_(..), then x1.as_strided_ to
+// fewer elements lost the writes to the others (fuzzer program 605568).
+// See Note [Inputs: writes outside every input's elements].
 bool write_whole_bytes(const std::vector<at::Tensor>& originals, c10::ArrayRef<size_t> members,
                        const AliasStorage& storage) {
   if (!storage.bytes() || (!storage.flat_views_kept() && epilogue_is_recorded())) return false;
@@ -501,9 +515,7 @@ bool write_whole_bytes(const std::vector<at::Tensor>& originals, c10::ArrayRef<s
         static_cast<int64_t>(t.storage().nbytes()) != base.numel() || base.numel() % item != 0) {
       continue;
     }
-    at::Tensor whole = t.as_strided({base.numel() / item}, {1}, 0);
-    if (t.is_complex()) whole = at::view_as_real(whole).view(-1);
-    whole.view(c10::kByte).copy_(base);
+    storage_as_bytes(t).copy_(base);
     return true;
   }
   return false;
@@ -575,13 +587,15 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
       return unsafe_get_impl(wrappers[i])->has_metadata_mutation();
     });
   };
-  // A recorded epilogue writes a flat storage whole before the metadata ops, not after them
-  // (Note [Inputs: writes outside every input's elements]); such a storage needs no other write.
+  // A recorded epilogue writes a flat storage (or a byte base) whole before the metadata ops, not
+  // after them (Note [Inputs: writes outside every input's elements]); such a storage needs no
+  // other write.
   std::unordered_set<const AliasStorage*> written_whole;
   if (epilogue_is_recorded()) {
     for (const auto* storage : order) {
-      if (storage->generation() != 0 && storage->flat() && has_metadata(storage) &&
-          write_whole_storage(originals, groups[storage], *storage)) {
+      if (storage->generation() != 0 && has_metadata(storage) &&
+          ((storage->flat() && write_whole_storage(originals, groups[storage], *storage)) ||
+           write_whole_bytes(originals, groups[storage], *storage))) {
         written_whole.insert(storage);
       }
     }
@@ -607,7 +621,10 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
         write_whole_storage(originals, members, *storage)) {
       continue;
     }
-    if (!any_metadata && write_whole_bytes(originals, members, *storage)) continue;
+    if ((!any_metadata || !epilogue_is_recorded()) &&
+        write_whole_bytes(originals, members, *storage)) {
+      continue;
+    }
     check_outside_writes_expressible(originals, members, *storage, any_metadata);
     // A member that is now its whole storage holds every element the others do: written alone,
     // the others need no write (and one whose elements share memory could not take one; fuzzer
@@ -641,7 +658,9 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
 // largest class, "alias", until this). An as_strided of a view is a step from the storage's base
 // (Note [Kernel: as_strided without views]), so its chain has no input's as prefix; where the
 // base's element i is the storage's element i (a flat base, or an input that is the base), the
-// caller's x.as_strided(...) is that step too, and the output is rebuilt from it.
+// caller's x.as_strided(...) is that step too, and the output is rebuilt from it. On the byte
+// base of inputs of two dtypes such a chain begins with the base's reinterpretation in the
+// output's dtype, and replays whole on the caller's storage seen as bytes.
 // Under a tracer (make_fx) the Python API turns this off: a graph's outputs never alias its
 // inputs, and the replayed views would read a placeholder after its write-back.
 at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& originals,
@@ -684,6 +703,29 @@ at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& o
           (in->alias_storage().flat() || in->entry_chain().empty())) {
         best = static_cast<int>(i);  // best_len 0: every step replays on the caller's tensor
       }
+    }
+  }
+  if (best < 0 && impl->alias_storage().bytes() && !chain.steps().empty()) {
+    // A byte base's chains (as_strided from the base in another dtype) begin with the base's
+    // reinterpretation, replayed on the caller's storage seen as bytes (fuzzer program 597756).
+    const at::Tensor& base = impl->alias_storage().base();
+    for (size_t i = 0; i < wrappers.size(); ++i) {
+      auto* in = originals[i].defined() ? maybe_get_impl(wrappers[i]) : nullptr;
+      const at::Tensor& t = originals[i];
+      if (in == nullptr || &in->alias_storage() != &impl->alias_storage() ||
+          t.layout() != c10::kStrided || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+          t.is_conj() || t.is_neg() ||
+          static_cast<int64_t>(t.storage().nbytes()) % static_cast<int64_t>(t.itemsize()) != 0 ||
+          static_cast<int64_t>(t.storage().nbytes()) < base.numel()) {
+        continue;
+      }
+      at::Tensor result = storage_as_bytes(t);
+      if (result.numel() != base.numel()) result = result.as_strided({base.numel()}, {1}, 0);
+      for (const auto& step : chain.steps()) {
+        if (!step->reapply) return impl->value();  // a *_copy step: the output is not a view
+        result = step->forward(result);
+      }
+      return result;
     }
   }
   if (best < 0) return impl->value();

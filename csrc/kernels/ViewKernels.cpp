@@ -83,28 +83,46 @@ bool is_as_strided(const c10::OperatorHandle& op) {
 // the view (reads are right, its value shares the storage), and without views it is refused.
 // With views kept, a base of another dtype is first reinterpreted as self's (view.dtype), whose
 // element i is then the storage's element i in self's dtype: as_strided of view_as_real(x) of a
-// complex x reaching floats the view does not cover lost its write (fuzzer program 581477). Not
-// for the flat or byte base of aliased inputs (Note [Inputs: aliased inputs]): an output made from
-// it was no longer a view of those inputs (fuzzer program 597756), so there such a write is still
-// lost (591455, open).
-std::shared_ptr<const ViewMeta> base_in_dtype_of(const FunctionalTensorImpl& impl,
-                                                 const at::Tensor& self, const Layer& layer) {
-  const at::Tensor& base = impl.alias_storage().base();
+// complex x reaching floats the view does not cover lost its write (fuzzer program 581477). The
+// byte base of aliased inputs of two dtypes (Note [Inputs: aliased inputs]) gets the prefix its
+// members get (the bytes that regroup, then view.dtype): as_strided of an int64 input beside its
+// float64 view, reaching elements neither covers, lost its write (fuzzer program 591455); an
+// output made this way is rebuilt on the caller's storage, which the first version did not do
+// (fuzzer program 597756). Returns the steps from the base to the storage in self's dtype, or
+// nothing.
+// See Note [Inputs: outputs that alias inputs].
+std::vector<std::shared_ptr<const ViewMeta>> base_in_dtype_of(const FunctionalTensorImpl& impl,
+                                                              const at::Tensor& self,
+                                                              const Layer& layer) {
+  const AliasStorage& storage = impl.alias_storage();
+  const at::Tensor& base = storage.base();
   if (!layer.reapply_views || impl.chain().empty() || base.scalar_type() == self.scalar_type() ||
       base.is_conj() != self.is_conj() || base.is_neg() != self.is_neg() ||
       base.layout() != c10::kStrided || base.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-      base.dim() == 0 || base.stride(-1) != 1 || impl.alias_storage().offset_base() ||
-      impl.alias_storage().flat() || impl.alias_storage().bytes()) {
-    return nullptr;
+      base.dim() == 0 || base.stride(-1) != 1 || storage.offset_base() || storage.flat()) {
+    return {};
   }
-  try {
-    MetaComputeGuard guard;
-    (void)meta_twin(base).view(self.scalar_type());  // raises where the bytes do not regroup
-  } catch (const c10::Error&) {
-    return nullptr;
+  std::vector<std::shared_ptr<const ViewMeta>> steps;
+  if (storage.bytes()) {
+    // As wrap_group's members: the bytes that make whole elements of self's dtype.
+    const auto item = static_cast<int64_t>(self.itemsize());
+    if (base.dim() != 1 || base.scalar_type() != c10::kByte) return {};
+    const int64_t usable = base.numel() / item * item;
+    if (usable != base.numel()) {
+      steps.push_back(ViewMeta::as_strided({c10::SymInt(usable)}, {c10::SymInt(1)}, c10::SymInt(0),
+                                           /*reapply=*/true));
+    }
+  } else {
+    try {
+      MetaComputeGuard guard;
+      (void)meta_twin(base).view(self.scalar_type());  // raises where the bytes do not regroup
+    } catch (const c10::Error&) {
+      return {};
+    }
   }
-  return ViewMeta::of({"aten::view", "dtype"}, {c10::IValue(self.scalar_type())},
-                      /*reapply=*/true);
+  steps.push_back(ViewMeta::of({"aten::view", "dtype"}, {c10::IValue(self.scalar_type())},
+                               /*reapply=*/true));
+  return steps;
 }
 
 bool check_storage_coordinates(std::string_view op_name, const FunctionalTensorImpl& impl,
@@ -151,9 +169,10 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
                    check_storage_coordinates(info.name, *impl, self, layer) &&
                    !impl->chain().empty();
   // See base_in_dtype_of: the base, reinterpreted in self's dtype, then the step.
-  const auto dtype_step =
-      is_as_strided(view_op) && !from_base ? base_in_dtype_of(*impl, self, layer) : nullptr;
-  from_base = from_base || dtype_step != nullptr;
+  auto dtype_steps = is_as_strided(view_op) && !from_base
+                         ? base_in_dtype_of(*impl, self, layer)
+                         : std::vector<std::shared_ptr<const ViewMeta>>{};
+  from_base = from_base || !dtype_steps.empty();
   if (from_base) {
     impl->sync_();  // the base must be current: the step reads it directly
     // Eager's default offset is self's own; on the base it would be the base's (0).
@@ -161,9 +180,9 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   }
   InnerCallGuard guard;
   torch::jit::drop(*stack, num_args);
-  torch::jit::push(*stack, !from_base   ? impl->value()
-                           : dtype_step ? dtype_step->forward(impl->alias_storage().base())
-                                        : impl->alias_storage().base());
+  at::Tensor start = from_base ? impl->alias_storage().base() : impl->value();
+  for (const auto& s : dtype_steps) start = s->forward(start);
+  torch::jit::push(*stack, std::move(start));
   for (const auto& a : extra) {
     c10::IValue v = a;
     transform_tensors(v, sync_and_unwrap);
@@ -180,10 +199,9 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
     auto step = make_step(-1);
     auto wrapper = make_view_wrapper(out.toTensor(), self, step);
     // See Note [Kernel: as_strided without views].
-    if (dtype_step) {
-      unsafe_get_impl(wrapper)->set_chain_from_base_(dtype_step, std::move(step));
-    } else if (from_base) {
-      unsafe_get_impl(wrapper)->set_chain_from_base_(std::move(step));
+    if (from_base) {
+      dtype_steps.push_back(std::move(step));
+      unsafe_get_impl(wrapper)->set_chain_from_base_(std::move(dtype_steps));
     }
     if (reference) set_reference(wrapper, reference->toTensor());
     torch::jit::push(*stack, std::move(wrapper));

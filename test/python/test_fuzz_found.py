@@ -1029,6 +1029,68 @@ def test_as_strided_of_inputs_of_two_dtypes_stays_a_view_of_them(remove):
             functionalize(f, remove=remove)(*make_inputs())
 
 
+def test_write_through_as_strided_of_an_input_beside_its_view_of_another_dtype(remove):
+    # Fuzzer program 591455: x0 = b[1:, ::2] and x1 = x0.view(torch.float64) share a byte base;
+    # x0.as_strided((1,), (0,), 7) reaches b's element 7, which neither input covers. With views
+    # kept its step stayed on x0, whose inverse writes x0's own elements only: the write was lost,
+    # in the output and in b. It is now taken from the byte base seen as int64, and the output is
+    # still a view of b (Note [Kernel: as_strided without views]).
+    def f(x0, x1):
+        v = x0.as_strided((1,), (0,), 7)
+        v.fill_(-2)
+        return v
+
+    def run(fn):
+        b = torch.arange(16).view(2, 2, 4)
+        out = fn(b[1:, ::2], b[1:, ::2].view(torch.float64))
+        return b, out
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=lambda: run(lambda *a: a)[1])
+        b_e, out_e = run(f)
+        b_f, out_f = run(functionalize(f))
+        assert torch.equal(b_f, b_e) and torch.equal(out_f, out_e)
+        assert out_f.untyped_storage().data_ptr() == b_f.untyped_storage().data_ptr()
+        assert out_f.storage_offset() == out_e.storage_offset() == 7
+        b_g = torch.arange(16).view(2, 2, 4)
+        capture(f, *run(lambda *a: a)[1])(b_g[1:, ::2], b_g[1:, ::2].view(torch.float64))
+        assert torch.equal(b_g, b_e)
+    else:
+        with pytest.raises(NotImplementedError, match="as_strided of a Long view"):
+            functionalize(f, remove=remove)(*run(lambda *a: a)[1])
+
+
+def test_write_then_as_strided__of_an_input_beside_its_view_of_another_dtype(remove):
+    # Fuzzer program 605568: x1 = b.view(torch.int32) beside x0 = b[::2]; a write to all of x1,
+    # then x1.as_strided_ to one element. The epilogue wrote x1's final element only, and the
+    # storage's other written bytes were lost. The byte base is now written whole, after the
+    # metadata ops eagerly and before them in graphs.
+    # See Note [Inputs: writes before a metadata change].
+    def f(x0, x1):
+        x1.masked_fill_(x1 > 0, 2)
+        x1.as_strided_((1, 1), (3, 2), 8)
+        return x0 * 1
+
+    def run(fn):
+        b = torch.linspace(-1.0, 1.0, 30).view(5, 2, 3)
+        out = fn(b[::2], b.view(torch.int32))
+        return b, out
+
+    def make_inputs():
+        return run(lambda *a: a)[1]
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=make_inputs)
+        b_e, _ = run(f)
+        b_f, _ = run(functionalize(f))
+        assert torch.equal(b_f.view(torch.int32), b_e.view(torch.int32))
+        b_g = torch.linspace(-1.0, 1.0, 30).view(5, 2, 3)
+        capture(f, *make_inputs())(b_g[::2], b_g.view(torch.int32))
+        assert torch.equal(b_g.view(torch.int32), b_e.view(torch.int32))
+    else:
+        with pytest.raises(NotImplementedError, match="as_strided of a Int view"):
+            functionalize(f, remove=remove)(*make_inputs())
+
 def test_write_outside_the_inputs_then_a_metadata_change_reaches_graphs(remove):
     # Fuzzer program 506674: x = b[1:, ::2]; x.as_strided((2,), (1,), 10).fill_(0) writes b's
     # element 11, which x does not cover, then x.squeeze_(): a graph's epilogue wrote x's own
