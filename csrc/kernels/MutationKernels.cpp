@@ -10,6 +10,7 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/TensorOptions.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 
@@ -909,8 +910,65 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
 
 }  // namespace
 
+// Note [Kernel: composite out= ops of another dtype in graphs]
+// torch.logsumexp(x_int, 0, out=y_f64) sums into y in float64 inside its out= kernel, which is a
+// CompositeExplicitAutograd composite (amax, sub, exp_, sum.out into y, log_, add_). Eagerly its
+// kernel is rerun (Note [Kernel: out= of another dtype, eagerly]); a graph kept the functional
+// logsumexp, computed in float32, and a cast, and differed from eager in the last bits (fuzzer
+// program 540260; torch.func's graph does the same). No functional op computes what that kernel
+// does, but its decomposition is made of ops we functionalize one by one, each exactly (sum.out
+// into a float64 out becomes sum(.., dtype=float64)). So in graphs an out= op whose kernel for
+// the out's backend is such a composite (CompositeExplicitAutograd[NonFunctional], no backend
+// kernel), and whose functional result's dtype (found on meta tensors) is not out's, runs that
+// composite on the wrappers, and the graph records its ops.
+// Rejected: decomposing every composite out= op in graphs (graphs would lose the one op torch's
+// own functionalization records, for no change of value).
+namespace {
+// The composite key of `op`'s out= kernel (CompositeExplicitAutogradNonFunctional in torch 2.13,
+// where logsumexp.out is registered; CompositeExplicitAutograd is checked too, as the key a
+// composite out= kernel may be registered under), where the op decomposes into ops we
+// functionalize; nullopt otherwise. See the Note above.
+std::optional<c10::DispatchKey> composite_out_of_another_dtype(const OpInfo& info,
+                                                               const c10::OperatorHandle& op,
+                                                               const Stack& stack) {
+  if (info.written.size() != 1 || !info.written[0].is_out ||
+      info.written[0].functional_return != 0 || op.hasTag(at::Tag::nondeterministic_seeded)) {
+    return std::nullopt;
+  }
+  std::optional<c10::DispatchKey> key;
+  for (const auto k : {c10::DispatchKey::CompositeExplicitAutogradNonFunctional,
+                       c10::DispatchKey::CompositeExplicitAutograd}) {
+    if (!key && op.hasKernelForDispatchKey(k)) key = k;
+  }
+  if (!key) return std::nullopt;
+  const size_t num_args = op.schema().arguments().size();
+  const std::vector<c10::IValue> args(stack.end() - static_cast<std::ptrdiff_t>(num_args),
+                                      stack.end());
+  const c10::IValue& out_arg = args[info.written[0].index];
+  if (!out_arg.isTensor() || maybe_get_impl(out_arg.toTensor()) == nullptr) return std::nullopt;
+  const at::Tensor& out = out_arg.toTensor();
+  if (out.layout() != c10::kStrided || op.hasKernelForDispatchKey(c10::computeDispatchKey(
+                                           std::nullopt, out.layout(), out.device()))) {
+    return std::nullopt;  // the backend's own kernel: no decomposition to record
+  }
+  const auto meta = run_functional_on_meta(info, args);
+  if (!meta || meta->empty() || !(*meta)[0].isTensor() ||
+      (*meta)[0].toTensor().scalar_type() == out.scalar_type()) {
+    return std::nullopt;
+  }
+  return key;
+}
+}  // namespace
+
 void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                     const Layer& layer) {
+  // See Note [Kernel: composite out= ops of another dtype in graphs].
+  if (C10_UNLIKELY(ops_are_recorded())) {
+    if (const auto key = composite_out_of_another_dtype(info, op, *stack)) {
+      op.callBoxedForDispatchKey(*key, *stack);
+      return;
+    }
+  }
   run_mutable(info, op, stack, layer, /*on_wrappers=*/false);
 }
 

@@ -1279,3 +1279,23 @@ def test_copy_of_a_tensor_into_itself_changes_nothing(remove):
         return x * 1
 
     assert_matches_eager(f, make_inputs=lambda: (torch.tensor([-0.5, 1.25, 3.0]),), remove=remove)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32])
+def test_logsumexp_into_a_float64_out_in_graphs(remove, dtype):
+    # Fuzzer program 540260: logsumexp's out= kernel (a composite) sums into a float64 out in
+    # float64; graphs kept the functional logsumexp in float32 and a cast, off in the last bits.
+    # They now record the composite's ops: amax, exp, sum(.., dtype=float64), log, add.
+    # See Note [Kernel: composite out= ops of another dtype in graphs].
+    def f(x, y):
+        torch.logsumexp(x, 0, keepdim=True, out=y)
+        return y * 1
+
+    def make_inputs():
+        g = torch.Generator().manual_seed(540260)
+        x = torch.randn(7, 5, generator=g) * 4
+        return x.to(dtype), torch.zeros(1, 5, dtype=torch.float64)
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+    gm = make_fx(functionalize(f, remove=remove))(*make_inputs())
+    assert "dtype = torch.float64" in gm.code and "logsumexp" not in gm.code
