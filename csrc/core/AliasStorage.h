@@ -79,6 +79,21 @@ class AliasStorage : public c10::StorageImpl {
     return std::find(member_steps_.begin(), member_steps_.end(), step) != member_steps_.end();
   }
   bool written_outside_members() const { return written_outside_members_; }
+  /// Traced without views: the strides eager's tensor has where the base's value (a fresh
+  /// result computed from *_copy values) has others.
+  /// See Note [Kernel: storage coordinates of a value in another layout than eager's].
+  void set_eager_geometry(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+    eager_sizes_ = sizes.vec();
+    eager_strides_ = strides.vec();
+  }
+  /// Those strides, when the base still has the sizes they were recorded for; nullopt otherwise.
+  std::optional<c10::IntArrayRef> eager_strides() const {
+    if (eager_strides_.empty() || base_.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+        base_.sizes() != c10::IntArrayRef(eager_sizes_)) {
+      return std::nullopt;
+    }
+    return c10::IntArrayRef(eager_strides_);
+  }
   /// A storage that replaced a lone input's when resize_ grew it: its base (1-D) holds the
   /// caller's storage elements from `start` on (Note [Inputs: writes to a grown storage]).
   void mark_grown(int64_t start) { grown_start_ = start; }
@@ -120,6 +135,7 @@ class AliasStorage : public c10::StorageImpl {
   // Replacement member steps, with the generation when each was added.
   std::vector<std::pair<std::shared_ptr<const ViewMeta>, uint64_t>> kept_member_steps_;
   bool written_outside_members_ = false;
+  std::vector<int64_t> eager_sizes_, eager_strides_;  // see set_eager_geometry
   std::optional<int64_t> grown_start_;
 };
 

@@ -230,6 +230,12 @@ void adopt_eager_strides(const at::Tensor& result, const at::Tensor& meta) {
     return;
   }
   impl->set_reference_metadata_(meta);
+  // A fresh result is its storage's base: as_strided on it or its views needs eager's strides.
+  // See Note [Kernel: storage coordinates of a value in another layout than eager's].
+  if (impl->chain().empty() && !meta.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+      impl->value().is_same(impl->alias_storage().base())) {
+    impl->alias_storage().set_eager_geometry(meta.sizes(), meta.strides());
+  }
 }
 
 std::vector<c10::IValue> meta_twins_of(std::vector<c10::IValue> args) {

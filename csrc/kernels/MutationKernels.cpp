@@ -919,8 +919,10 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
 // does, but its decomposition is made of ops we functionalize one by one, each exactly (sum.out
 // into a float64 out becomes sum(.., dtype=float64)). So in graphs an out= op whose kernel for
 // the out's backend is such a composite (CompositeExplicitAutograd[NonFunctional], no backend
-// kernel), and whose functional result's dtype (found on meta tensors) is not out's, runs that
-// composite on the wrappers, and the graph records its ops.
+// kernel), and whose functional result (found on meta tensors) has out's sizes but not its
+// dtype, runs that composite on the wrappers, and the graph records its ops. An out= tensor that
+// the op resizes keeps the functional op and the cast (the composite's resize would not run on
+// a wrapper): those last bits stay as torch.func's graph has them.
 // Rejected: decomposing every composite out= op in graphs (graphs would lose the one op torch's
 // own functionalization records, for no change of value).
 namespace {
@@ -952,8 +954,12 @@ std::optional<c10::DispatchKey> composite_out_of_another_dtype(const OpInfo& inf
     return std::nullopt;  // the backend's own kernel: no decomposition to record
   }
   const auto meta = run_functional_on_meta(info, args);
-  if (!meta || meta->empty() || !(*meta)[0].isTensor() ||
-      (*meta)[0].toTensor().scalar_type() == out.scalar_type()) {
+  if (!meta || meta->empty() || !(*meta)[0].isTensor()) return std::nullopt;
+  const at::Tensor& result = (*meta)[0].toTensor();
+  // Same sizes: a composite resizes out natively (resize_output on the TensorImpl), which a
+  // wrapper refuses ("storage that is not resizable": stack.out into an empty out, fuzzer
+  // program 620332); a resized out keeps the functional op and the cast.
+  if (result.scalar_type() == out.scalar_type() || result.sym_sizes() != out.sym_sizes()) {
     return std::nullopt;
   }
   return key;

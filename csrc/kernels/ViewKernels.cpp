@@ -125,6 +125,33 @@ std::vector<std::shared_ptr<const ViewMeta>> base_in_dtype_of(const FunctionalTe
   return steps;
 }
 
+// Note [Kernel: storage coordinates of a value in another layout than eager's]
+// Traced without views, a fresh result keeps the layout its op gave it from *_copy values
+// (contiguous), while its wrapper reports eager's strides. Storage coordinates then name other
+// elements: `x.t().exp().as_strided(..)` read the contiguous value's storage where eager reads a
+// transposed one, in graphs only and silently (fuzzer programs 620987, 622502). So the storage
+// remembers eager's strides for such a base, and before a step in storage coordinates
+// (as_strided, as_strided_) on it or on a view of it the base's value is replaced by a copy in
+// those strides (empty_strided + copy in the graph). The logical values are unchanged, so the
+// other aliases regenerate to the same values; later writes keep those strides
+// (Note [Kernel: writes keep the written tensor's strides]).
+// Rejected: laying every traced fresh result out in eager's strides (a copy per op in graphs).
+// See Note [Kernel: eager strides of results in traced programs without views].
+void base_in_eager_strides(FunctionalTensorImpl& impl) {
+  AliasStorage& storage = impl.alias_storage();
+  const auto strides = storage.eager_strides();
+  if (!strides || storage.base().strides() == *strides) return;
+  impl.sync_();  // set_base_ needs no queued update, and the copy must hold every write
+  const at::Tensor& base = storage.base();
+  at::Tensor restrided;
+  {
+    InnerCallGuard guard;
+    restrided = at::copy(at::empty_strided(base.sizes(), *strides, base.options()), base);
+  }
+  storage.set_base_(restrided);
+  impl.sync_();
+}
+
 bool check_storage_coordinates(std::string_view op_name, const FunctionalTensorImpl& impl,
                                const at::Tensor& self, const Layer& layer) {
   TORCH_CHECK_NOT_IMPLEMENTED(!impl.alias_storage().offset_base(), "functionalize: ", op_name, ": ",
@@ -165,6 +192,8 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   std::optional<c10::IValue> reference;
   if (!layer.reapply_views) reference = meta_reference(view_op, self, extra);
 
+  // See Note [Kernel: storage coordinates of a value in another layout than eager's].
+  if (is_as_strided(view_op) && !layer.reapply_views) base_in_eager_strides(*impl);
   bool from_base = is_as_strided(view_op) &&
                    check_storage_coordinates(info.name, *impl, self, layer) &&
                    !impl->chain().empty();
@@ -231,6 +260,10 @@ void inplace_view_kernel(const OpInfo& info, const c10::OperatorHandle& op,
   // as_strided_ on the first one's *_copy failed out of bounds (fuzzer program 100014). The
   // chain becomes that one step, as after resize_.
   static const c10::OperatorName as_strided_inplace{"aten::as_strided_", ""};
+  // See Note [Kernel: storage coordinates of a value in another layout than eager's].
+  if (op.operator_name() == as_strided_inplace && !layer.reapply_views) {
+    base_in_eager_strides(*impl);
+  }
   if (op.operator_name() == as_strided_inplace &&
       check_storage_coordinates(info.name, *impl, self.toTensor(), layer) &&
       (!layer.reapply_views || !impl->chain().empty())) {

@@ -1299,3 +1299,26 @@ def test_logsumexp_into_a_float64_out_in_graphs(remove, dtype):
     assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
     gm = make_fx(functionalize(f, remove=remove))(*make_inputs())
     assert "dtype = torch.float64" in gm.code and "logsumexp" not in gm.code
+
+
+@pytest.mark.parametrize("case", ["as_strided", "as_strided_of_a_view", "write", "as_strided_"])
+def test_as_strided_of_a_result_laid_out_otherwise_in_graphs(remove, case):
+    # Fuzzer programs 620987, 622502: traced without views, `x.t().exp()` is computed from the
+    # contiguous t_copy and reports eager's transposed strides; as_strided on it (or on a view of
+    # it, or written through it) read the value's storage in the wrong layout. The base is now
+    # copied into eager's strides first (empty_strided + copy in the graph).
+    # See Note [Kernel: storage coordinates of a value in another layout than eager's].
+    def f(x):
+        v = x.t().exp()
+        if case == "as_strided":
+            return v.as_strided((2, 3), (1, 2), 1) * 1
+        if case == "as_strided_of_a_view":
+            return v[1:].as_strided((2, 3), (1, 2), 1) * 1
+        if case == "write":
+            v[1:].as_strided((2, 3), (1, 2), 1).mul_(2)
+            return v * 1
+        v.as_strided_((2, 3), (1, 2), 1)
+        v.mul_(2)
+        return v * 1
+
+    assert_matches_eager(f, torch.arange(12.0).view(4, 3), remove=remove)
