@@ -1322,3 +1322,15 @@ def test_as_strided_of_a_result_laid_out_otherwise_in_graphs(remove, case):
         return v * 1
 
     assert_matches_eager(f, torch.arange(12.0).view(4, 3), remove=remove)
+
+
+def test_stack_into_an_out_of_another_dtype_that_it_resizes_in_graphs(remove):
+    # Fuzzer program 620332 (a regression of the logsumexp fix above, caught by the next fuzz
+    # run): stack.out's composite resizes out natively, which a wrapper refuses ("Trying to resize
+    # storage that is not resizable"). A resized out keeps the functional op and the cast.
+    def f(x):
+        v = torch.eye(4, dtype=torch.bool)
+        torch.stack([v, v], 1, out=x)
+        return x * 1
+
+    assert_matches_eager(f, torch.zeros(3, 4, dtype=torch.complex64), remove=remove)
