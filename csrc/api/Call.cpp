@@ -40,7 +40,14 @@ std::vector<at::Tensor> call_functionalized(const std::vector<at::Tensor>& input
   }
   write_back_inputs(inputs, wrapped);
   if (autograd) autograd->finish(ops_are_recorded());
-  for (auto& t : outputs) t = unwrap_output(t, inputs, wrapped, alias_outputs);
+  const bool eager_strides = remove == Remove::MutationsAndViews && !ops_are_recorded();
+  for (auto& t : outputs) {
+    const at::Tensor wrapper = t;
+    t = unwrap_output(t, inputs, wrapped, alias_outputs);
+    if (eager_strides && maybe_get_impl(wrapper) != nullptr) {
+      t = output_in_eager_strides(wrapper, t);
+    }
+  }
   return outputs;
 }
 

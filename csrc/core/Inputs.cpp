@@ -743,4 +743,40 @@ at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& o
   return result;
 }
 
+// Note [Inputs: outputs in eager's strides without views]
+// Without views an output is a copy, and its value is dense in the order of the strides its
+// wrapper reports (Note [Wrapper: values in eager's stride order without views]). Eager's output
+// may have gaps (`return x1` of an input b[:, 1:] has strides (5, 1)) or stride-0 dims
+// (x.expand(3, 4)), which the dense value has not: such outputs came back with packed strides
+// (fuzzer program 623356). So when nothing records, an output whose reported strides differ from
+// its value's becomes a fresh tensor of eager's sizes and strides (storage offset 0: a copy owns
+// its storage) holding the value; a stride-0 dim is filled once, as eager's memory holds it
+// once. Geometry whose elements overlap otherwise (as_strided with overlapping strides) stays
+// packed, and so does a value that requires grad (a copy would cut its autograd history). Under a
+// tracer a graph's outputs keep their values' strides (no contract on them, and no extra copy in
+// the graph). Rejected: eager's strides for every value inside the function (gaps need storage no
+// *_copy has, and each op would pay for it); here one copy per such output, at the end.
+at::Tensor output_in_eager_strides(const at::Tensor& wrapper, const at::Tensor& value) {
+  if (wrapper.layout() != c10::kStrided || value.layout() != c10::kStrided ||
+      wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      value.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      wrapper.sizes() != value.sizes() || value.numel() == 0 ||
+      !strides_differ(value.sizes(), value.strides(), wrapper.strides()) || value.requires_grad() ||
+      value.key_set().has_any(c10::python_ks)) {
+    return value;  // requires_grad: the copy would cut the value's autograd history
+  }
+  InnerCallGuard guard;
+  at::Tensor result = at::empty_strided(wrapper.sizes(), wrapper.strides(), value.options());
+  at::Tensor target = result, source = value;
+  for (int64_t d = 0; d < result.dim(); ++d) {
+    if (result.stride(d) == 0 && result.size(d) > 1) {
+      target = target.narrow(d, 0, 1);
+      source = source.narrow(d, 0, 1);
+    }
+  }
+  if (may_self_overlap(target.sizes(), target.strides())) return value;
+  target.copy_(source);
+  return result;
+}
+
 }  // namespace tfz::detail

@@ -27,5 +27,9 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
 /// (Note [Inputs: outputs that alias inputs]); otherwise it is the wrapper's inner value.
 at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& originals,
                          const std::vector<at::Tensor>& wrappers, bool alias_inputs);
+/// Without views, outside tracers: `value` (the unwrapped output of `wrapper`) as a copy in the
+/// strides `wrapper` reports, where they differ; otherwise `value` itself.
+/// See Note [Inputs: outputs in eager's strides without views].
+at::Tensor output_in_eager_strides(const at::Tensor& wrapper, const at::Tensor& value);
 
 }  // namespace tfz::detail

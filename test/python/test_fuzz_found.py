@@ -1334,3 +1334,25 @@ def test_stack_into_an_out_of_another_dtype_that_it_resizes_in_graphs(remove):
         return x * 1
 
     assert_matches_eager(f, torch.zeros(3, 4, dtype=torch.complex64), remove=remove)
+
+
+def test_outputs_without_views_keep_eager_strides_with_gaps():
+    # Fuzzer program 623356: without views `return x1` of an input b[:, 1:] (strides (5, 1)) came
+    # back packed, (4, 1). An output whose eager strides have gaps or stride-0 dims is now a copy
+    # in those strides (Note [Inputs: outputs in eager's strides without views]); outputs never
+    # alias inputs without views.
+    def f(x0, x1):
+        x0.add_(x0)
+        return x1.unsqueeze(1), x1, x1[:, ::2], x1.expand(2, 3, 4), x1.diagonal()
+
+    def make_inputs():
+        b = torch.arange(15.0).view(3, 5)
+        return b.t(), b[:, 1:]
+
+    expected = f(*make_inputs())
+    inputs = make_inputs()
+    got = functionalize(f, remove="mutations_and_views")(*inputs)
+    for g, e in zip(got, expected):
+        assert torch.equal(g, e) and g.stride() == e.stride()
+        assert g.untyped_storage().data_ptr() != inputs[0].untyped_storage().data_ptr()
+    assert_matches_eager(f, make_inputs=make_inputs, remove="mutations_and_views")
