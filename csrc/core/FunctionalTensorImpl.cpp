@@ -274,21 +274,25 @@ void FunctionalTensorImpl::mutate_view_meta_(std::shared_ptr<const ViewMeta> ste
 }
 
 void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
-                                         std::vector<MetadataMutation> mutations) {
+                                         std::vector<MetadataMutation> mutations,
+                                         std::vector<std::shared_ptr<const ViewMeta>> prefix) {
   TORCH_INTERNAL_ASSERT(is_up_to_date(), "resize_chain_ on a stale wrapper");
+  TORCH_INTERNAL_ASSERT(prefix.empty() || step, "resize_chain_: a prefix needs a step");
   remember_entry_();
   InnerCallGuard guard;
   auto& storage = alias_storage();
-  const at::Tensor& base = storage.base();
-  set_value_(step ? step->forward(base) : base);
+  at::Tensor start = storage.base();
+  for (const auto& p : prefix) start = p->forward(start);
+  set_value_(step ? step->forward(start) : start);
   // An input of a flat storage stays one: see Note [Inputs: writes outside every input's elements].
-  if (flat_member_ && storage.flat() && step) {
+  if (flat_member_ && storage.flat() && step && prefix.empty()) {
     if (chain_.size() == 1) storage.retire_member_step(*chain_.back(), *step);
     storage.add_member_step(step);
   }
   chain_.clear();
+  for (auto& p : prefix) chain_.push_back(std::move(p));
   if (step) chain_.push_back(std::move(step));
-  chain_is_resize_ = !chain_.empty();
+  chain_is_resize_ = !chain_.empty() && chain_.size() == 1;
   for (auto& m : mutations) metadata_mutations_.push_back(std::move(m));
 }
 

@@ -79,8 +79,11 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
 
   /// resize_: make this wrapper `step` applied to the storage's base, replacing its
   /// chain (nullptr: the base itself), and remember `mutations` (in order) for the input
-  /// epilogue. See Note [Kernel: resize_].
-  void resize_chain_(std::shared_ptr<const ViewMeta> step, std::vector<MetadataMutation> mutations);
+  /// epilogue. `prefix`: steps before `step` that reinterpret the base in this wrapper's dtype
+  /// (as_strided_ of a view of another dtype, see base_in_dtype_of in ViewKernels.cpp); a chain
+  /// with a prefix is no resize_ chain. See Note [Kernel: resize_].
+  void resize_chain_(std::shared_ptr<const ViewMeta> step, std::vector<MetadataMutation> mutations,
+                     std::vector<std::shared_ptr<const ViewMeta>> prefix = {});
   /// A fresh view whose steps apply to the storage's base rather than to the tensor it was
   /// taken from (as_strided without views): its chain becomes `steps` (the as_strided step,
   /// after the base's reinterpretation in the view's dtype where it has another).

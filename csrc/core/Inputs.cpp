@@ -705,21 +705,28 @@ at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& o
       }
     }
   }
-  if (best < 0 && impl->alias_storage().bytes() && !chain.steps().empty()) {
-    // A byte base's chains (as_strided from the base in another dtype) begin with the base's
-    // reinterpretation, replayed on the caller's storage seen as bytes (fuzzer program 597756).
+  if (best < 0 && !chain.steps().empty() &&
+      (impl->alias_storage().bytes() ||
+       (impl->alias_storage().flat() && chain.steps()[0]->name() != "aten::as_strided"))) {
+    // A flat or byte base's chains that begin with its reinterpretation in another dtype
+    // (as_strided from the base, see base_in_dtype_of in ViewKernels.cpp) replay whole on the
+    // caller's storage seen as the base sees it: as bytes, or as elements of the base's dtype
+    // (fuzzer program 597756).
     const at::Tensor& base = impl->alias_storage().base();
+    const bool bytes = impl->alias_storage().bytes();
     for (size_t i = 0; i < wrappers.size(); ++i) {
       auto* in = originals[i].defined() ? maybe_get_impl(wrappers[i]) : nullptr;
       const at::Tensor& t = originals[i];
       if (in == nullptr || &in->alias_storage() != &impl->alias_storage() ||
           t.layout() != c10::kStrided || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-          t.is_conj() || t.is_neg() ||
+          t.is_conj() || t.is_neg() || base.is_conj() || base.is_neg() ||
+          (!bytes && t.scalar_type() != base.scalar_type()) ||
           static_cast<int64_t>(t.storage().nbytes()) % static_cast<int64_t>(t.itemsize()) != 0 ||
-          static_cast<int64_t>(t.storage().nbytes()) < base.numel()) {
+          static_cast<int64_t>(t.storage().nbytes()) <
+              base.numel() * static_cast<int64_t>(base.itemsize())) {
         continue;
       }
-      at::Tensor result = storage_as_bytes(t);
+      at::Tensor result = bytes ? storage_as_bytes(t) : t.as_strided({base.numel()}, {1}, 0);
       if (result.numel() != base.numel()) result = result.as_strided({base.numel()}, {1}, 0);
       for (const auto& step : chain.steps()) {
         if (!step->reapply) return impl->value();  // a *_copy step: the output is not a view

@@ -86,10 +86,11 @@ bool is_as_strided(const c10::OperatorHandle& op) {
 // complex x reaching floats the view does not cover lost its write (fuzzer program 581477). The
 // byte base of aliased inputs of two dtypes (Note [Inputs: aliased inputs]) gets the prefix its
 // members get (the bytes that regroup, then view.dtype): as_strided of an int64 input beside its
-// float64 view, reaching elements neither covers, lost its write (fuzzer program 591455); an
-// output made this way is rebuilt on the caller's storage, which the first version did not do
-// (fuzzer program 597756). Returns the steps from the base to the storage in self's dtype, or
-// nothing.
+// float64 view, reaching elements neither covers, lost its write (fuzzer program 591455), and
+// so did as_strided_ of x.view(torch.int32) of a float input x = b[:2] over its flat base (fuzzer
+// program 632135). An output made this way is rebuilt on the caller's storage, which the first
+// version did not do (fuzzer program 597756). Returns the steps from the base to the storage in
+// self's dtype, or nothing.
 // See Note [Inputs: outputs that alias inputs].
 std::vector<std::shared_ptr<const ViewMeta>> base_in_dtype_of(const FunctionalTensorImpl& impl,
                                                               const at::Tensor& self,
@@ -99,7 +100,7 @@ std::vector<std::shared_ptr<const ViewMeta>> base_in_dtype_of(const FunctionalTe
   if (!layer.reapply_views || impl.chain().empty() || base.scalar_type() == self.scalar_type() ||
       base.is_conj() != self.is_conj() || base.is_neg() != self.is_neg() ||
       base.layout() != c10::kStrided || base.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-      base.dim() == 0 || base.stride(-1) != 1 || storage.offset_base() || storage.flat()) {
+      base.dim() == 0 || base.stride(-1) != 1 || storage.offset_base()) {
     return {};
   }
   std::vector<std::shared_ptr<const ViewMeta>> steps;
@@ -264,16 +265,22 @@ void inplace_view_kernel(const OpInfo& info, const c10::OperatorHandle& op,
   if (op.operator_name() == as_strided_inplace && !layer.reapply_views) {
     base_in_eager_strides(*impl);
   }
-  if (op.operator_name() == as_strided_inplace &&
-      check_storage_coordinates(info.name, *impl, self.toTensor(), layer) &&
-      (!layer.reapply_views || !impl->chain().empty())) {
+  const bool as_strided_ = op.operator_name() == as_strided_inplace;
+  const bool same =
+      as_strided_ && check_storage_coordinates(info.name, *impl, self.toTensor(), layer);
+  // See base_in_dtype_of: a view of another dtype than its base's, with views kept (fuzzer
+  // program 632135: as_strided_ of x.view(torch.int32) reaching elements x does not cover).
+  auto prefix = as_strided_ && !same ? base_in_dtype_of(*impl, self.toTensor(), layer)
+                                     : std::vector<std::shared_ptr<const ViewMeta>>{};
+  if ((same || !prefix.empty()) && (!layer.reapply_views || !impl->chain().empty())) {
     impl->sync_();
     const at::Tensor& t = self.toTensor();
     const c10::SymInt offset =
         extra.size() >= 3 && !extra[2].isNone() ? extra[2].toSymInt() : t.sym_storage_offset();
     auto step = ViewMeta::as_strided(extra[0].toSymIntVector(), extra[1].toSymIntVector(), offset,
                                      layer.reapply_views);
-    impl->resize_chain_(std::move(step), {MetadataMutation{op, std::move(extra)}});
+    impl->resize_chain_(std::move(step), {MetadataMutation{op, std::move(extra)}},
+                        std::move(prefix));
     if (reference) impl->set_reference_metadata_(reference->toTensor());
     torch::jit::drop(*stack, num_args);
     torch::jit::push(*stack, std::move(self));

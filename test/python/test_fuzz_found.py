@@ -1356,3 +1356,30 @@ def test_outputs_without_views_keep_eager_strides_with_gaps():
         assert torch.equal(g, e) and g.stride() == e.stride()
         assert g.untyped_storage().data_ptr() != inputs[0].untyped_storage().data_ptr()
     assert_matches_eager(f, make_inputs=make_inputs, remove="mutations_and_views")
+
+
+def test_as_strided__of_a_view_of_another_dtype_of_an_input_slice(remove):
+    # Fuzzer program 632135: x = b[:2] of a float b gets the flat base; v = x.view(torch.int32),
+    # v.as_strided_((1,), (1,), 2) reaches b's element 2, which x does not cover. With views kept
+    # the step stayed on the view and the scatter_ through it was lost; it is now taken from the
+    # base seen as int32 (base_in_dtype_of), and the output is still a view of b.
+    def f(x):
+        v = x.view(torch.int32)
+        v.as_strided_((1,), (1,), 2)
+        v.scatter_(0, torch.tensor([0]), -1)
+        return v
+
+    def run(fn):
+        b = torch.tensor([0.5, -0.75, 2.0])
+        return b, fn(b[:2])
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=lambda: (run(lambda x: x)[0][:2],))
+        b_e, out_e = run(f)
+        b_f, out_f = run(functionalize(f))
+        assert torch.equal(b_f.view(torch.int32), b_e.view(torch.int32))
+        assert torch.equal(out_f, out_e) and out_f.storage_offset() == 2
+        assert out_f.untyped_storage().data_ptr() == b_f.untyped_storage().data_ptr()
+    else:
+        with pytest.raises(NotImplementedError, match="as_strided of a Int view"):
+            functionalize(f, remove=remove)(run(lambda x: x)[0][:2])
