@@ -646,6 +646,33 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
   }
 }
 
+namespace {
+// The caller's storage of a flat or byte base, seen as that base (1-D, the base's dtype or bytes,
+// its number of elements), through a member input without conjugate or negative bits; undefined
+// where no member can give it.
+at::Tensor caller_storage_as_base(const std::vector<at::Tensor>& originals,
+                                  const std::vector<at::Tensor>& wrappers,
+                                  const AliasStorage& storage) {
+  const at::Tensor& base = storage.base();
+  if (base.is_conj() || base.is_neg()) return {};
+  for (size_t i = 0; i < wrappers.size(); ++i) {
+    auto* in = originals[i].defined() ? maybe_get_impl(wrappers[i]) : nullptr;
+    const at::Tensor& t = originals[i];
+    if (in == nullptr || &in->alias_storage() != &storage || t.layout() != c10::kStrided ||
+        t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || t.is_conj() || t.is_neg() ||
+        (!storage.bytes() && t.scalar_type() != base.scalar_type()) ||
+        static_cast<int64_t>(t.storage().nbytes()) % static_cast<int64_t>(t.itemsize()) != 0 ||
+        static_cast<int64_t>(t.storage().nbytes()) <
+            base.numel() * static_cast<int64_t>(base.itemsize())) {
+      continue;
+    }
+    at::Tensor whole = storage.bytes() ? storage_as_bytes(t) : t.as_strided({base.numel()}, {1}, 0);
+    return whole.numel() == base.numel() ? whole : whole.as_strided({base.numel()}, {1}, 0);
+  }
+  return {};
+}
+}  // namespace
+
 // Note [Inputs: outputs that alias inputs]
 // In eager, `x.add_(1); return x.view(-1)` returns a view of the caller's x. torch.func returns a
 // view of the new inner value instead: equal numbers, but a later write through the output does
@@ -705,43 +732,25 @@ at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& o
       }
     }
   }
-  if (best < 0 && !chain.steps().empty() &&
-      (impl->alias_storage().bytes() ||
-       (impl->alias_storage().flat() && chain.steps()[0]->name() != "aten::as_strided"))) {
+  at::Tensor result;
+  if (best >= 0) {
+    result = originals[best];
+    if (at_entry) {
+      // The input's geometry when the output's view was taken: eager's view derives from it.
+      const auto& [sizes, strides, offset] =
+          *unsafe_get_impl(wrappers[best])->entry_state().geometry;
+      result = result.as_strided(sizes, strides, offset);
+    }
+  } else if (!chain.steps().empty() &&
+             (impl->alias_storage().bytes() ||
+              (impl->alias_storage().flat() && chain.steps()[0]->name() != "aten::as_strided"))) {
     // A flat or byte base's chains that begin with its reinterpretation in another dtype
     // (as_strided from the base, see base_in_dtype_of in ViewKernels.cpp) replay whole on the
     // caller's storage seen as the base sees it: as bytes, or as elements of the base's dtype
     // (fuzzer program 597756).
-    const at::Tensor& base = impl->alias_storage().base();
-    const bool bytes = impl->alias_storage().bytes();
-    for (size_t i = 0; i < wrappers.size(); ++i) {
-      auto* in = originals[i].defined() ? maybe_get_impl(wrappers[i]) : nullptr;
-      const at::Tensor& t = originals[i];
-      if (in == nullptr || &in->alias_storage() != &impl->alias_storage() ||
-          t.layout() != c10::kStrided || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-          t.is_conj() || t.is_neg() || base.is_conj() || base.is_neg() ||
-          (!bytes && t.scalar_type() != base.scalar_type()) ||
-          static_cast<int64_t>(t.storage().nbytes()) % static_cast<int64_t>(t.itemsize()) != 0 ||
-          static_cast<int64_t>(t.storage().nbytes()) <
-              base.numel() * static_cast<int64_t>(base.itemsize())) {
-        continue;
-      }
-      at::Tensor result = bytes ? storage_as_bytes(t) : t.as_strided({base.numel()}, {1}, 0);
-      if (result.numel() != base.numel()) result = result.as_strided({base.numel()}, {1}, 0);
-      for (const auto& step : chain.steps()) {
-        if (!step->reapply) return impl->value();  // a *_copy step: the output is not a view
-        result = step->forward(result);
-      }
-      return result;
-    }
+    result = caller_storage_as_base(originals, wrappers, impl->alias_storage());
   }
-  if (best < 0) return impl->value();
-  at::Tensor result = originals[best];
-  if (at_entry) {
-    // The input's geometry when the output's view was taken: eager's view derives from it.
-    const auto& [sizes, strides, offset] = *unsafe_get_impl(wrappers[best])->entry_state().geometry;
-    result = result.as_strided(sizes, strides, offset);
-  }
+  if (!result.defined()) return impl->value();
   const auto steps = chain.steps();
   for (size_t k = best_len; k < steps.size(); ++k) {
     if (!steps[k]->reapply) return impl->value();  // a *_copy step: the output is not a view

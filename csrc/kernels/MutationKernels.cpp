@@ -968,8 +968,9 @@ std::optional<c10::DispatchKey> composite_out_of_another_dtype(const OpInfo& inf
 
 void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                     const Layer& layer) {
-  // See Note [Kernel: composite out= ops of another dtype in graphs].
-  if (C10_UNLIKELY(ops_are_recorded())) {
+  // See Note [Kernel: composite out= ops of another dtype in graphs]. (The schema test first:
+  // in-place ops, the common case, skip the TLS reads.)
+  if (info.written.size() == 1 && info.written[0].is_out && C10_UNLIKELY(ops_are_recorded())) {
     if (const auto key = composite_out_of_another_dtype(info, op, *stack)) {
       op.callBoxedForDispatchKey(*key, *stack);
       return;
