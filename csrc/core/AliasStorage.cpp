@@ -165,7 +165,9 @@ void AliasStorage::set_base_(const at::Tensor& value) {
 // lies. So with views kept, when a step before the last produced memory that may overlap (torch
 // cannot prove it disjoint) and the written view itself does not overlap, the write is one
 // as_strided_scatter of the base at the written view's own sizes, strides and offset (its value
-// is a real view of a contiguous base).
+// is a real view of a dense base: contiguous, or in another dimension order, like a transposed
+// input that is its own base, whose writes through as_strided(..).expand(..)[0] were summed by
+// the step-by-step inverse, fuzzer program 678280).
 // Without views the values are *_copy tensors with no geometry to read, so the chain's view ops
 // are replayed on a meta tensor of the base's geometry for the same sizes, strides and offset:
 // an expanded input written through its diagonal (fuzzer program 300631) raised torch's
@@ -210,7 +212,7 @@ std::optional<at::Tensor> written_geometry(const at::Tensor& base,
       }
     }
     meta.emplace();
-    // base is contiguous: the probe has its sizes, strides and offset.
+    // base is dense (any dimension order): the probe has its sizes, strides and offset.
     view = at::empty({base.storage_offset() + base.numel()}, base.options().device(c10::kMeta))
                .as_strided(base.sizes(), base.strides(), base.storage_offset());
   }
@@ -319,7 +321,8 @@ bool AliasStorage::apply_updates() {
     if (chain.size() > 1 &&
         std::any_of(chain.begin(), chain.end() - 1, [](auto* s) { return may_overlap(*s); }) &&
         base_.layout() == c10::kStrided &&
-        !base_.unsafeGetTensorImpl()->has_symbolic_sizes_strides() && base_.is_contiguous()) {
+        !base_.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+        base_.is_non_overlapping_and_dense()) {
       // See Note [Alias: writes through an overlapping view].
       if (auto view = written_geometry(base_, chain)) {
         if (auto scattered = scatter_at(base_, update.value, *view, chain.back()->reapply)) {

@@ -1388,3 +1388,30 @@ def test_as_strided__of_a_view_of_another_dtype_of_an_input_slice(remove):
     else:
         with pytest.raises(NotImplementedError, match="as_strided of a Int view"):
             functionalize(f, remove=remove)(run(lambda x: x)[0][:2])
+
+
+def test_write_through_an_expand_of_as_strided_of_a_transposed_input(remove):
+    # Fuzzer program 678280: x = b.transpose(0, 2) is its own base (dense, not contiguous);
+    # x.as_strided_((2,), (2,), 6).expand(2, 2)[0] = -0.25 was inverted step by step, and
+    # expand's inverse summed the copies. A dense base in any dimension order now takes the one
+    # as_strided_scatter at the written view's geometry, as a contiguous one did
+    # (Note [Alias: writes through an overlapping view]); without views such a write is refused
+    # by name, as for a contiguous input.
+    def f(x):
+        x.as_strided_((2,), (2,), 6)
+        v = x.expand((2, 2))
+        v[0] = -0.25
+        return v * 1
+
+    def make_inputs():
+        return (torch.arange(9.0).view(1, 3, 3).transpose(0, 2),)
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=make_inputs)
+        b_e, b_f = make_inputs()[0], make_inputs()[0]
+        f(b_e)
+        functionalize(f)(b_f)
+        assert torch.equal(b_f.as_strided((9,), (1,), 0), b_e.as_strided((9,), (1,), 0))
+    else:
+        with pytest.raises(NotImplementedError, match="a view of an expanded tensor"):
+            functionalize(f, remove=remove)(*make_inputs())
