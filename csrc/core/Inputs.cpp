@@ -764,11 +764,11 @@ at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& o
 // wrapper reports (Note [Wrapper: values in eager's stride order without views]). Eager's output
 // may have gaps (`return x1` of an input b[:, 1:] has strides (5, 1)) or stride-0 dims
 // (x.expand(3, 4)), which the dense value has not: such outputs came back with packed strides
-// (fuzzer program 623356). So when nothing records, an output whose reported strides differ from
-// its value's becomes a fresh tensor of eager's sizes and strides (storage offset 0: a copy owns
-// its storage) holding the value; a stride-0 dim is filled once, as eager's memory holds it
-// once. Geometry whose elements overlap otherwise (as_strided with overlapping strides) stays
-// packed, and so does a value that requires grad (a copy would cut its autograd history). Under a
+// (fuzzer program 623356), and so did overlapping ones (`x.unfold(1, 2, 1)`, fuzzer program
+// 676336). So when nothing records, an output whose reported strides differ from its value's
+// becomes a fresh tensor of eager's sizes and strides (storage offset 0: a copy owns its storage)
+// holding the value; where elements share memory, each storage element is written once. A value
+// that requires grad stays packed (a copy would cut its autograd history). Under a
 // tracer a graph's outputs keep their values' strides (no contract on them, and no extra copy in
 // the graph). Rejected: eager's strides for every value inside the function (gaps need storage no
 // *_copy has, and each op would pay for it); here one copy per such output, at the end.
@@ -782,17 +782,20 @@ at::Tensor output_in_eager_strides(const at::Tensor& wrapper, const at::Tensor& 
     return value;  // requires_grad: the copy would cut the value's autograd history
   }
   InnerCallGuard guard;
-  at::Tensor result = at::empty_strided(wrapper.sizes(), wrapper.strides(), value.options());
-  at::Tensor target = result, source = value;
-  for (int64_t d = 0; d < result.dim(); ++d) {
-    if (result.stride(d) == 0 && result.size(d) > 1) {
-      target = target.narrow(d, 0, 1);
-      source = source.narrow(d, 0, 1);
-    }
+  if (!may_self_overlap(wrapper.sizes(), wrapper.strides())) {
+    return at::empty_strided(wrapper.sizes(), wrapper.strides(), value.options()).copy_(value);
   }
-  if (may_self_overlap(target.sizes(), target.strides())) return value;
-  target.copy_(source);
-  return result;
+  // Elements share memory (expand, unfold): each storage element takes the value of the elements
+  // that lie on it, which are equal (the value was read through such a view). copy_ refuses an
+  // overlapping destination; index_put_ of the storage at each element's offset does not.
+  const auto numel = static_cast<int64_t>(
+      at::detail::computeStorageNbytes(wrapper.sizes(), wrapper.strides(), 1, 0));
+  at::Tensor storage = at::empty({numel}, value.options());
+  const at::Tensor offsets = at::arange(numel, value.options().dtype(c10::kLong))
+                                 .as_strided(wrapper.sizes(), wrapper.strides())
+                                 .reshape(-1);
+  storage.index_put_({offsets}, value.reshape(-1));
+  return storage.as_strided(wrapper.sizes(), wrapper.strides());
 }
 
 }  // namespace tfz::detail

@@ -1343,12 +1343,14 @@ def test_stack_into_an_out_of_another_dtype_that_it_resizes_in_graphs(remove):
 
 def test_outputs_without_views_keep_eager_strides_with_gaps():
     # Fuzzer program 623356: without views `return x1` of an input b[:, 1:] (strides (5, 1)) came
-    # back packed, (4, 1). An output whose eager strides have gaps or stride-0 dims is now a copy
-    # in those strides (Note [Inputs: outputs in eager's strides without views]); outputs never
-    # alias inputs without views.
+    # back packed, (4, 1), and so did overlapping outputs (unfold, 676336). An output whose eager
+    # strides have gaps, stride-0 dims or overlapping elements is now a copy in those strides;
+    # outputs never alias inputs without views.
+    # See Note [Inputs: outputs in eager's strides without views].
     def f(x0, x1):
         x0.add_(x0)
-        return x1.unsqueeze(1), x1, x1[:, ::2], x1.expand(2, 3, 4), x1.diagonal()
+        return (x1.unsqueeze(1), x1, x1[:, ::2], x1.expand(2, 3, 4), x1.diagonal(),
+                x0.unfold(1, 2, 1))
 
     def make_inputs():
         b = torch.arange(15.0).view(3, 5)
