@@ -292,7 +292,7 @@ void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
   chain_.clear();
   for (auto& p : prefix) chain_.push_back(std::move(p));
   if (step) chain_.push_back(std::move(step));
-  chain_is_resize_ = !chain_.empty() && chain_.size() == 1;
+  chain_is_resize_ = chain_.size() == 1;  // a prefix makes it no resize_ chain
   for (auto& m : mutations) metadata_mutations_.push_back(std::move(m));
 }
 

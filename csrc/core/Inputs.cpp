@@ -685,9 +685,10 @@ at::Tensor caller_storage_as_base(const std::vector<at::Tensor>& originals,
 // largest class, "alias", until this). An as_strided of a view is a step from the storage's base
 // (Note [Kernel: as_strided without views]), so its chain has no input's as prefix; where the
 // base's element i is the storage's element i (a flat base, or an input that is the base), the
-// caller's x.as_strided(...) is that step too, and the output is rebuilt from it. On the byte
-// base of inputs of two dtypes such a chain begins with the base's reinterpretation in the
-// output's dtype, and replays whole on the caller's storage seen as bytes.
+// caller's x.as_strided(...) is that step too, and the output is rebuilt from it. Where such a
+// chain begins with the base's reinterpretation in the output's dtype (the byte base of inputs of
+// two dtypes, or a flat base viewed in another dtype), it replays whole on the caller's storage
+// seen as the base sees it (caller_storage_as_base).
 // Under a tracer (make_fx) the Python API turns this off: a graph's outputs never alias its
 // inputs, and the replayed views would read a placeholder after its write-back.
 at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& originals,

@@ -261,11 +261,9 @@ void inplace_view_kernel(const OpInfo& info, const c10::OperatorHandle& op,
   // as_strided_ on the first one's *_copy failed out of bounds (fuzzer program 100014). The
   // chain becomes that one step, as after resize_.
   static const c10::OperatorName as_strided_inplace{"aten::as_strided_", ""};
-  // See Note [Kernel: storage coordinates of a value in another layout than eager's].
-  if (op.operator_name() == as_strided_inplace && !layer.reapply_views) {
-    base_in_eager_strides(*impl);
-  }
   const bool as_strided_ = op.operator_name() == as_strided_inplace;
+  // See Note [Kernel: storage coordinates of a value in another layout than eager's].
+  if (as_strided_ && !layer.reapply_views) base_in_eager_strides(*impl);
   const bool same =
       as_strided_ && check_storage_coordinates(info.name, *impl, self.toTensor(), layer);
   // See base_in_dtype_of: a view of another dtype than its base's, with views kept (fuzzer
