@@ -214,12 +214,42 @@ def write_report(found, keys, device, seconds, out):
         fh.write("\n".join(lines) + "\n")
 
 
+def _scan_in_workers(keys, args, argv):
+    """Runs args.jobs copies of this command, each on every jobs-th key, and merges their JSON."""
+    import subprocess
+    import tempfile
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        workers = []
+        for index in range(args.jobs):
+            path = os.path.join(tmp, f"{index}.json")
+            command = [sys.executable, os.path.abspath(__file__), "--device", args.device,
+                       "--ops", ",".join(keys), "--shard", f"{index}/{args.jobs}", "--json", path]
+            workers.append((subprocess.Popen(command), path))
+        found = {}
+        for worker, path in workers:
+            if worker.wait() != 0:
+                raise SystemExit(f"hidden_writes: a worker failed (rc {worker.returncode})")
+            with open(path) as fh:
+                for entry in json.load(fh):
+                    key = (entry.pop("op"), entry.pop("argument"))
+                    if key in found:
+                        found[key]["samples"] += entry["samples"]
+                    else:
+                        found[key] = entry
+    return found
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", help="comma-separated OpInfo keys (default: all)")
     parser.add_argument("--device", default=os.environ.get("TFZ_TEST_DEVICE", "cpu"))
     parser.add_argument("--json", help="write the findings here")
     parser.add_argument("--out", help="write the markdown report here (docs/hidden_writes.md)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="worker processes, each searching every N-th OpInfo entry")
+    parser.add_argument("--shard", help=argparse.SUPPRESS)  # "i/n": a worker's share
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("hidden_writes: no CUDA device on this machine (torch.cuda.is_available() is "
@@ -229,7 +259,13 @@ def main(argv=None) -> int:
 
     keys = args.ops.split(",") if args.ops else list(oc.all_ops())
     start = time.time()
-    found = scan(keys, args.device, verbose=True)
+    if args.shard:
+        index, count = map(int, args.shard.split("/"))
+        keys = keys[index::count]
+    if args.jobs > 1 and not args.shard:
+        found = _scan_in_workers(keys, args, argv)
+    else:
+        found = scan(keys, args.device, verbose=True)
     print(f"{len(keys)} OpInfo entries on {args.device} in {time.time() - start:.0f} s: "
           f"{len(found)} hidden writes")
     for (opname, arg), entry in sorted(found.items()):

@@ -181,3 +181,51 @@ def test_search_sees_a_hidden_write_of_a_custom_op():
             ("tfz_hidden_test.sneaky.default", "x")]
     finally:
         lib._destroy()
+
+
+# LSTM/GRU with dropout in training mode. On CUDA, eager's cuDNN path passes `_cudnn_rnn` a
+# dropout-state buffer that ATen creates once per device (`_cudnn_init_dropout_state`, a factory)
+# and caches for the process; cuDNN advances it as RNG state. If that first buffer were created
+# inside a functionalized call as one of the call's tensors, the cache would keep it past the call.
+# So the program makes the process's first RNN call inside functionalize, then runs the same RNN
+# eagerly. It runs in a fresh interpreter: any earlier RNN call in this process would have filled
+# the cache already. Per device: on the CPU dropout is an ordinary random op, so ours equals eager
+# under the same seed; cuDNN's dropout state is seeded once and then advances, so on CUDA two runs
+# never see the same masks and the check is shapes, finite values, unchanged parameters and an
+# eager call that still works after ours.
+_RNN_DROPOUT_PROGRAM = r"""
+import sys
+import torch
+from torch_functionalize import functionalize
+
+device = sys.argv[1]
+torch.manual_seed(0)
+for cls in (torch.nn.LSTM, torch.nn.GRU):
+    rnn = cls(4, 5, num_layers=2, dropout=0.5).to(device).train()
+    x = torch.randn(3, 2, 4, device=device)
+    params = [p.detach().clone() for p in rnn.parameters()]
+
+    def f(x):
+        return rnn(x)[0]
+
+    for remove in ("mutations", "mutations_and_views"):
+        torch.manual_seed(1)
+        ours = functionalize(f, remove=remove)(x)
+        assert type(ours) is torch.Tensor and ours.shape == (3, 2, 5), (cls, remove, ours)
+        assert ours.isfinite().all(), (cls, remove)
+        torch.manual_seed(1)
+        eager = f(x)
+        assert eager.isfinite().all(), (cls, remove)
+        if device == "cpu":
+            torch.testing.assert_close(ours, eager, msg=f"{cls.__name__} {remove}")
+    assert all(torch.equal(p, q) for p, q in zip(params, rnn.parameters())), cls
+print("ok")
+"""
+
+
+def test_rnn_dropout_in_training_first_call_inside_functionalize(device):
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", _RNN_DROPOUT_PROGRAM, device],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The CUDA checks of docs/cuda.md as one command, for a machine with an NVIDIA GPU and a CUDA build
+# of torch: build with all cores (CMake directly, no pip), then, side by side, the suite on CUDA
+# tensors, the suite on CPU tensors with ctest, the OpInfo sweep and the hidden-write search on
+# CUDA, and last, alone on the machine, the CUDA benchmarks. Logs and reports land in OUT_DIR.
+#
+# Usage: bash tools/gpu_check.sh OUT_DIR
+# Environment: PYTHON (default python3); GTEST_SRC, a GoogleTest source tree to build first where
+# GoogleTest is not installed (Debian's /usr/src/googletest); TFZ_GPU_BUDGET, seconds for the
+# side-by-side checks (default 420), and TFZ_GPU_BENCH_BUDGET for the benchmarks (default 120).
+# Each step runs under `timeout`; a step cut short says so in summary.txt instead of stopping the rest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: tools/gpu_check.sh OUT_DIR}
+mkdir -p "$out"
+py=${PYTHON:-python3}
+cores=$(nproc)
+budget=${TFZ_GPU_BUDGET:-420}
+bench_budget=${TFZ_GPU_BENCH_BUDGET:-120}
+summary="$out/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+start=$(date +%s)
+elapsed() { echo $(($(date +%s) - start)); }
+
+note "machine: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); $cores cores"
+note "$("$py" -c 'import torch, sys; print(f"torch {torch.__version__}, cuda {torch.version.cuda}, Python {sys.version.split()[0]}, cuda available {torch.cuda.is_available()}")')"
+note "compiler: $(c++ --version | head -1); cmake $(cmake --version | head -1 | awk '{print $3}')"
+
+prefix=""
+if [ -n "${GTEST_SRC:-}" ]; then
+  cmake -S "$GTEST_SRC" -B /tmp/tfz-gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_INSTALL_PREFIX=/tmp/tfz-gtest -DBUILD_GMOCK=OFF >"$out/build.log" 2>&1 \
+    && cmake --build /tmp/tfz-gtest-build -j "$cores" >>"$out/build.log" 2>&1 \
+    && cmake --install /tmp/tfz-gtest-build >>"$out/build.log" 2>&1 \
+    && prefix="-DCMAKE_PREFIX_PATH=/tmp/tfz-gtest"
+fi
+build=build/gpu
+configure() {  # configure TESTS: the GoogleTest executables too (ON) or not (OFF)
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTFZ_BUILD_TESTS="$1" \
+    -DTFZ_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$(command -v "$py")" \
+    -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$PWD/$build/lib" $prefix >>"$out/build.log" 2>&1
+}
+cpp_tests=ON
+if ! configure ON; then
+  note "build: GoogleTest not found (set GTEST_SRC); building without the C++ tests"
+  cpp_tests=OFF
+  rm -rf "$build"
+  configure OFF
+fi
+if ! cmake --build "$build" -j "$cores" >>"$out/build.log" 2>&1; then
+  note "build: FAILED after $(elapsed) s (build.log)"
+  tail -30 "$out/build.log"
+  exit 1
+fi
+cp "$build"/lib/*.so python/torch_functionalize/
+# What setup.py writes beside the module: the torch it was built against (Note [Build: torch version skew])
+"$py" -c 'import torch; print(f"TORCH_VERSION = {torch.__version__!r}")' >python/torch_functionalize/_build_info.py
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+note "build: ok in $(elapsed) s"
+
+plugins() {  # pytest-xdist over N processes, and pytest-timeout, where they are installed
+  "$py" -c "import xdist" 2>/dev/null && echo "-n $1"
+  "$py" -c "import pytest_timeout" 2>/dev/null && echo "--timeout 240"
+}
+step() {  # step NAME COMMAND...: run under the budget, log to OUT/NAME.log, note the result
+  local name=$1; shift
+  local t0; t0=$(date +%s)
+  # SIGINT first: pytest then still prints its summary and writes its XML report
+  timeout -s INT -k 30 "$budget" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  local tail; tail=$(grep -E "passed|failed|error" "$out/$name.log" | tail -1)
+  [ $rc -eq 124 ] && tail="CUT SHORT at the ${budget} s budget; $tail"
+  note "$name: rc $rc in $(($(date +%s) - t0)) s: $tail"
+}
+step pytest-cuda env TFZ_TEST_DEVICE=cuda "$py" -m pytest test/python -q -p no:cacheprovider -rfEx \
+  --junitxml="$out/pytest-cuda.xml" \
+  $(plugins 8) &
+step pytest-cpu "$py" -m pytest test/python -q -p no:cacheprovider -rfEx \
+  --junitxml="$out/pytest-cpu.xml" $(plugins 2) &
+[ $cpp_tests = ON ] && step ctest ctest --test-dir "$build" --output-on-failure &
+step sweep-cuda "$py" tools/opinfo_sweep.py --full --device cuda --jobs 4 --max-samples 1 \
+  --out "$out/coverage-cuda.md" --json "$out/coverage-cuda.json" &
+step hidden-writes-cuda "$py" tools/hidden_writes.py --device cuda --jobs 2 \
+  --out "$out/hidden_writes-cuda.md" --json "$out/hidden_writes-cuda.json" &
+wait
+for run in cuda cpu; do
+  [ -f "$out/pytest-$run.xml" ] && "$py" tools/junit_table.py "$out/pytest-$run.xml" >"$out/per-file-$run.md"
+done
+budget=$bench_budget step bench-cuda "$py" benchmarks/run.py --device cuda --quick \
+  --out "$out/results-cuda.md" --plot "$out/scaling-cuda.png"
+note "total: $(elapsed) s"
