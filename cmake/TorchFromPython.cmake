@@ -13,16 +13,11 @@
 # CUDA libraries", then on CUDA_nvrtc_LIBRARY-NOTFOUND) and puts the CUDA libraries, nvrtc and
 # their transitive dependencies into ${TORCH_LIBRARIES}. Our code uses none of them: it is
 # device-generic and reaches CUDA kernels through the dispatcher, which libtorch_cpu's loaded
-# CUDA backend registers at `import torch` / LibTorch start-up. Linking them anyway is also what
-# the GPU image crashed on (issue #10, torch 2.11.0+cu130, gcc 13.3): the first call segfaulted in
-# normalized_signature (core/OpSchemaInfo.cpp, `out << *a.default_value()`), with libstdc++'s
-# ostream::_M_insert<long> landing in a codecvt function: a symbol interposition between libstdc++
-# copies, one of them reached through the CUDA/nvrtc libraries that ${TORCH_LIBRARIES} makes direct
-# dependencies of ours. The issue showed the same sources linked against torch, torch_cpu and c10
-# only do not crash. (No GPU machine was lent to this change, so the crash was not reproduced
-# here; its code path runs in every test run, at registration and in test_op_schema_info's
-# normalized-signature cases.) So we never run torch's config: we locate the libraries ourselves
-# and link torch, torch_cpu and c10 only (and torch_python for the module).
+# CUDA backend registers at `import torch` / LibTorch start-up. So we never run torch's config: we
+# locate the libraries ourselves and link torch, torch_cpu and c10 only (and torch_python for the
+# module). This Note once also blamed those CUDA libraries for issue #10's GPU-image segfault; the
+# first H100 run of this build showed the crash without them (a static libstdc++ copy):
+# See Note [Build: one libstdc++ in the process] (cmake/SharedLibstdcxx.cmake).
 # What torch's config would give us besides, _GLIBCXX_USE_CXX11_ABI and the C++ standard, is read
 # from TorchConfig.cmake.
 # Rejected: find_package(Torch) with CUDA variables faked (brittle,

@@ -75,11 +75,11 @@ step() {  # step NAME COMMAND...: run under the budget, log to OUT/NAME.log, not
 }
 step pytest-cuda env TFZ_TEST_DEVICE=cuda "$py" -m pytest test/python -q -p no:cacheprovider -rfEx \
   --junitxml="$out/pytest-cuda.xml" \
-  $(plugins 8) &
+  $(plugins 10) &
 step pytest-cpu "$py" -m pytest test/python -q -p no:cacheprovider -rfEx \
-  --junitxml="$out/pytest-cpu.xml" $(plugins 2) &
+  --junitxml="$out/pytest-cpu.xml" $(plugins 3) &
 [ $cpp_tests = ON ] && step ctest ctest --test-dir "$build" --output-on-failure &
-step sweep-cuda "$py" tools/opinfo_sweep.py --full --device cuda --jobs 4 --max-samples 1 \
+step sweep-cuda "$py" tools/opinfo_sweep.py --full --device cuda --jobs 3 --max-samples 1 \
   --out "$out/coverage-cuda.md" --json "$out/coverage-cuda.json" &
 step hidden-writes-cuda "$py" tools/hidden_writes.py --device cuda --jobs 2 \
   --out "$out/hidden_writes-cuda.md" --json "$out/hidden_writes-cuda.json" &

@@ -1,6 +1,7 @@
 """The build: the extension records the torch it was built against and refuses another torch
 release at import with a clear ImportError (Note [Build: torch version skew]); the core library
-links only torch, torch_cpu and c10 (Note [Build: link only what we use])."""
+links only torch, torch_cpu and c10 (Note [Build: link only what we use]) and the shared libstdc++
+(Note [Build: one libstdc++ in the process])."""
 
 import subprocess
 from pathlib import Path
@@ -38,6 +39,26 @@ def test_core_library_links_only_torch_cpu_and_c10():
                   if "NEEDED" in line and ("torch" in line or "c10" in line or "cuda" in line
                                            or "nvrtc" in line)}
     assert torch_libs <= {"libtorch.so", "libtorch_cpu.so", "libc10.so"}, torch_libs
+
+
+# libstdc++'s own symbols (mangled): a library that defines them carries a copy of libstdc++.
+_LIBSTDCXX_SYMBOLS = ("_ZNSt6locale7classicEv", "_ZNSt8ios_base4InitC1Ev", "_ZNSt11logic_errorD1Ev")
+
+
+@pytest.mark.parametrize("name", ["libtfz_core.so", "_C"])
+def test_libraries_use_the_shared_libstdcxx(name):
+    # See Note [Build: one libstdc++ in the process]: a static copy crashed the first call.
+    folder = Path(torch_functionalize.__file__).parent
+    lib = next(p for p in folder.iterdir() if p.name == name or
+               (p.name.startswith(name + ".") and p.suffix == ".so"))
+    needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True,
+                            check=True).stdout
+    assert "[libstdc++.so.6]" in needed, f"{lib.name} does not load the shared libstdc++:\n{needed}"
+    symbols = subprocess.run(["readelf", "--dyn-syms", "-W", str(lib)], capture_output=True,
+                             text=True, check=True).stdout
+    defined = {line.split()[-1] for line in symbols.splitlines()
+               if len(line.split()) >= 8 and line.split()[6] != "UND"}
+    assert not defined & set(_LIBSTDCXX_SYMBOLS), f"{lib.name} defines libstdc++ symbols"
 
 
 def test_importing_under_another_torch_release_fails_cleanly(tmp_path):
