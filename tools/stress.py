@@ -97,7 +97,7 @@ def programs() -> list[Program]:
 
     def seeded(shapes):
         def make():
-            g = torch.Generator().manual_seed(0)
+            g = torch.Generator(torch.get_default_device()).manual_seed(0)
             return tuple(torch.randn(*s, generator=g) for s in shapes)
 
         return make
@@ -108,13 +108,13 @@ def programs() -> list[Program]:
         Program(
             "batch_norm_train",
             _batch_norm_train,
-            lambda: (torch.randn(4, 3, generator=torch.Generator().manual_seed(1)),
+            lambda: (torch.randn(4, 3, generator=torch.Generator(torch.get_default_device()).manual_seed(1)),
                      torch.zeros(3), torch.ones(3)),
         ),
         Program(
             "index_and_out",
             _index_and_out,
-            lambda: (torch.randn(3, 3, generator=torch.Generator().manual_seed(2)),
+            lambda: (torch.randn(3, 3, generator=torch.Generator(torch.get_default_device()).manual_seed(2)),
                      torch.tensor([3, 0])),
         ),
         Program("view_chain_and_resize", _view_chain_and_resize, seeded([(12,)])),
@@ -123,7 +123,7 @@ def programs() -> list[Program]:
             "aliased_inputs",
             _aliased_inputs,
             lambda: (lambda b: (b, b.view(-1)))(
-                torch.randn(3, 4, generator=torch.Generator().manual_seed(3))),
+                torch.randn(3, 4, generator=torch.Generator(torch.get_default_device()).manual_seed(3))),
         ),
     ]
     return mix
@@ -244,7 +244,7 @@ class ThreadsResult:
 def threads(n_threads: int, iterations: int) -> ThreadsResult:
     mix = programs()
     expected = [expected_of(p) for p in mix]
-    shared = torch.randn(64, 64, generator=torch.Generator().manual_seed(7))
+    shared = torch.randn(64, 64, generator=torch.Generator(torch.get_default_device()).manual_seed(7))
     shared_expected = (shared @ shared.t()).sin().sum()
     failures: list[str] = []
     calls = [0]

@@ -704,10 +704,42 @@ bool foreach_in_place(const c10::OperatorHandle& op, Stack* stack) {
   return true;
 }
 
+// Note [Kernel: _foreach_ ops on aliased lists on CUDA]
+// The one-index-at-a-time order above is eager's on the CPU. Eager's CUDA kernels for in-place
+// _foreach_ ops are fused (one multi-tensor launch over all elements), and on the H100 they read
+// the aliased operands before any write: _foreach_lerp_([x, y], [y, x], 0.25) gave other values
+// than the CPU loop (docs/cuda.md, first GPU run), and they fall back to the loop when the lists
+// do not fit their fast path (mixed dtypes, strides, ...). Which of the two eager takes, and the
+// order in which its blocks read and write the same memory, is not something a functional program
+// can restate; the in-place run above (eager's own kernel on the values) is the one case that
+// gives eager's answer. So on any device but the CPU (and meta, which has no values) aliased
+// lists that do not take that path are refused by name instead of being given the CPU's answer.
+// Rejected: the functional variant (reads everything first) on CUDA, which is eager's answer only
+// when eager takes its fast path, and only for tensors small enough for one wave of blocks.
+void check_loop_order_is_eagers(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto num_args = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
+  for (auto it = stack.end() - num_args; it != stack.end(); ++it) {
+    for_each_tensor(*it, [&](const at::Tensor& t) {
+      const auto type = t.device().type();
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          type == c10::DeviceType::CPU || type == c10::DeviceType::Meta,
+          "functionalize: ", op.operator_name().name, ": the tensor lists alias each other on ",
+          t.device(),
+          ", where eager's fused kernel reads aliased elements in an order no functional "
+          "program can restate (see docs/cuda.md). Clone the aliased operands first so the "
+          "lists share no memory, or run the op on CPU tensors.");
+    });
+  }
+}
+
 void foreach_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                     const Layer& layer) {
   if (foreach_in_place(op, stack)) return;
-  if (foreach_lists_alias(op, *stack)) return foreach_sequential_kernel(op, stack);
+  if (foreach_lists_alias(op, *stack)) {
+    // See Note [Kernel: _foreach_ ops on aliased lists on CUDA]
+    check_loop_order_is_eagers(op, *stack);
+    return foreach_sequential_kernel(op, stack);
+  }
   generic_kernel(info, op, stack, layer);
 }
 

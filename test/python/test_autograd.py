@@ -15,7 +15,7 @@ from torch_functionalize import functionalize
 
 
 def _w():
-    return torch.randn(3, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    return torch.randn(3, generator=torch.Generator(torch.get_default_device()).manual_seed(0)).requires_grad_()
 
 
 def _both(f, make_inputs, remove):
@@ -241,7 +241,7 @@ def test_backward_inside_f_grad_of_leaf_made_inside_f(remove):
         return w.grad * 2
 
     def make():
-        gen = torch.Generator().manual_seed(11)
+        gen = torch.Generator(torch.get_default_device()).manual_seed(11)
         return torch.randn(3, 2, generator=gen), torch.randn(4, 3, generator=gen)
 
     assert_trees_match(functionalize(f, remove=remove)(*make()), f(*make()), "gradient")
@@ -406,7 +406,7 @@ def test_leaves_made_inside_f_are_differentiable(maker, remove):
         return loss.detach(), g, leaf.requires_grad, leaf.is_leaf
 
     def make():
-        gen = torch.Generator().manual_seed(3)
+        gen = torch.Generator(torch.get_default_device()).manual_seed(3)
         return torch.randn(4, 2, generator=gen), torch.randn(3, 4, generator=gen)
 
     e_in, a_in = make(), make()
@@ -429,7 +429,7 @@ OUTPUT_SAVING = {
     "softmax": lambda h: h.softmax(-1),
     "mlp": lambda h: torch.nn.functional.gelu(h.tanh() @ _MIX).relu().sigmoid(),
 }
-_MIX = torch.randn(4, 4, generator=torch.Generator().manual_seed(5))
+_MIX = torch.randn(4, 4, generator=torch.Generator(torch.get_default_device()).manual_seed(5))
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
@@ -445,7 +445,7 @@ def test_joint_graph_of_ops_that_save_outputs_replays_eager(name, tracer, remove
         (g,) = torch.autograd.grad(loss, w)
         return loss.detach(), g
 
-    gen = torch.Generator().manual_seed(7)
+    gen = torch.Generator(torch.get_default_device()).manual_seed(7)
     trace_args = (torch.randn(2, 4, generator=gen), torch.randn(4, generator=gen).requires_grad_())
     replay_args = (torch.randn(2, 4, generator=gen), torch.randn(4, generator=gen).requires_grad_())
     if tracer == "make_fx":

@@ -253,7 +253,7 @@ def test_not_callable_and_bad_remove_are_errors():
     "stream from where the capture run left it instead of from f's manual_seed"))
 def test_generator_created_inside_f_replays_its_seeded_stream():
     def f(x):
-        gen = torch.Generator().manual_seed(3)
+        gen = torch.Generator(torch.get_default_device()).manual_seed(3)
         return x + torch.rand(3, generator=gen)
 
     gm = capture(f, torch.zeros(3))

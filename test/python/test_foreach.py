@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from reference import (
+    assert_foreach_on_aliased_lists_matches_eager,
     assert_functional_graph,
     assert_matches_eager,
     call_targets,
@@ -31,7 +32,9 @@ FOREACH_CASES = [
     ("addcmul_value", lambda xs, ys, zs: torch._foreach_addcmul_(xs, ys, zs, value=0.5)),
     (
         "addcmul_scalars_tensor",
-        lambda xs, ys, zs: torch._foreach_addcmul_(xs, ys, zs, torch.tensor([0.1, 0.2, 0.3])),
+        # eager takes the scalars tensor on the CPU only, whatever the lists' device
+        lambda xs, ys, zs: torch._foreach_addcmul_(
+            xs, ys, zs, torch.tensor([0.1, 0.2, 0.3], device="cpu")),
     ),
     (
         "addcdiv_value",
@@ -136,7 +139,7 @@ _FOREACH_ALIASED = {
     "tensor_scalar_of_self_base": lambda x, y: torch._foreach_mul_([x[:1], y], x[1]),
     # per-element scalars tensor, with aliasing lists
     "addcmul_scalars_tensor": lambda x, y: torch._foreach_addcmul_(
-        [x, y], [y, x], [x, y], torch.tensor([0.5, 2.0])
+        [x, y], [y, x], [x, y], torch.tensor([0.5, 2.0], device="cpu")
     ),
     "lerp_list": lambda x, y: torch._foreach_lerp_([x, y], [y, x], 0.25),
     "scalar_list": lambda x, y: (
@@ -158,8 +161,10 @@ def test_foreach_inplace_on_aliased_lists_matches_eager(name, remove):
         op(a, b)
         return a, b
 
-    assert_matches_eager(on_inputs, torch.randn(3), torch.randn(3), remove=remove)
-    assert_matches_eager(on_intermediates, torch.randn(3), torch.randn(3), remove=remove)
+    assert_foreach_on_aliased_lists_matches_eager(on_inputs, torch.randn(3), torch.randn(3),
+                                                  remove=remove)
+    assert_foreach_on_aliased_lists_matches_eager(on_intermediates, torch.randn(3),
+                                                  torch.randn(3), remove=remove)
 
 
 def test_foreach_inplace_on_unaliased_lists_stays_one_op(remove):
@@ -191,4 +196,5 @@ def test_foreach_inplace_on_unaliased_lists_stays_one_op(remove):
 def test_foreach_on_fresh_values_matches_eager(program, remove):
     # Fresh intermediates take the in-place path (Note [Kernel: in-place on the inner value])
     # unless a view of them is alive; aliased lists must still give eager's sequential answer.
-    assert_matches_eager(program, torch.randn(3), torch.randn(3), remove=remove)
+    assert_foreach_on_aliased_lists_matches_eager(program, torch.randn(3), torch.randn(3),
+                                                  remove=remove)

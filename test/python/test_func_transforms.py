@@ -36,7 +36,7 @@ def mutating_fn(x):
 
 
 def _x(*shape):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    return torch.randn(*shape, generator=torch.Generator(torch.get_default_device()).manual_seed(1), dtype=torch.float64)
 
 
 # name -> (stack(fz) -> callable, inputs factory). `fz` is functionalize, torch.func's, or the

@@ -217,7 +217,7 @@ def test_optimizer_three_steps_state_passed_in(
     # Optimizer state from an eager warm-up step is passed in and mutated over 3 more steps; the
     # grads are passed in and assigned to .grad as they are, so they must stay as eager leaves them.
     def make_inputs():
-        g = torch.Generator().manual_seed(0)
+        g = torch.Generator(torch.get_default_device()).manual_seed(0)
         params = [torch.randn(3, 2, generator=g), torch.randn(2, generator=g)]
         grads = [torch.randn(3, 2, generator=g), torch.randn(2, generator=g)]
         warmup = cls(params, lr=0.1, **kwargs, **impl_kwargs)

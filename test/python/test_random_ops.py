@@ -89,7 +89,7 @@ def test_random_int_range_matches_eager(remove):
 def test_random_inplace_with_explicit_generator(remove):
     # An explicit torch.Generator passed to the ops gives eager's numbers too.
     def f(x):
-        gen = torch.Generator().manual_seed(3)
+        gen = torch.Generator(torch.get_default_device()).manual_seed(3)
         x.normal_(generator=gen)
         u = torch.empty(3).uniform_(generator=gen)
         b = torch.empty(3).bernoulli_(0.5, generator=gen)
@@ -231,7 +231,8 @@ _ALL_GENERATOR_CASES = [
      lambda x, g: (torch.normal(x, x, generator=g),
                    torch.normal(x, x.flip(1), generator=g, out=_out(x)))),
     ("normal.float_float(+out)", ["normal.float_float", "normal.float_float_out"],
-     lambda x, g: (torch.normal(0.0, 1.0, (3, 2), generator=g),
+     # torch.set_default_device does not reach normal(float, float, size): the device is named
+     lambda x, g: (torch.normal(0.0, 1.0, (3, 2), generator=g, device=x.device),
                    torch.normal(1.0, 2.0, (5,), generator=g, out=_out(x)))),
     ("random_ (2 overloads)", ["random_", "random_.to"],
      lambda x, g: (x[0].random_(generator=g), x[1].random_(9, generator=g))),
@@ -284,10 +285,12 @@ _ALL_GENERATOR_CASES = [
     ("rand/randn with names (+out)",  # torch 2.11 has them
      ["rand.generator_with_names", "rand.generator_with_names_out",
       "randn.generator_with_names", "randn.generator_with_names_out"],
-     lambda x, g: (torch.ops.aten.rand.generator_with_names([2], generator=g, names=None),
+     lambda x, g: (torch.ops.aten.rand.generator_with_names([2], generator=g, names=None,
+                                                            device=x.device),
                    torch.ops.aten.rand.generator_with_names_out([3], generator=g, names=None,
                                                                 out=_out(x)),
-                   torch.ops.aten.randn.generator_with_names([2], generator=g, names=None),
+                   torch.ops.aten.randn.generator_with_names([2], generator=g, names=None,
+                                                             device=x.device),
                    torch.ops.aten.randn.generator_with_names_out([3], generator=g, names=None,
                                                                  out=_out(x)))),
     ("randn(+out)", ["randn.generator", "randn.generator_out"],
@@ -319,9 +322,9 @@ _ALL_GENERATOR_CASES = [
     ("randint_like.Tensor(+out)", ["randint_like.Tensor_generator",
                                    "randint_like.Tensor_generator_out"],
      lambda x, g: (torch.ops.aten.randint_like.Tensor_generator(
-                       x, torch.tensor(6), generator=g),
+                       x, torch.tensor(6, device="cpu"), generator=g),  # eager: high on the CPU
                    torch.ops.aten.randint_like.Tensor_generator_out(
-                       x, torch.tensor(4), generator=g, out=_out(x)))),
+                       x, torch.tensor(4, device="cpu"), generator=g, out=_out(x)))),
 ]
 
 

@@ -116,7 +116,7 @@ def _inputs_with_spare_storage():
     Eager's resize_ reuses spare storage when growing, so the values past numel are
     deterministic: each call returns a new tensor with the same storage contents.
     """
-    values = torch.randn(32, generator=torch.Generator().manual_seed(next(_SPARE_STORAGE_SEEDS)))
+    values = torch.randn(32, generator=torch.Generator(torch.get_default_device()).manual_seed(next(_SPARE_STORAGE_SEEDS)))
 
     def make_inputs():
         spare = values.clone()

@@ -124,7 +124,8 @@ def test_conj_physical_inplace_on_conj_view_keeps_the_bit():
 def _zero_tensor_ops(x):
     # Forward AD's undefined tangents are such tensors; torch's ZeroTensor kernels broadcast them
     # (expand) and give zero for 0 * inf. See Note [Kernel: efficient zero tensors].
-    z = torch._efficientzerotensor(x.shape[-1:], dtype=x.dtype)
+    # torch.set_default_device does not reach _efficientzerotensor: the device is named
+    z = torch._efficientzerotensor(x.shape[-1:], dtype=x.dtype, device=x.device)
     inf = torch.full_like(x, float("inf"))
     return (
         z._is_zerotensor(),

@@ -69,7 +69,7 @@ NET = ConvBnRelu()
 
 
 def _net_inputs(requires_grad=False):
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator(torch.get_default_device()).manual_seed(1)
     params = {
         n: (p.detach().clone() + 0.1 * torch.randn(p.shape, generator=g)).requires_grad_(requires_grad)
         for n, p in NET.named_parameters()
@@ -250,7 +250,7 @@ def _make_decode(write, sdpa):
 
 
 def _decode_inputs():
-    g = torch.Generator().manual_seed(2)
+    g = torch.Generator(torch.get_default_device()).manual_seed(2)
     params = {n: p.detach().clone() for n, p in BLOCK.named_parameters()}
     cache_shape = (BATCH, HEADS, MAX_LEN, DIM // HEADS)
     # The caches hold random values past the decoded prefix, which must survive untouched.
@@ -312,7 +312,7 @@ VARIANTS = [("for_loop", {"foreach": False}), ("foreach", {"foreach": True}), ("
 
 
 def _regression_inputs():
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator(torch.get_default_device()).manual_seed(3)
     w, b = torch.randn(4, 2, generator=g), torch.randn(2, generator=g)
     x = torch.randn(16, 4, generator=g)
     y = x @ torch.randn(4, 2, generator=g) + 0.5

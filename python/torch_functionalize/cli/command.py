@@ -315,7 +315,8 @@ def _arg_names(fn, shapes):
 
 
 def _random_inputs(shapes, dtype, seed):
-    generator = torch.Generator().manual_seed(seed)
+    # on torch.get_default_device(), where the inputs are made (torch.set_default_device)
+    generator = torch.Generator(torch.get_default_device()).manual_seed(seed)
     inputs = []
     for shape in shapes:
         if dtype == torch.bool:
