@@ -56,7 +56,16 @@ fi
 cp "$build"/lib/*.so python/torch_functionalize/
 # What setup.py writes beside the module: the torch it was built against (Note [Build: torch version skew])
 "$py" -c 'import torch; print(f"TORCH_VERSION = {torch.__version__!r}")' >python/torch_functionalize/_build_info.py
-export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+# What pip install would add besides: the package's metadata with its entry points, through which
+# torch.compile finds backend="tfz" (pyproject.toml, [project.entry-points.torch_dynamo_backends]).
+meta=$(mktemp -d)
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+mkdir -p "$meta/torch_functionalize-$version.dist-info"
+printf 'Metadata-Version: 2.1\nName: torch-functionalize\nVersion: %s\n' "$version" \
+  >"$meta/torch_functionalize-$version.dist-info/METADATA"
+printf '[torch_dynamo_backends]\ntfz = torch_functionalize.dynamo:backend\n' \
+  >"$meta/torch_functionalize-$version.dist-info/entry_points.txt"
+export PYTHONPATH="$PWD/python:$meta${PYTHONPATH:+:$PYTHONPATH}"
 note "build: ok in $(elapsed) s"
 
 plugins() {  # pytest-xdist over N processes, and pytest-timeout, where they are installed
