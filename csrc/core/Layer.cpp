@@ -4,10 +4,14 @@
 
 #include "core/DispatchKey.h"
 #include "core/ModeStash.h"
+#include "core/Recorder.h"
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <vector>
 
 namespace tfz::detail {
 
@@ -33,9 +37,55 @@ namespace {
 struct ThreadState {
   Layer* layer = nullptr;      // the layer user code runs under
   Layer* suspended = nullptr;  // the layer an enclosing InnerCallGuard suspended
+  int64_t joined_id = 0;       // id of another thread's layer this thread joined, or 0
 };
 thread_local ThreadState tls_state;
 std::atomic<int64_t> next_layer_id{1};
+
+// Note [Layer: threads that carry a layer's TLS]
+// Autograd runs the backward of CUDA tensors on a device thread of its own, under the
+// ThreadLocalState of the thread that called backward() or autograd.grad: the dispatch TLS that
+// includes our keys comes along, but a layer is a thread_local of the thread that entered it. So
+// the device thread met the layer's wrappers with no layer and called them escaped: every
+// torch.autograd.grad, torch.func.grad and .backward() inside f on CUDA failed (the first GPU run,
+// docs/cuda.md). Code that moves work with at::ThreadLocalStateGuard does the same on any device.
+// Such a thread now joins the layer: when our key is in its TLS and it has no layer of its own, it
+// takes the one layer active in the process, with the recorder that layer's thread had (capture),
+// and keeps it while that layer lives and the thread's TLS still includes our key. With several
+// layers active at once (threads functionalizing concurrently) the choice is ambiguous: the thread
+// joins none, and the wrappers it meets get the escaped-tensor error. The layer's thread waits in
+// backward() meanwhile; a backward graph with both CPU and CUDA nodes runs the CPU ones on that
+// thread at the same time, and the layer's structures take no lock for that (docs/cuda.md).
+// Rejected: carrying the layer in c10::ThreadLocalDebugInfo, which ThreadLocalState propagates too
+// (its slots are a fixed enum in torch 2.11, so it would take version-dependent code, and a
+// thread would still hold the layer after the layer ended), and locking every layer structure.
+struct ActiveLayer {
+  Layer* layer;
+  int64_t id;
+  Recorder* recorder;
+};
+std::mutex active_layers_mutex;
+std::vector<ActiveLayer> active_layers;
+
+Layer* join_or_leave_layer(ThreadState& state) {
+  std::lock_guard<std::mutex> lock(active_layers_mutex);
+  const bool carries = c10::impl::tls_is_dispatch_key_included(kAutogradKey);
+  if (state.joined_id != 0) {
+    if (state.layer == nullptr) return nullptr;  // inside an inner call of the joined layer
+    const bool alive = std::any_of(active_layers.begin(), active_layers.end(),
+                                   [&](const ActiveLayer& a) { return a.id == state.joined_id; });
+    if (carries && alive) return state.layer;
+    state.layer = nullptr;
+    state.joined_id = 0;
+    set_active_recorder(nullptr);
+  }
+  if (!carries || active_layers.size() != 1) return nullptr;
+  const ActiveLayer& only = active_layers.front();
+  state.layer = only.layer;
+  state.joined_id = only.id;
+  set_active_recorder(only.recorder);
+  return state.layer;
+}
 }  // namespace
 
 std::optional<c10::impl::TorchDispatchModeTLS>& stashed_dispatch_modes() {
@@ -50,7 +100,13 @@ thread_local bool inner_restored_modes = false;
 }  // namespace
 
 Layer* current_layer() {
-  return tls_state.layer;
+  ThreadState& state = tls_state;
+  if (C10_LIKELY(state.joined_id == 0)) {
+    if (C10_LIKELY(state.layer != nullptr)) return state.layer;
+    if (C10_LIKELY(!c10::impl::tls_is_dispatch_key_included(kAutogradKey))) return nullptr;
+  }
+  // See Note [Layer: threads that carry a layer's TLS]
+  return join_or_leave_layer(state);
 }
 
 Layer* suspended_layer() {
@@ -76,6 +132,7 @@ bool in_untraced_region(const Layer& layer) {
 }
 
 LayerGuard::LayerGuard(bool reapply_views) {
+  if (tls_state.joined_id != 0) current_layer();  // forget a joined layer that has ended
   TORCH_CHECK(
       tls_state.layer == nullptr,
       "functionalize: nested functionalize calls on one thread are not supported (a layer is "
@@ -100,6 +157,8 @@ LayerGuard::LayerGuard(bool reapply_views) {
   inside.excluded_ = entry.excluded_ | layer_hidden_keys();
   c10::impl::_force_tls_local_dispatch_key_set(inside);
   tls_state.layer = &layer_;
+  std::lock_guard<std::mutex> lock(active_layers_mutex);
+  active_layers.push_back({&layer_, layer_.id, active_recorder()});
 }
 
 LayerGuard::~LayerGuard() {
@@ -107,6 +166,9 @@ LayerGuard::~LayerGuard() {
   // Transforms user code pushed are popped by their own scopes; what is left is ours to restore.
   if (layer_.functorch) swap_functorch_stack(*layer_.functorch);
   tls_state.layer = nullptr;
+  std::lock_guard<std::mutex> lock(active_layers_mutex);
+  active_layers.erase(std::find_if(active_layers.begin(), active_layers.end(),
+                                   [&](const ActiveLayer& a) { return a.id == layer_.id; }));
 }
 
 InnerCallGuard::InnerCallGuard() : saved_tls_(c10::impl::tls_local_dispatch_key_set()) {

@@ -38,6 +38,10 @@ Recorder* active_recorder() {
   return tls_recorder;
 }
 
+void set_active_recorder(Recorder* recorder) {
+  tls_recorder = recorder;
+}
+
 bool ops_are_recorded() {
   return tls_recorder != nullptr || c10::impl::TorchDispatchModeTLS::stack_len() > 0;
 }

@@ -39,6 +39,10 @@ class Recorder {
 /// The recorder of the capture running on this thread, or nullptr.
 Recorder* active_recorder();
 
+/// Makes `recorder` this thread's active recorder (nullptr: none), for a thread that joins another
+/// thread's layer (Note [Layer: threads that carry a layer's TLS]).
+void set_active_recorder(Recorder* recorder);
+
 /// True when what the engine runs on inner tensors ends up in a graph: a tracer's dispatch mode is
 /// set, or a capture is recording. Fast paths that mutate inner values in place are off then.
 bool ops_are_recorded();

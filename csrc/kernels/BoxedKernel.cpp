@@ -37,6 +37,14 @@ void report_foreign_wrapper(std::string_view op_name, const FunctionalTensorImpl
               ": a functional tensor reached an op the engine runs on plain tensors (an inner "
               "call); some code captured a wrapper into it (e.g. a kernel or hook holding a "
               "tensor from inside the function). Pass such tensors as arguments instead.");
+  // See Note [Layer: threads that carry a layer's TLS]
+  TORCH_CHECK(!(layer == nullptr && c10::impl::tls_is_dispatch_key_included(kAutogradKey)),
+              "functionalize: ", op_name,
+              ": a functional tensor reached a thread that carries a functionalize call's "
+              "dispatch state (autograd's device thread for CUDA tensors, or code that moves work "
+              "with at::ThreadLocalStateGuard) while several functionalize calls are active in "
+              "the process, so which one it belongs to is ambiguous. Run one functionalize call "
+              "at a time when its function calls backward() on CUDA tensors.");
   TORCH_CHECK(false, "functionalize: ", op_name,
               ": got a functional tensor that escaped the functionalize call that made it "
               "(that call has finished, or this is another call). Return tensors from the "

@@ -7,6 +7,7 @@
 #include "TestUtils.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ThreadLocalState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -14,8 +15,10 @@
 
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -559,4 +562,31 @@ TEST(FunctionalizeApiTest, NormalCallLeavesDispatchStateUnchanged) {
     tfz::functionalize(fn, remove)({float_grid(2, 2)});
     expect_same_dispatch_tls(before);
   }
+}
+
+// Autograd runs the backward of CUDA tensors on a device thread, under the ThreadLocalState of the
+// thread that called backward() (our keys included, no layer of that thread's own). This does the
+// same on the CPU: a worker restores the caller's state and runs ops on the caller's wrappers,
+// reads and writes. See Note [Layer: threads that carry a layer's TLS].
+TEST(FunctionalizeApiTest, OpsOnAThreadCarryingTheCallersStateJoinTheLayer) {
+  const tfz::TensorFn fn = [](const std::vector<at::Tensor>& in) {
+    at::Tensor y = in[0].mul(2);
+    at::Tensor z;
+    std::exception_ptr error;
+    at::ThreadLocalState state;
+    std::thread worker([&] {
+      try {
+        at::ThreadLocalStateGuard guard(state);
+        z = y.add(1);
+        z.add_(at::ones({3}));  // a factory too: its result joins the layer
+        in[0].sub_(1);          // a write to an input, replayed by the epilogue
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+    worker.join();
+    if (error) std::rethrow_exception(error);
+    return std::vector<at::Tensor>{z, y};
+  };
+  expect_matches_eager_in_both_modes(fn, {at::arange(3, at::kFloat)});
 }
