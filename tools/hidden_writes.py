@@ -176,12 +176,12 @@ NOT_SEARCHABLE_HERE = [
      "CUDA / ROCm kernels only; same row as native_batch_norm (see SpecialOps.cpp: "
      "Note [Kernel: cudnn_batch_norm and miopen_batch_norm]); CPU stand-ins test it"),
     ("aten._cudnn_rnn", "dropout_state",
-     "suspected, unverified on a GPU: cuDNN keeps its dropout RNG state in this buffer. The "
-     "buffer is not the program's: ATen's CUDA RNN path takes it from a per-device cache "
-     "(get_dropout_state) and passes it in, so a write to it is RNG state like the global "
-     "generator's, made as in eager. To check on a GPU: that the cache's first buffer, created "
-     "by _cudnn_init_dropout_state inside a functionalized call, is not caught as a factory "
-     "of the call (it would escape the call as a wrapper)"),
+     "cuDNN keeps its dropout RNG state in this buffer; it is not the program's: ATen's CUDA "
+     "RNN path takes it from a per-device cache (get_dropout_state), so a write to it is RNG "
+     "state like the global generator's, made as in eager. The cache's first buffer, made by "
+     "_cudnn_init_dropout_state inside a functionalized call, stays plain "
+     "(Note [Kernel: cuDNN's dropout state]; CPU stand-in test; the first GPU run stopped earlier, at cuDNN's "
+     "set_, since supported: Note [Kernel: set_ onto a storage from outside the function])"),
 ]
 
 

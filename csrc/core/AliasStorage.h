@@ -108,6 +108,8 @@ class AliasStorage : public c10::StorageImpl {
   const char* offset_base_reason() const { return offset_base_; }
   /// A storage that wraps inputs: `storage` is the caller's, which the epilogue writes.
   void mark_caller_storage(const c10::StorageImpl* storage) { caller_storage_ = storage; }
+  /// Whether this is an input's storage (it has the caller's storage).
+  bool has_caller_storage() const { return caller_storage_ != nullptr; }
   /// Whether `inner` lies in the caller's memory (the input itself, or a view of it with views
   /// kept): see Note [Kernel: writes to inputs under autograd].
   bool in_caller_storage(const at::Tensor& inner) const {

@@ -467,10 +467,11 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
               "function as an input, or clone it inside the function first.");
   TORCH_CHECK(!impl->alias_storage().captured(), "functionalize: ", op_name,
               ": cannot write through '", arg_name,
-              "', a view of a tensor captured from outside "
-              "the function (a parameter, buffer or global), with remove=\"mutations_and_views\": "
-              "the write would not reach that tensor. Pass the tensor to the function as an "
-              "input, or use remove=\"mutations\".");
+              "', a view of a tensor captured from outside the function (a parameter, buffer "
+              "or global) that the function does not own (a view of it with "
+              "remove=\"mutations_and_views\", or a tensor set_ onto its storage): the write "
+              "would not reach that tensor. Pass the tensor to the function as an input; for "
+              "views, remove=\"mutations\" also works.");
   // See Note [Alias: writes through an overlapping view]: without views the step-by-step
   // inverse of expand sums the copies of each element, so such a write would be wrong.
   if (!impl->chain().empty() && !impl->chain().back()->reapply && !is_empty_static(t)) {

@@ -74,15 +74,67 @@ void unsupported(OpInfo& info, std::string reason) {
 // either are seen by the other, and x's old aliases stop seeing x. torchgen gives it a functional
 // variant (aten::set.source_Tensor, ...), so the generic plan would replace x's value with a copy
 // and keep x in its old alias storage: silently wrong aliasing. Refused with a clear error until
-// alias storages can be merged.
+// alias storages can be merged, except for the case below.
+//
+// Note [Kernel: set_ onto a storage from outside the function]
+// cuDNN's RNN (LSTM, GRU and RNN modules on CUDA) checks whether the weights already lie in one
+// flat buffer by making `at::empty({0}, ...).set_(weights[0].storage())` and comparing addresses.
+// Inside f that empty is a wrapper of ours, so the first GPU run refused every CUDA RNN at this
+// set_ (docs/cuda.md). A set_ of a wrapper made inside f, with no other alias and not an input,
+// onto a storage no wrapper owns (a parameter's, captured by the module) is eager's aliasing of
+// memory that the function does not own: the wrapper moves to a new alias storage whose base is
+// an inner tensor set_ onto that storage, marked captured, so reads see that memory as eager's do
+// and a write through it is refused by name (Note [Kernel: views of captured tensors]). The
+// wrapper's data pointer is not the parameter's, so cuDNN's check finds no flat buffer and copies
+// the weights into one of its own, with the same numbers. Under a tracer it stays refused: a
+// Storage is no value a graph can hold. On the CPU it stays refused too: there the same two calls
+// are how torch.ByteTensor(storage) wraps a Python buffer, which all_gather_object then sends
+// through collectives whose results ours cannot turn back into bytes (the error case of
+// test_distributed.py), and no CPU kernel of torch makes them.
 bool is_set(const c10::OperatorHandle& op) {
   return op.operator_name().name == "aten::set_";
 }
 
-void refuse_set(const c10::OperatorHandle& /*op*/, OpInfo& info) {
-  unsupported(info,
-              "set_ swaps the storage of a tensor, which functionalize does not support yet. Use "
-              "the source tensor directly, or copy_ into the destination");
+constexpr const char* kSetRefusal =
+    "set_ swaps the storage of a tensor, which functionalize does not support yet. Use the source "
+    "tensor directly, or copy_ into the destination";
+
+void refuse_set(const c10::OperatorHandle& op, OpInfo& info) {
+  const auto& overload = op.operator_name().overload_name;
+  if (overload == "source_Storage" || overload == "source_Storage_storage_offset") return;
+  unsupported(info, kSetRefusal);
+}
+
+void set_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
+                const Layer& /*layer*/) {
+  const size_t num_args = op.schema().arguments().size();
+  const auto first = stack->end() - static_cast<std::ptrdiff_t>(num_args);
+  const at::Tensor self = first->toTensor();
+  auto* impl = maybe_get_impl(self);
+  const bool outside =
+      num_args > 1 && (first + 1)->isStorage() &&
+      dynamic_cast<const AliasStorage*>((first + 1)->toStorage().unsafeGetStorageImpl()) == nullptr;
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      impl != nullptr && outside && self.device().type() != c10::DeviceType::CPU &&
+          !ops_are_recorded() && impl->storage().use_count() == 1 &&
+          !impl->alias_storage().has_caller_storage() && !impl->alias_storage().flat() &&
+          !impl->alias_storage().bytes(),
+      "functionalize: ", info.name, ": ", kSetRefusal,
+      " (supported: a tensor made inside the function, with no view of it alive, set_ onto the "
+      "storage of a tensor from outside the function, outside tracers, on devices other than the "
+      "CPU).");
+  at::Tensor value;
+  {
+    InnerCallGuard guard;
+    Stack inner(first, stack->end());
+    inner[0] = at::empty({0}, impl->value().options());
+    op.callBoxed(inner);
+    value = inner[0].toTensor();
+  }
+  impl->replace_storage_(value);
+  impl->alias_storage().mark_captured();
+  torch::jit::drop(*stack, num_args);
+  torch::jit::push(*stack, self);
 }
 
 // --- batch norm: native_batch_norm, cudnn_batch_norm, miopen_batch_norm ------------------------
@@ -348,6 +400,25 @@ bool is_lift(const c10::OperatorHandle& op) {
 
 void wrap_lifted(const c10::OperatorHandle& /*op*/, OpInfo& info) {
   info.wraps_plain_outputs = true;
+}
+
+// --- _cudnn_init_dropout_state ------------------------------------------------------------------
+
+// Note [Kernel: cuDNN's dropout state]
+// cuDNN's RNN dropout keeps its RNG state in a buffer that ATen creates once per device with the
+// factory _cudnn_init_dropout_state and caches for the process (get_dropout_state in cuDNN's
+// RNN.cpp). When the first RNN call of the process runs inside f, that factory call comes to us;
+// wrapped like any factory result, the cache would keep a wrapper past the call, and every later
+// RNN call, inside functionalize or not, would meet an escaped tensor. Its result is ATen's RNG
+// state, not a value of the program (cuDNN advances it as eager's generator advances), so the row
+// leaves it plain. Rejected: wrapping it and unwrapping at the end of the call (the cache is
+// ATen's, out of our reach; and it must outlive the call).
+bool is_cudnn_dropout_state(const c10::OperatorHandle& op) {
+  return op.operator_name().name == "aten::_cudnn_init_dropout_state";
+}
+
+void leave_plain(const c10::OperatorHandle& /*op*/, OpInfo& info) {
+  info.wraps_plain_outputs = false;
 }
 
 // --- _unsafe_view -----------------------------------------------------------------------------
@@ -791,9 +862,10 @@ void refuse_custom_view(const c10::OperatorHandle& /*op*/, OpInfo& info) {
 
 // --- the table ------------------------------------------------------------------------------
 
-constexpr std::array<SpecialOp, 12> kSpecialOps{{
+constexpr std::array<SpecialOp, 13> kSpecialOps{{
     // name                      matches               adjust                handle composite
-    {"set_", &is_set, &refuse_set, nullptr, false},
+    {"set_", &is_set, &refuse_set, &set_kernel, false},
+    {"cuDNN's dropout state (ATen's cache)", &is_cudnn_dropout_state, &leave_plain, nullptr, false},
     {"batch norm (hidden stat writes)", &is_batch_norm_with_hidden_stats, &plan_batch_norm,
      &batch_norm_kernel, false},
     {"resize_", &is_resize, nullptr, &resize_kernel, false},

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from reference import TEST_DEVICE, assert_functional_graph, assert_matches_eager, call_targets, trace
-from torch_functionalize import _C, functionalize
+from torch_functionalize import _C, functionalize, is_functional
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
 import hidden_writes  # noqa: E402
@@ -41,12 +41,18 @@ def _miopen_standin(input, weight, bias, running_mean, running_var, training, fa
         input, weight, bias, running_mean, running_var, training, factor, eps)
 
 
+def _dropout_state_standin(dropout, train, dropout_seed, *, dtype=None, layout=None, device=None,
+                           pin_memory=None):
+    return torch.zeros(16, dtype=torch.uint8, device=device)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def backend_standins():
     # CPU kernels for ops that only have CUDA / ROCm kernels; removed with the library object.
     lib = torch.library.Library("aten", "IMPL")
     lib.impl("cudnn_batch_norm", _cudnn_standin, "CPU")
     lib.impl("miopen_batch_norm", _miopen_standin, "CPU")
+    lib.impl("_cudnn_init_dropout_state", _dropout_state_standin, "CPU")
     yield
     lib._destroy()
 
@@ -233,3 +239,19 @@ def test_rnn_dropout_in_training_first_call_inside_functionalize(device):
     done = subprocess.run([sys.executable, "-c", _RNN_DROPOUT_PROGRAM, device],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+def test_cudnn_dropout_state_made_inside_f_stays_plain(remove):
+    # ATen caches this buffer for the process (here: a list); made inside f it must come out a
+    # plain tensor, usable after the call. See Note [Kernel: cuDNN's dropout state]. CPU stand-in
+    # on a CPU run, cuDNN's own kernel on a CUDA run.
+    cache = []
+
+    def f(x):
+        cache.append(torch.ops.aten._cudnn_init_dropout_state(
+            0.5, True, 1, dtype=torch.uint8, device=x.device))
+        return x + 1
+
+    functionalize(f, remove=remove)(torch.ones(3))
+    assert not is_functional(cache[0])
+    assert (cache[0] + 1).shape == cache[0].shape  # an eager op on it after the call

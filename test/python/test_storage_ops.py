@@ -6,8 +6,10 @@ import itertools
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from reference import (
+    TEST_DEVICE,
     assert_matches_eager,
 )
 from torch_functionalize import functionalize
@@ -231,3 +233,55 @@ def test_set_raises_not_implemented_naming_op(name, op, remove):
         functionalize(f, remove=remove)(x, y)
     assert torch.equal(x, x_before) and torch.equal(y, y_before)
     assert x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
+
+
+# cuDNN's RNN path (LSTM/GRU/RNN modules on CUDA) checks for a flat weight buffer with
+# `at::empty({0}).set_(weights[0].storage())`.
+# See Note [Kernel: set_ onto a storage from outside the function]
+# The same calls: a tensor made inside f set_ onto a captured parameter's storage reads that memory
+# as eager does; a write through it, a set_ of an input and a set_ under a tracer are refused by
+# name, and on the CPU the set_ stays refused. Per device: a CPU run checks the supported case on
+# meta tensors (shapes; meta has no values), a CUDA run on CUDA tensors (values).
+_SET_DEVICE = "meta" if TEST_DEVICE == "cpu" else TEST_DEVICE
+
+
+def _read_through_set(parameter):
+    def f(x):
+        w = torch.empty(0, device=x.device).set_(parameter.untyped_storage())
+        return x + w[:3] * 2, w[3:].sum()
+    return f
+
+
+def test_set_onto_a_captured_storage_reads_it_as_eager(remove):
+    parameter, x = torch.randn(6, device=_SET_DEVICE), torch.ones(3, device=_SET_DEVICE)
+    f = _read_through_set(parameter)
+    expected = f(x)
+    actual = functionalize(f, remove=remove)(x)
+    for a, e in zip(actual, expected):
+        assert a.shape == e.shape and a.device == e.device
+        if _SET_DEVICE != "meta":
+            torch.testing.assert_close(a, e)
+
+
+def test_set_onto_a_captured_storage_refuses_writes_inputs_tracers_and_the_cpu(remove):
+    parameter = torch.randn(6, device=_SET_DEVICE)
+
+    def write(x):
+        w = torch.empty(0, device=x.device).set_(parameter.untyped_storage())
+        w.add_(1)
+        return x
+
+    def set_input(x):
+        x.set_(parameter.untyped_storage())
+        return x
+
+    x = torch.ones(3, device=_SET_DEVICE)
+    with pytest.raises(RuntimeError, match="add_.*does not own"):
+        functionalize(write, remove=remove)(x)
+    with pytest.raises(NotImplementedError, match="set_.source_Storage: set_ swaps"):
+        functionalize(set_input, remove=remove)(x)
+    with pytest.raises(NotImplementedError, match="set_.source_Storage: set_ swaps"):
+        make_fx(functionalize(_read_through_set(parameter), remove=remove))(x)
+    cpu_parameter = torch.randn(6, device="cpu")
+    with pytest.raises(NotImplementedError, match="set_.source_Storage: set_ swaps"):
+        functionalize(_read_through_set(cpu_parameter), remove=remove)(torch.ones(3, device="cpu"))
