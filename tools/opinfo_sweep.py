@@ -222,41 +222,53 @@ def run_sweep(args, keys):
     hard_timeout = 2 * args.timeout + 60
     started = time.time()
     last_report = 0.0
-    while pending or running:
-        while pending and len(running) < args.jobs:
-            chunk = pending.pop(0)
-            if _start(chunk, args, workdir):
-                running.append(chunk)
-        time.sleep(0.2)
-        for chunk in list(running):
-            if _read_events(chunk, results):
-                chunk.restarts_without_progress = 0
-            rc = chunk.proc.poll()
-            hung = rc is None and time.time() - chunk.last_time > hard_timeout
-            if rc is None and not hung:
-                continue
-            if hung:
-                chunk.proc.kill()
-                chunk.proc.wait()
-                why = f"no progress for {hard_timeout:.0f} s; the process was killed"
-            else:
-                why = f"the process exited with status {rc}"
+    # Interrupted (Ctrl-C, or `timeout -s INT` as tools/gpu_check.sh uses): the cases finished so
+    # far are reported, marked partial, instead of nothing.
+    args.interrupted = None
+    try:
+        while pending or running:
+            while pending and len(running) < args.jobs:
+                chunk = pending.pop(0)
+                if _start(chunk, args, workdir):
+                    running.append(chunk)
+            time.sleep(0.2)
+            for chunk in list(running):
+                if _read_events(chunk, results):
+                    chunk.restarts_without_progress = 0
+                rc = chunk.proc.poll()
+                hung = rc is None and time.time() - chunk.last_time > hard_timeout
+                if rc is None and not hung:
+                    continue
+                if hung:
+                    chunk.proc.kill()
+                    chunk.proc.wait()
+                    why = f"no progress for {hard_timeout:.0f} s; the process was killed"
+                else:
+                    why = f"the process exited with status {rc}"
+                _read_events(chunk, results)
+                running.remove(chunk)
+                left = [k for k in chunk.ops if k not in chunk.finished_ops
+                        and k not in chunk.na_ops]
+                if left:
+                    _record_crash(chunk, results, why)
+                    with open(chunk.results_path + ".stderr") as fh:
+                        tail = fh.read()[-2000:]
+                    print(f"[sweep] chunk {chunk.index}: {why}; resuming "
+                          f"({len(left)} ops left)\n{tail}", file=sys.stderr)
+                    pending.insert(0, chunk)
+            if time.time() - last_report > 30:
+                last_report = time.time()
+                done = sum(len(c.finished_ops) + len(c.na_ops) for c in chunks)
+                print(f"[sweep] {time.time() - started:6.0f} s  ops {done}/{len(keys)}  "
+                      f"cases {len(results)}", file=sys.stderr)
+    except KeyboardInterrupt:
+        for chunk in running:
+            chunk.proc.kill()
+            chunk.proc.wait()
             _read_events(chunk, results)
-            running.remove(chunk)
-            left = [k for k in chunk.ops if k not in chunk.finished_ops
-                    and k not in chunk.na_ops]
-            if left:
-                _record_crash(chunk, results, why)
-                with open(chunk.results_path + ".stderr") as fh:
-                    tail = fh.read()[-2000:]
-                print(f"[sweep] chunk {chunk.index}: {why}; resuming "
-                      f"({len(left)} ops left)\n{tail}", file=sys.stderr)
-                pending.insert(0, chunk)
-        if time.time() - last_report > 30:
-            last_report = time.time()
-            done = sum(len(c.finished_ops) + len(c.na_ops) for c in chunks)
-            print(f"[sweep] {time.time() - started:6.0f} s  ops {done}/{len(keys)}  "
-                  f"cases {len(results)}", file=sys.stderr)
+        done = sum(len(c.finished_ops) + len(c.na_ops) for c in chunks)
+        args.interrupted = f"interrupted after {done} of {len(keys)} ops: partial results"
+        print(f"[sweep] {args.interrupted}", file=sys.stderr)
     if args.keep_workdir:
         print(f"[sweep] worker files kept in {workdir}", file=sys.stderr)
     else:
@@ -592,7 +604,8 @@ def main(argv=None):
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs" + (
             f", samples on {torch.cuda.get_device_name()}" if args.device.startswith("cuda")
             else ""),
-        "mode": args.mode + (f" (--ops {args.ops})" if args.ops else ""),
+        "mode": args.mode + (f" (--ops {args.ops})" if args.ops else "") + (
+            f" **({args.interrupted})**" if args.interrupted else ""),
         "n_ops": len(keys),
         "samples": ("first comparable of the first 4, per dtype and placement"
                     if args.mode == "subset" else (args.max_samples or "all")),
@@ -611,7 +624,7 @@ def main(argv=None):
         print(f"[sweep] wrote {out}", file=sys.stderr)
     print(f"[sweep] {duration / 60:.1f} min: {total['cases']} cases, ours {total['ours']}, "
           f"torch.func {total['ref']}, blockers {total['blockers']}", file=sys.stderr)
-    return 0
+    return 130 if args.interrupted else 0  # 130: as a shell reports an interrupted command
 
 
 if __name__ == "__main__":
