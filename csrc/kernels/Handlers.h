@@ -33,6 +33,10 @@ bool reports_eager_strides_of_results(const c10::IValue& arg);
 std::vector<c10::IValue> meta_twins_of(std::vector<c10::IValue> args);
 /// `result`, a fresh wrapper, reports `meta`'s geometry where the sizes agree.
 void adopt_eager_strides(const at::Tensor& result, const at::Tensor& meta);
+/// Without views: replaces the storage's base by a copy in eager's strides where they differ, so
+/// storage coordinates name eager's elements.
+/// See Note [Kernel: storage coordinates of a value in another layout than eager's].
+void base_in_eager_strides(FunctionalTensorImpl& impl);
 void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                        const Layer& layer);
 void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,

@@ -302,6 +302,10 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
       !then_strides.empty() && then_strides != c10::IntArrayRef(strides) &&
       static_cast<int64_t>(at::detail::computeStorageNbytes(size, then_strides, 1)) <= needed;
 
+  // Storage coordinates below: without views the base may be laid out otherwise than eager's
+  // storage (fuzzer program 670693: a resize through an out= of a strided fresh result).
+  // See Note [Kernel: storage coordinates of a value in another layout than eager's].
+  if (!layer.reapply_views) base_in_eager_strides(*impl);
   impl->sync_();
   const at::Tensor base = impl->alias_storage().base();
   // Inputs that reinterpret each other's dtype share a byte base (Note [Inputs: aliased inputs]);

@@ -126,6 +126,31 @@ std::vector<std::shared_ptr<const ViewMeta>> base_in_dtype_of(const FunctionalTe
   return steps;
 }
 
+bool check_storage_coordinates(std::string_view op_name, const FunctionalTensorImpl& impl,
+                               const at::Tensor& self, const Layer& layer) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!impl.alias_storage().offset_base(), "functionalize: ", op_name, ": ",
+                              impl.alias_storage().offset_base_reason(),
+                              ", or express the view with other view ops.");
+  if (impl.chain().empty()) return true;  // self is the base
+  const at::Tensor& base = impl.alias_storage().base();
+  bool same = base.scalar_type() == self.scalar_type() && base.is_conj() == self.is_conj() &&
+              base.is_neg() == self.is_neg();
+  if (layer.reapply_views) return same;
+  // Without views a _conj / _neg_view step gives a *_copy value and the wrapper no bit to compare:
+  // the chain says it (x.mH.as_strided(..) lost the conjugation, fuzzer program 410965).
+  const auto [conj, neg] = impl.chain().bit_flips();
+  same = same && !conj && !neg;
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      same, "functionalize: ", op_name, ": as_strided of a ", self.scalar_type(),
+      " view whose storage is shared with a tensor of another dtype or with conjugate/negative "
+      "bits (e.g. inputs x and x.view(torch.int32), or x.conj()) is not supported with "
+      "remove=\"mutations_and_views\". Clone the tensor before as_strided, or use "
+      "remove=\"mutations\".");
+  return true;
+}
+
+}  // namespace
+
 // Note [Kernel: storage coordinates of a value in another layout than eager's]
 // Traced without views, a fresh result keeps the layout its op gave it from *_copy values
 // (contiguous), while its wrapper reports eager's strides. Storage coordinates then name other
@@ -152,31 +177,6 @@ void base_in_eager_strides(FunctionalTensorImpl& impl) {
   storage.set_base_(restrided);
   impl.sync_();
 }
-
-bool check_storage_coordinates(std::string_view op_name, const FunctionalTensorImpl& impl,
-                               const at::Tensor& self, const Layer& layer) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!impl.alias_storage().offset_base(), "functionalize: ", op_name, ": ",
-                              impl.alias_storage().offset_base_reason(),
-                              ", or express the view with other view ops.");
-  if (impl.chain().empty()) return true;  // self is the base
-  const at::Tensor& base = impl.alias_storage().base();
-  bool same = base.scalar_type() == self.scalar_type() && base.is_conj() == self.is_conj() &&
-              base.is_neg() == self.is_neg();
-  if (layer.reapply_views) return same;
-  // Without views a _conj / _neg_view step gives a *_copy value and the wrapper no bit to compare:
-  // the chain says it (x.mH.as_strided(..) lost the conjugation, fuzzer program 410965).
-  const auto [conj, neg] = impl.chain().bit_flips();
-  same = same && !conj && !neg;
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      same, "functionalize: ", op_name, ": as_strided of a ", self.scalar_type(),
-      " view whose storage is shared with a tensor of another dtype or with conjugate/negative "
-      "bits (e.g. inputs x and x.view(torch.int32), or x.conj()) is not supported with "
-      "remove=\"mutations_and_views\". Clone the tensor before as_strided, or use "
-      "remove=\"mutations\".");
-  return true;
-}
-
-}  // namespace
 
 void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                  const Layer& layer) {
