@@ -35,6 +35,41 @@ namespace tfz::detail {
 
 namespace {
 
+// Note [Kernel: functional variants that clone a storage of partial elements]
+// torch's functional copy and *_scatter ops start with clone_preserve_strides(self), which asserts
+// that self's storage holds a whole number of self's elements. A view in a wider dtype over a
+// storage that does not divide (x1 = b[:2] of 3 int32, viewed as int64: 12 bytes) reached that
+// internal assert with remove="mutations", where inner values are views of the caller's storage
+// (fuzzer program 660508). Eager writes such a view in place without trouble; ours would need
+// another functional form. Until then the write is refused by name before the call, which leaves
+// everything untouched. Without views the inner value is a copy, and nothing is refused.
+void check_whole_elements_for_clone(const OpInfo& info, const std::vector<c10::IValue>& inner) {
+  static const std::array<c10::OperatorName, 5> cloning{{{"aten::copy", ""},
+                                                         {"aten::slice_scatter", ""},
+                                                         {"aten::select_scatter", ""},
+                                                         {"aten::diagonal_scatter", ""},
+                                                         {"aten::as_strided_scatter", ""}}};
+  const auto& name = info.functional_op->operator_name();
+  if (std::none_of(cloning.begin(), cloning.end(),
+                   [&](const c10::OperatorName& c) { return c.name == name.name; })) {
+    return;
+  }
+  for (const auto& w : info.written) {
+    if (w.is_out || !inner[w.index].isTensor()) continue;
+    const at::Tensor& self = inner[w.index].toTensor();
+    if (!self.defined() || !self.unsafeGetTensorImpl()->has_storage()) continue;
+    const c10::SymInt& sym_nbytes = self.storage().sym_nbytes();
+    if (sym_nbytes.is_heap_allocated()) continue;  // symbolic (dynamic shapes): not checkable
+    const int64_t nbytes = sym_nbytes.as_int_unchecked();
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        nbytes % static_cast<int64_t>(self.itemsize()) == 0, "functionalize: ", info.name,
+        ": the written tensor is a ", self.scalar_type(), " view of a storage of ", nbytes,
+        " bytes, not a whole number of ", self.scalar_type(),
+        " elements, which torch's functional ", name.name,
+        " cannot copy. Clone the tensor first, or use remove=\"mutations_and_views\".");
+  }
+}
+
 using Stack = torch::jit::Stack;
 
 // Calls fn(wrapper, new_value) for each tensor written through argument `target`.
@@ -867,6 +902,7 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
     } else if (auto bytes = write_bool_bytes_in_place(info, op, args, inner, layer)) {
       fstack.emplace_back(std::move(*bytes));
     } else {
+      check_whole_elements_for_clone(info, inner);
       push_functional_args(inner);
       info.functional_op->callBoxed(fstack);
       rerun_out_eagerly(info, op, args, inner, fstack);

@@ -1460,3 +1460,27 @@ def test_resize_through_out_of_a_strided_fresh_result_without_views_untraced():
     actual = functionalize(f, remove="mutations_and_views")(*_strided_input())
     for a, e in zip(actual, expected):
         assert torch.equal(a, e), (a, e)
+
+
+def test_copy_into_a_wider_view_of_partial_elements(remove):
+    # Fuzzer program 660508: x1 = b[:2] of 3 int32 (12 bytes), seen as one int64. Torch's
+    # functional copy clones its target with clone_preserve_strides, which asserts a whole number
+    # of elements; with views kept the write is refused by name before any change.
+    # See Note [Kernel: functional variants that clone a storage of partial elements].
+    def f(x1):
+        v = x1.view(torch.int64)
+        v.tensor_split(1)[0][0:] = v
+        return v
+
+    def make_inputs():
+        return (torch.arange(3, dtype=torch.int32)[:2],)
+
+    if remove == "mutations":
+        x = make_inputs()[0]
+        before = x.clone()
+        with pytest.raises(NotImplementedError, match=r"aten::copy_: the written tensor is a Long "
+                                                      r"view of a storage of 12 bytes"):
+            functionalize(f, remove=remove)(x)
+        assert torch.equal(x, before)
+    else:
+        assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
