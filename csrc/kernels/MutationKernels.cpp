@@ -18,6 +18,7 @@
 #include <c10/util/SmallVector.h>
 #include <algorithm>
 #include <array>
+#include <string_view>
 
 namespace tfz::detail {
 
@@ -44,16 +45,6 @@ namespace {
 // another functional form. Until then the write is refused by name before the call, which leaves
 // everything untouched. Without views the inner value is a copy, and nothing is refused.
 void check_whole_elements_for_clone(const OpInfo& info, const std::vector<c10::IValue>& inner) {
-  static const std::array<c10::OperatorName, 5> cloning{{{"aten::copy", ""},
-                                                         {"aten::slice_scatter", ""},
-                                                         {"aten::select_scatter", ""},
-                                                         {"aten::diagonal_scatter", ""},
-                                                         {"aten::as_strided_scatter", ""}}};
-  const auto& name = info.functional_op->operator_name();
-  if (std::none_of(cloning.begin(), cloning.end(),
-                   [&](const c10::OperatorName& c) { return c.name == name.name; })) {
-    return;
-  }
   for (const auto& w : info.written) {
     if (w.is_out || !inner[w.index].isTensor()) continue;
     const at::Tensor& self = inner[w.index].toTensor();
@@ -61,11 +52,17 @@ void check_whole_elements_for_clone(const OpInfo& info, const std::vector<c10::I
     const c10::SymInt& sym_nbytes = self.storage().sym_nbytes();
     if (sym_nbytes.is_heap_allocated()) continue;  // symbolic (dynamic shapes): not checkable
     const int64_t nbytes = sym_nbytes.as_int_unchecked();
+    if (nbytes % static_cast<int64_t>(self.itemsize()) == 0) continue;  // the common case
+    // Only now the op's name: this runs for every write.
+    static const std::array<std::string_view, 5> cloning{
+        "aten::copy", "aten::slice_scatter", "aten::select_scatter", "aten::diagonal_scatter",
+        "aten::as_strided_scatter"};
+    const std::string& name = info.functional_op->operator_name().name;
     TORCH_CHECK_NOT_IMPLEMENTED(
-        nbytes % static_cast<int64_t>(self.itemsize()) == 0, "functionalize: ", info.name,
-        ": the written tensor is a ", self.scalar_type(), " view of a storage of ", nbytes,
-        " bytes, not a whole number of ", self.scalar_type(),
-        " elements, which torch's functional ", name.name,
+        std::find(cloning.begin(), cloning.end(), name) == cloning.end(),
+        "functionalize: ", info.name, ": the written tensor is a ", self.scalar_type(),
+        " view of a storage of ", nbytes, " bytes, not a whole number of ", self.scalar_type(),
+        " elements, which torch's functional ", name,
         " cannot copy. Clone the tensor first, or use remove=\"mutations_and_views\".");
   }
 }
