@@ -7,7 +7,8 @@
 # Usage: bash tools/gpu_check.sh OUT_DIR
 # Environment: PYTHON (default python3); GTEST_SRC, a GoogleTest source tree to build first where
 # GoogleTest is not installed (Debian's /usr/src/googletest); TFZ_GPU_BUDGET, seconds for the
-# side-by-side checks (default 420), and TFZ_GPU_BENCH_BUDGET for the benchmarks (default 120).
+# side-by-side checks (default 360), and TFZ_GPU_BENCH_BUDGET for the benchmarks (default 100):
+# with a 90 s build that fits one 10-minute call of a lent GPU machine.
 # Each step runs under `timeout`; a step cut short says so in summary.txt instead of stopping the rest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,8 +16,8 @@ out=${1:?usage: tools/gpu_check.sh OUT_DIR}
 mkdir -p "$out"
 py=${PYTHON:-python3}
 cores=$(nproc)
-budget=${TFZ_GPU_BUDGET:-420}
-bench_budget=${TFZ_GPU_BENCH_BUDGET:-120}
+budget=${TFZ_GPU_BUDGET:-360}
+bench_budget=${TFZ_GPU_BENCH_BUDGET:-100}
 summary="$out/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
