@@ -42,9 +42,9 @@ void report_foreign_wrapper(std::string_view op_name, const FunctionalTensorImpl
               "functionalize: ", op_name,
               ": a functional tensor reached a thread that carries a functionalize call's "
               "dispatch state (autograd's device thread for CUDA tensors, or code that moves work "
-              "with at::ThreadLocalStateGuard) while several functionalize calls are active in "
-              "the process, so which one it belongs to is ambiguous. Run one functionalize call "
-              "at a time when its function calls backward() on CUDA tensors.");
+              "with at::ThreadLocalStateGuard) while not exactly one functionalize call is active "
+              "in the process, so it cannot tell which call the tensor belongs to. Run one "
+              "functionalize call at a time when its function calls backward() on CUDA tensors.");
   TORCH_CHECK(false, "functionalize: ", op_name,
               ": got a functional tensor that escaped the functionalize call that made it "
               "(that call has finished, or this is another call). Return tensors from the "
