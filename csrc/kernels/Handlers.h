@@ -100,6 +100,13 @@ void commit_written_in_place(const at::Tensor& wrapper);
 /// See Note [Kernel: writes to inputs under autograd].
 bool reads_input_under_autograd(const at::Tensor& wrapper, const at::Tensor& self_inner);
 
+/// The functional variant's argument that `src` names, from the unwrapped arguments `args` of
+/// the mutable op (`first_out`: its first out= tensor, or undefined).
+c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg,
+                           const std::vector<c10::IValue>& args, const at::Tensor& first_out);
+/// No tracer, torch.func transform, tensor subclass or autograd records ops on `value`.
+bool nothing_records(const at::Tensor& value);
+
 /// Wraps every tensor among the last `count` stack entries as a fresh base wrapper.
 void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id);
 

@@ -6,6 +6,7 @@
 #include "core/FunctorchInterop.h"
 #include "core/Layout.h"
 #include "core/Recorder.h"
+#include "kernels/RandomFills.h"
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/GradMode.h>
@@ -292,8 +293,6 @@ void check_read_of_written(const c10::OperatorName& op_name, const at::Tensor& w
              written_index, 0, read, read_index, 0);
 }
 
-namespace {
-
 c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg,
                            const std::vector<c10::IValue>& args, const at::Tensor& first_out) {
   switch (src.kind) {
@@ -316,6 +315,8 @@ c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg
   }
   return c10::IValue();
 }
+
+namespace {
 
 // Note [Kernel: out= strides in graphs]
 // Without views a traced program's values keep their *_copy layout (reordered only when nothing
@@ -668,47 +669,6 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value_in) {
   impl->sync_();
 }
 
-namespace {
-
-// Note [Kernel: random fills of strided tensors]
-// x.bernoulli_(0.5) on a transposed or strided x: eager's kernel fills x where it lies, in its
-// memory order and, for tensors that are not contiguous, with its scalar (not its vectorized)
-// sampler; the functional variant bernoulli(x, 0.5) fills a fresh contiguous tensor in logical
-// order. Same distribution, other numbers (the fuzzer found ~20 programs: bernoulli_, normal_,
-// dropout's mask, rand(out=) into a transposed tensor). When no graph is being recorded (the
-// conditions of Note [Kernel: in-place on the inner value]: no dispatch mode, no torch.func
-// transform, no Python key, no autograd on the value), a seeded random op whose single written
-// tensor is not contiguous runs as called on a private tensor of the written tensor's exact
-// geometry (empty_strided, its current value copied in), so the generator is consumed exactly
-// as eagerly; that tensor becomes the new value. Under a tracer the functional variant stays:
-// a graph must be functional, so a traced program samples in logical order (docs/reliability.md).
-// Rejected: permuting to memory order around the functional variant: it fixes the order but not
-// the sampler, which eager picks by contiguity.
-std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
-                                                     const c10::OperatorHandle& op,
-                                                     const std::vector<c10::IValue>& args,
-                                                     std::vector<c10::IValue>& inner) {
-  if (info.written.size() != 1 || !op.hasTag(at::Tag::nondeterministic_seeded)) return {};
-  const auto& w = info.written[0];
-  if (w.functional_return != 0) return {};
-  if (!args[w.index].isTensor()) return {};
-  const at::Tensor& written = args[w.index].toTensor();
-  const at::Tensor& value = inner[w.index].toTensor();
-  if (written.layout() != c10::kStrided || value.layout() != c10::kStrided ||
-      written.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || written.is_contiguous() ||
-      written.sizes() != value.sizes() || !nothing_records(value)) {
-    return {};
-  }
-  at::Tensor target = at::empty_strided(written.sizes(), written.strides(), value.options());
-  target.copy_(value);
-  inner[w.index] = target;
-  std::vector<c10::IValue> call = inner;
-  op.callBoxed(call);
-  return target;
-}
-
-}  // namespace
-
 // Note [Kernel: in-place writes to a bool view of other bytes]
 // v = x.view(torch.bool) of a float (or complex, int32) x holds bytes that are not 0 or 1, and
 // v[idx] = True (index_put_), masked_fill_ and the like write some of them only. The functional
@@ -896,6 +856,9 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
     }
     if (auto value = random_fill_in_eager_order(info, op, args, inner)) {
       fstack.emplace_back(std::move(*value));
+    } else if (auto filled =
+                   random_fill_in_memory_order(info, op, args, inner, layer.reapply_views)) {
+      fstack.emplace_back(std::move(*filled));
     } else if (auto bytes = write_bool_bytes_in_place(info, op, args, inner, layer)) {
       fstack.emplace_back(std::move(*bytes));
     } else {

@@ -260,10 +260,9 @@ def test_generator_created_inside_f_replays_its_seeded_stream():
     torch.testing.assert_close(gm(torch.zeros(3)), f(torch.zeros(3)))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "graphs sample random fills of non-contiguous tensors in logical order, eager in memory "
-    "order (Note [Kernel: random fills of strided tensors]); capture shares make_fx's rule"))
 def test_random_fill_of_transposed_input_replays_eager_numbers():
+    # The graph fills a layout measured at capture time to draw eager's numbers in eager's order.
+    # See Note [Kernel: random fills of strided tensors in graphs].
     def f(x):
         return x.bernoulli_(0.5)
 

@@ -310,9 +310,9 @@ def test_random_fills_of_strided_tensors_follow_eager(remove, name, f, make):
         torch.manual_seed(1)
         return (make(),)
 
-    # A graph samples in logical order (the Note): the captured replay is checked for shapes
-    # and dtypes only; test_capture.py keeps the values case as a strict xfail.
-    assert_matches_eager(seeded, make_inputs=make_inputs, remove=remove, capture_values=False)
+    # A graph replays eager's numbers too.
+    # See Note [Kernel: random fills of strided tensors in graphs].
+    assert_matches_eager(seeded, make_inputs=make_inputs, remove=remove)
 
 
 @pytest.mark.parametrize(
