@@ -16,7 +16,8 @@ are compared with eager (output strides only with views kept: without views outp
 result, not the end of the run. A failure of ours is shrunk (the shortest failing prefix, then
 statements dropped while it still fails the same way) and written as a standalone reproducer
 (<out>/repro_<seed>_<path>.py, runnable with python). Named errors ("functionalize: ...",
-unsupported programs) are counted and grouped, not failures. Exit status 1 if ours failed.
+unsupported programs) are counted and grouped, not failures, and so are make_fx paths' errors that
+plain make_fx(f) raises too (make_fx itself cannot trace or print f). Exit status 1 if ours failed.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ import fuzz_check as fc  # noqa: E402
 import fuzz_gen as fg  # noqa: E402
 
 HANG_SECONDS = 30
+# Path statuses that are not failures of ours: named refusals, and make_fx's own errors.
+NOT_FAILURES = ("ok", "unsupported", fc.MAKE_FX_ITSELF)
 PROGRESS_SECONDS = 60  # how often a run rewrites OUT/progress.txt
 
 
@@ -91,7 +94,7 @@ def run_one(seed: int, shrink_failures: bool = True) -> dict:
         result["paths"][path] = r.status
         if r.status == "unsupported":
             result["messages"][path] = fc.norm_message(r.message.split(": ", 1)[-1])
-        if r.status not in ("ok", "unsupported") and path in fc.OURS_PATHS:
+        if r.status not in NOT_FAILURES and path in fc.OURS_PATHS:
             small = shrink(prog, path, r.status) if shrink_failures else prog
             detail = r.message or (r.diffs[0].where + ": " + r.diffs[0].detail if r.diffs else "")
             result["failures"].append({"path": path, "kind": r.status, "detail": detail[:500],
@@ -141,7 +144,8 @@ def fuzz(seed: int, seconds: float, programs: int | None, workers: int, out: Pat
     out.mkdir(parents=True, exist_ok=True)
     stats = {"programs": 0, "valid": 0, "invalid": collections.Counter(),
              "ours": collections.Counter(), "unsupported": collections.Counter(),
-             "torch_func_wrong_ours_right": collections.Counter(), "crash": [], "hang": [],
+             "torch_func_wrong_ours_right": collections.Counter(),
+             "make_fx_itself": collections.Counter(), "crash": [], "hang": [],
              "repros": []}
     start = time.time()
     next_seed = seed
@@ -175,8 +179,10 @@ def fuzz(seed: int, seconds: float, programs: int | None, workers: int, out: Pat
                 continue
             stats["valid"] += 1
             for path, status in r["paths"].items():
-                if path in fc.OURS_PATHS and status not in ("ok", "unsupported"):
+                if path in fc.OURS_PATHS and status not in NOT_FAILURES:
                     stats["ours"][f"{path}: {status}"] += 1
+                if status == fc.MAKE_FX_ITSELF:
+                    stats["make_fx_itself"][path] += 1
                 if status == "unsupported":
                     stats["unsupported"][r["messages"][path]] += 1
             for mode in ("mut", "mav"):
@@ -226,7 +232,7 @@ def failures_of_ours(first_seed: int, count: int) -> list[tuple[int, str, str]]:
             for seed in range(first_seed, first_seed + count):
                 r = run_one(seed, shrink_failures=False)
                 for path, status in r.get("paths", {}).items():
-                    if path in fc.OURS_PATHS and status not in ("ok", "unsupported"):
+                    if path in fc.OURS_PATHS and status not in NOT_FAILURES:
                         found.append((seed, path, status))
         finally:  # the caller's process settings (a test session) are left as they were
             torch.set_num_threads(saved[0])
@@ -243,6 +249,8 @@ def report(stats: dict) -> str:
     lines.append(f"failures of ours: {dict(stats['ours']) or 'none'}")
     for repro in stats["repros"][:50]:
         lines.append(f"  reproducer: {repro}")
+    lines.append("make_fx paths failing as plain make_fx(f) does (not ours): "
+                 f"{dict(stats.get('make_fx_itself', {})) or 'none'}")
     lines.append("named errors (unsupported), grouped:")
     for message, n in stats["unsupported"].most_common(20):
         lines.append(f"  {n:6d}  {message}")

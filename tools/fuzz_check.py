@@ -273,11 +273,33 @@ class PathResult:
     stmt: int | None = None
 
 
+# A make_fx path's error that plain make_fx(f), without functionalize, raises too (same type, same
+# blurred first line): make_fx cannot trace or print the program at all (its FX code generator
+# writes aten.random.from as a syntax error; data-dependent indexing reads a tracing tensor's
+# value). Counted apart from ours; the check runs only where the make_fx path already failed.
+MAKE_FX_ITSELF = "make_fx_itself"
+
+
+def plain_make_fx_error(compiled) -> BaseException | None:
+    make_inputs, f = compiled
+    try:
+        make_fx(f)(*make_inputs())
+    except Exception as e:  # noqa: BLE001  (every error is a result here)
+        return e
+    return None
+
+
 def judge(prog: Program, eager: Outcome, path: str, compiled=None) -> PathResult:
+    compiled = compiled or compile_program(prog)
     got = run_path(prog, path, compiled)
     if got.error is not None:
         e = got.error
-        return PathResult(error_kind(e), message=f"{type(e).__name__}: {str(e)[:2000]}",
+        message = f"{type(e).__name__}: {str(e)[:2000]}"
+        if path.startswith("fx_") and not is_named_error(e):
+            plain = plain_make_fx_error(compiled)
+            if type(plain) is type(e) and norm_message(str(plain)) == norm_message(str(e)):
+                return PathResult(MAKE_FX_ITSELF, message=message, stmt=got.error_stmt)
+        return PathResult(error_kind(e), message=message,
                           stmt=got.error_stmt, diffs=[Diff(error_kind(e), "call", got.error_tb)])
     diffs = compare(eager, got, path)
     if not diffs:

@@ -57,7 +57,8 @@ namespace {
 // the base aliased inputs get (Note [Inputs: aliased inputs]): the flat storage, with the input
 // as one as_strided view of it. That costs a scatter into the storage per write, so it is done
 // only when the storage is at most twice the input's extent plus 4 KiB; a slice of a large
-// buffer (a KV cache's used part) keeps its own base, marked offset_base: as_strided and
+// buffer (a KV cache's used part), and an input with no element inside a storage that has some
+// (b[1:] of a one-row b), keep their own base, marked offset_base: as_strided and
 // as_strided_ on it and its views are refused by name (their inverse would write the base's
 // coordinates, not the storage's), and resize_ past its end too (Note [Kernel: resize_]).
 // Rejected: the flat base for every such input (a decode step writing one row of a slice
@@ -70,6 +71,18 @@ constexpr const char* kInsideLargerStorage =
 
 bool wants_flat_base(const at::Tensor& t) {
   return plain_strided(t) && !is_whole_storage(t) && storage_is_small(t);
+}
+
+// An input with its own base whose storage coordinates are not its base's: one with elements
+// that does not start its storage (a slice of a large buffer), or one with no element inside a
+// storage that has some, which as_strided can still address (fuzzer program 719144: the write
+// through x.as_strided((1,), (1,), 4) of an empty x = b[1:, ::2] was lost). An empty input keeps
+// its own base rather than the flat one so that an out= op can still grow it as eager does
+// (Note [Inputs: writes to a grown storage]).
+bool is_offset_input(const at::Tensor& t) {
+  if (plain_strided(t)) return !is_whole_storage(t);
+  return t.layout() == c10::kStrided && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+         t.has_storage() && t.storage().nbytes() > 0;
 }
 
 bool can_group(const std::vector<at::Tensor>& members) {
@@ -215,7 +228,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
     if (indices.size() == 1 && !wants_flat_base(inputs[indices[0]])) {  // the common case
       const size_t i = indices[0];
       out[i] = make_fresh_wrapper(inputs[i], layer.id);
-      if (plain_strided(inputs[i]) && !is_whole_storage(inputs[i])) {
+      if (is_offset_input(inputs[i])) {
         unsafe_get_impl(out[i])->alias_storage().mark_offset_base(kInsideLargerStorage);
       }
       continue;
@@ -231,7 +244,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
     if ((members.size() == 1 && !wants_flat_base(members[0])) || !can_group(members)) {
       for (size_t i : indices) {
         out[i] = make_fresh_wrapper(inputs[i], layer.id);
-        if (plain_strided(inputs[i]) && !is_whole_storage(inputs[i])) {
+        if (is_offset_input(inputs[i])) {
           unsafe_get_impl(out[i])->alias_storage().mark_offset_base(kInsideLargerStorage);
         }
       }

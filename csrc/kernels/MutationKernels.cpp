@@ -827,7 +827,17 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
           functional_arg(info.functional_args[i], fschema.arguments()[i], from, first_out));
     }
   };
-  if (on_wrappers) {
+  bool filled = false;  // See Note [Kernel: random fills of strided tensors in graphs].
+  if (on_wrappers && C10_UNLIKELY(op.hasTag(at::Tag::nondeterministic_seeded))) {
+    InnerCallGuard guard;
+    std::vector<c10::IValue> inner = args;
+    for (auto& v : inner) transform_tensors(v, sync_and_unwrap);
+    if (auto value = random_fill_in_memory_order(info, op, args, inner, layer.reapply_views)) {
+      fstack.emplace_back(std::move(*value));
+      filled = true;
+    }
+  }
+  if (on_wrappers && !filled) {
     {
       PythonUnhiddenGuard unhidden;
       push_functional_args(args);
@@ -836,7 +846,7 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
     for (auto& v : fstack) transform_tensors(v, sync_and_unwrap);
   }
   InnerCallGuard guard;
-  if (on_wrappers && ops_are_recorded()) {
+  if (on_wrappers && !filled && ops_are_recorded()) {
     out_results_in_eager_strides(info, op, args, fstack, layer.reapply_views);
   }
   if (!on_wrappers) {

@@ -82,8 +82,8 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
 //            its scalar sampler where a gapped x has it; read back as the transposed (b, a) view
 //            and reshaped to the memory-order sizes.
 // An out= factory that does not resize its out (torch.rand(size, out=x), randn, randint) fills
-// x the same way; it has no tensor to lay out, so only packed is tried, with the memory-order
-// sizes passed as its size.
+// x the same way; it has no tensor to lay out, so packed passes the memory-order sizes as its
+// size, and randn, which is x.normal_(0, 1), tries the others through normal's variant.
 // The first candidate whose values and generator state equal eager's is recorded in the graph
 // (empty or empty_strided, the functional variant, then permute / t / view, or their _copy forms
 // without views). When none matches, or nothing can be measured (symbolic sizes, meta tensors, a
@@ -163,15 +163,39 @@ int factory_size_arg(const OpInfo& info) {
   return -1;
 }
 
+// randn(size, out=x) is x.normal_(0, 1) once x has the size: its variant has no input to lay
+// out, so the strided and paired layouts call normal's variant instead (on the CPU a packed
+// randn takes normal_'s vectorized sampler for 16 or more elements, which eager's strided x
+// does not). Other factories fill in memory order from a packed tensor (measured).
+bool has_fill_twin(const OpInfo& info) {
+  return info.functional_op->operator_name().name == "aten::randn";
+}
+
+// normal_functional(target, 0, 1, generator): randn's fill on `target`. `op` is randn's out=
+// overload; its generator argument (if any) is passed on.
+at::Tensor randn_fill(const c10::OperatorHandle& op, const std::vector<c10::IValue>& inner,
+                      const at::Tensor& target) {
+  static const auto normal =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::normal_functional", "");
+  c10::IValue generator;
+  const auto& arguments = op.schema().arguments();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (arguments[i].name() == "generator") generator = inner[i];
+  }
+  torch::jit::Stack stack{target, 0.0, 1.0, generator};
+  normal.callBoxed(stack);
+  return stack.at(0).toTensor();
+}
+
 // The functional variant of `info` on `target` and `inner`'s other arguments, read back in the
 // written tensor's dimensions. `like` has the written tensor's sizes and the value's options. An
-// out= factory gets the memory-order sizes (packed only).
-at::Tensor fill_layout(const OpInfo& info, const std::vector<c10::IValue>& inner,
-                       const MemoryOrder& order, const at::Tensor& like, FillLayout layout,
-                       bool views) {
+// out= factory gets the memory-order sizes (packed), or its fill twin's call (the others).
+at::Tensor fill_layout(const OpInfo& info, const c10::OperatorHandle& op,
+                       const std::vector<c10::IValue>& inner, const MemoryOrder& order,
+                       const at::Tensor& like, FillLayout layout, bool views) {
   const int written = info.written[0].index;
   const int size_arg = factory_size_arg(info);
-  TORCH_INTERNAL_ASSERT(size_arg < 0 || layout == FillLayout::Packed);
+  TORCH_INTERNAL_ASSERT(size_arg < 0 || layout == FillLayout::Packed || has_fill_twin(info));
   at::Tensor target;
   switch (layout) {
     case FillLayout::Packed:
@@ -185,17 +209,22 @@ at::Tensor fill_layout(const OpInfo& info, const std::vector<c10::IValue>& inner
                                  like.options());
       break;
   }
-  std::vector<c10::IValue> from = inner;
-  if (size_arg < 0) from[written] = target;
-  const auto& fschema = info.functional_op->schema();
-  torch::jit::Stack fstack;
-  for (size_t i = 0; i < info.functional_args.size(); ++i) {
-    fstack.push_back(functional_arg(info.functional_args[i], fschema.arguments()[i], from,
-                                    size_arg < 0 ? at::Tensor() : like));
-    if (static_cast<int>(i) == size_arg) fstack.back() = c10::IValue(order.sizes);
+  at::Tensor result;
+  if (size_arg >= 0 && layout != FillLayout::Packed) {
+    result = randn_fill(op, inner, target);
+  } else {
+    std::vector<c10::IValue> from = inner;
+    if (size_arg < 0) from[written] = target;
+    const auto& fschema = info.functional_op->schema();
+    torch::jit::Stack fstack;
+    for (size_t i = 0; i < info.functional_args.size(); ++i) {
+      fstack.push_back(functional_arg(info.functional_args[i], fschema.arguments()[i], from,
+                                      size_arg < 0 ? at::Tensor() : like));
+      if (static_cast<int>(i) == size_arg) fstack.back() = c10::IValue(order.sizes);
+    }
+    info.functional_op->callBoxed(fstack);
+    result = fstack.at(0).toTensor();
   }
-  info.functional_op->callBoxed(fstack);
-  at::Tensor result = fstack.at(0).toTensor();
   switch (layout) {
     case FillLayout::Packed:
       return views ? result.permute(order.inverse) : at::permute_copy(result, order.inverse);
@@ -263,11 +292,11 @@ std::optional<FillLayout> measured_layout(const OpInfo& info, const c10::Operato
     const bool factory = factory_size_arg(info) >= 0;
     for (const auto layout : {FillLayout::Packed, FillLayout::Strided, FillLayout::Paired}) {
       if (layout == FillLayout::Paired && order.pair == 0) continue;
-      if (factory && layout != FillLayout::Packed) continue;
+      if (factory && layout != FillLayout::Packed && !has_fill_twin(info)) continue;
       generator.restore();
       at::Tensor got;
       try {
-        got = fill_layout(info, inner, order, probe, layout, /*views=*/true);
+        got = fill_layout(info, op, inner, order, probe, layout, /*views=*/true);
       } catch (const std::exception&) {
         continue;  // this layout does not apply (e.g. its variant made another layout)
       }
@@ -339,7 +368,7 @@ std::optional<at::Tensor> random_fill_in_memory_order(const OpInfo& info,
   }
   const auto layout = measured_layout(info, op, inner, written, value, order);
   if (!layout) return {};
-  return fill_layout(info, inner, order, value, *layout, reapply_views);
+  return fill_layout(info, op, inner, order, value, *layout, reapply_views);
 }
 
 }  // namespace tfz::detail

@@ -334,6 +334,35 @@ def test_writes_through_views_of_an_input_that_does_not_start_its_storage(remove
     torch.testing.assert_close(base, expected_base, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("write", ["fill_", "index_fill_"])
+def test_as_strided_of_an_empty_input_inside_its_storage_is_refused_by_name(remove, write):
+    # Fuzzer program 719144: x = b[1:, ::2] of a (1, 5) b has no element, and
+    # x.as_strided((1,), (1,), 4) is b's element 4. The empty input kept its own base, whose
+    # coordinates are not the storage's, so the write was silently lost. It is now refused like
+    # as_strided of a slice of a large buffer; the input is left as it was.
+    # See Note [Inputs: inputs that do not start their storage].
+    def f(x):
+        v = x.as_strided((1,), (1,), 4)
+        if write == "fill_":
+            v.fill_(3)
+        else:
+            v.index_fill_(0, torch.tensor([0]), 3)
+        return v
+
+    b = torch.arange(1.0, 6.0).view(1, 5)
+    with pytest.raises(NotImplementedError, match="as_strided.*starts inside a larger storage"):
+        functionalize(f, remove=remove)(b[1:, ::2])
+    assert torch.equal(b, torch.arange(1.0, 6.0).view(1, 5))
+
+
+def test_as_strided_of_an_empty_slice_of_a_large_buffer_is_refused_by_name(remove):
+    buffer = torch.arange(10000.0)
+    with pytest.raises(NotImplementedError, match="as_strided.*starts inside a larger storage"):
+        functionalize(lambda x: x.as_strided((1,), (1,), 4).fill_(3), remove=remove)(
+            buffer[5000:5000])
+    assert torch.equal(buffer, torch.arange(10000.0))
+
+
 @pytest.mark.parametrize(
     "name, f",
     [

@@ -149,24 +149,17 @@ STRIDED_LAYOUTS = [
 # See Note [Kernel: random fills of strided tensors in graphs].
 NORMAL_PRIME_ON_CPU = pytest.mark.xfail(
     torch.device(TEST_DEVICE).type == "cpu", strict=True,
-    reason="graphs: normal_ of a gapped tensor of a prime number (>= 16) of elements samples "
-           "with the vectorized sampler, eager with the scalar one")
+    reason="graphs: normal_ (or randn(out=)) of a gapped tensor of a prime number (>= 16) of "
+           "elements samples with the vectorized sampler, eager with the scalar one")
 
 
-# out= factories of the out's own size fill it in place too (rand_out is out.uniform_(0, 1)).
+# out= factories of the out's own size fill it in place too (rand_out is out.uniform_(0, 1),
+# randn_out out.normal_(0, 1)).
 FACTORY_OUT_CASES = [
     ("rand_out", lambda t: torch.rand(t.shape, out=t)),
     ("randn_out", lambda t: torch.randn(t.shape, out=t)),
     ("randint_out", lambda t: torch.randint(-3, 9, t.shape, out=t)),
 ]
-# randn's variant has no input to lay out, so only the packed layout is tried, and it takes the
-# vectorized sampler for 16 or more elements on the CPU (every layout here has 17 to 24).
-RANDN_OUT_ON_CPU = pytest.mark.xfail(
-    torch.device(TEST_DEVICE).type == "cpu", strict=True,
-    reason="graphs: randn(out=) into a non-contiguous tensor of 16 or more elements samples "
-           "with the vectorized sampler, eager with the scalar one")
-
-
 @pytest.mark.parametrize("layout, make", STRIDED_LAYOUTS, ids=[c[0] for c in STRIDED_LAYOUTS])
 @pytest.mark.parametrize("name, op", RANDOM_CASES + FACTORY_OUT_CASES,
                          ids=RANDOM_IDS + [c[0] for c in FACTORY_OUT_CASES])
@@ -174,10 +167,8 @@ def test_random_fill_of_strided_input_replays_eager_in_graphs(name, op, layout, 
                                                                request):
     # Eager fills a non-contiguous input where it lies; the graph's functional fill must draw the
     # same numbers into the same elements, and leave the generator where eager leaves it.
-    if name == "normal_" and layout.startswith("gapped 17"):
+    if name in ("normal_", "randn_out") and layout.startswith("gapped 17"):
         request.applymarker(NORMAL_PRIME_ON_CPU)
-    if name == "randn_out":
-        request.applymarker(RANDN_OUT_ON_CPU)
 
     def f(x):
         op(x)
