@@ -182,6 +182,25 @@ void use_reported_strides(const at::Tensor& wrapper, c10::IValue& inner) {
   }
 }
 
+// Note [Kernel: seeded ops read their inputs in eager's layout]
+// torch.multinomial(p, 1) samples through empty_like(p).exponential_(), which draws in p's memory
+// order, and other seeded kernels may pick their path by their inputs' layout too. Without views
+// a traced program's values keep their contiguous *_copy layout (they are reordered into eager's
+// strides only where nothing records), so the graph of multinomial(v.t().abs() + 0.1, 1) drew
+// other numbers than eager (fuzzer program 719863). A seeded op's tensor argument whose wrapper
+// reports other strides than its value has (and whose elements do not share memory) is
+// therefore passed as a copy in the reported strides (copy(empty_strided(..), value), both
+// functional): eager's kernel then sees eager's layout.
+// See Note [Wrapper: values in eager's stride order without views].
+// Rejected: restriding every traced value to eager's strides (a copy per op in every graph).
+void in_reported_strides_for_seeded(const at::Tensor& wrapper, c10::IValue& inner) {
+  const at::Tensor& value = inner.toTensor();
+  if (same_sizes_other_strides(wrapper, value) &&
+      !may_self_overlap(wrapper.sizes(), wrapper.strides())) {
+    inner = at::copy(at::empty_strided(wrapper.sizes(), wrapper.strides(), value.options()), value);
+  }
+}
+
 // Without views a wrapper's value holds its own elements only; in eager it may lie inside a larger
 // storage (a view, or an input that does not start its storage), whose other elements an op that
 // copies self's whole storage (copies_self_storage) copies too. Raises where self's elements share
@@ -288,6 +307,8 @@ void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch:
     eager_meta = run_on_reported_geometry(op, *stack);
   }
   InnerCallGuard guard;
+  const bool seeded_without_views = C10_UNLIKELY(!layer.reapply_views) && !info.self_is_template &&
+                                    op.hasTag(at::Tag::nondeterministic_seeded);
   // Some ops declared functional return an argument itself (dropout with p=0): such an output
   // must stay that argument's wrapper, or writes through it would not reach the argument.
   c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 4> passed;  // inner -> wrapper
@@ -295,6 +316,8 @@ void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch:
     if (it->isTensor() && maybe_get_impl(it->toTensor()) != nullptr) {
       at::Tensor wrapper = it->toTensor();
       *it = sync_and_unwrap(wrapper);
+      // See Note [Kernel: seeded ops read their inputs in eager's layout].
+      if (seeded_without_views) in_reported_strides_for_seeded(wrapper, *it);
       passed.emplace_back(it->toTensor().unsafeGetTensorImpl(), std::move(wrapper));
       if (info.self_is_template && it == stack->end() - static_cast<std::ptrdiff_t>(num_args)) {
         use_reported_strides(passed.back().second, *it);
