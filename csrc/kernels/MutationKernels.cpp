@@ -928,18 +928,25 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
 // the out's backend is such a composite (CompositeExplicitAutograd[NonFunctional], no backend
 // kernel), and whose functional result (found on meta tensors) has out's sizes but not its
 // dtype, runs that composite on the wrappers, and the graph records its ops. An out= tensor that
-// the op resizes keeps the functional op and the cast (the composite's resize would not run on
-// a wrapper): those last bits stay as torch.func's graph has them.
+// the op resizes is resized first, by our resize_ rule (Note [Kernel: resize_]; eager's
+// resize_output is resize_ to the result's sizes), since the composite's own resize_output cannot
+// resize a wrapper's storage (stack.out into an empty out raised "storage that is not resizable",
+// fuzzer program 620332); the composite then finds out at its size.
 // Rejected: decomposing every composite out= op in graphs (graphs would lose the one op torch's
 // own functionalization records, for no change of value).
 namespace {
+struct CompositeOut {
+  c10::DispatchKey key;
+  std::optional<std::vector<int64_t>> resize_to;  // the result's sizes, where out has others
+};
+
 // The composite key of `op`'s out= kernel (CompositeExplicitAutogradNonFunctional in torch 2.13,
 // where logsumexp.out is registered; CompositeExplicitAutograd is checked too, as the key a
 // composite out= kernel may be registered under), where the op decomposes into ops we
 // functionalize; nullopt otherwise. See the Note above.
-std::optional<c10::DispatchKey> composite_out_of_another_dtype(const OpInfo& info,
-                                                               const c10::OperatorHandle& op,
-                                                               const Stack& stack) {
+std::optional<CompositeOut> composite_out_of_another_dtype(const OpInfo& info,
+                                                           const c10::OperatorHandle& op,
+                                                           const Stack& stack) {
   if (info.written.size() != 1 || !info.written[0].is_out ||
       info.written[0].functional_return != 0 || op.hasTag(at::Tag::nondeterministic_seeded)) {
     return std::nullopt;
@@ -963,13 +970,14 @@ std::optional<c10::DispatchKey> composite_out_of_another_dtype(const OpInfo& inf
   const auto meta = run_functional_on_meta(info, args);
   if (!meta || meta->empty() || !(*meta)[0].isTensor()) return std::nullopt;
   const at::Tensor& result = (*meta)[0].toTensor();
-  // Same sizes: a composite resizes out natively (resize_output on the TensorImpl), which a
-  // wrapper refuses ("storage that is not resizable": stack.out into an empty out, fuzzer
-  // program 620332); a resized out keeps the functional op and the cast.
-  if (result.scalar_type() == out.scalar_type() || result.sym_sizes() != out.sym_sizes()) {
+  if (result.scalar_type() == out.scalar_type()) return std::nullopt;
+  if (result.sym_sizes() == out.sym_sizes()) return CompositeOut{*key, std::nullopt};
+  // Another size: resized first by the caller, which needs concrete sizes.
+  if (result.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      out.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
     return std::nullopt;
   }
-  return key;
+  return CompositeOut{*key, result.sizes().vec()};
 }
 }  // namespace
 
@@ -978,8 +986,14 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* st
   // See Note [Kernel: composite out= ops of another dtype in graphs]. (The schema test first:
   // in-place ops, the common case, skip the TLS reads.)
   if (info.written.size() == 1 && info.written[0].is_out && C10_UNLIKELY(ops_are_recorded())) {
-    if (const auto key = composite_out_of_another_dtype(info, op, *stack)) {
-      op.callBoxedForDispatchKey(*key, *stack);
+    if (const auto composite = composite_out_of_another_dtype(info, op, *stack)) {
+      if (composite->resize_to) {
+        const size_t num_args = op.schema().arguments().size();
+        const at::Tensor out =
+            (*stack)[stack->size() - num_args + info.written[0].index].toTensor();
+        resize_functional(info.name, out, *composite->resize_to, c10::IValue(), layer);
+      }
+      op.callBoxedForDispatchKey(composite->key, *stack);
       return;
     }
   }

@@ -67,12 +67,14 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
 // draws in another order (or with another sampler) than eager's kernel on a strided x. Which
 // order eager uses depends on the op, the device and even the CPU: measured on torch 2.13 (AMD
 // CPU), every seeded TensorIterator fill draws in x's memory order; normal_ picks a vectorized
-// sampler for 16 or more contiguous elements and its scalar one otherwise; and on an Intel CPU
-// with MKL, bernoulli_(p) draws through a contiguous buffer in logical order. A rule written down
-// per op would be wrong somewhere, so the order is measured where the program is traced: the
-// in-place fill of the written tensor's geometry runs at trace time, hidden from the tracer, on
-// private tensors, and so does the functional variant on each candidate layout, each from the
-// generator's state before the op (restored afterwards, so the program draws as if none ran):
+// sampler for 16 or more contiguous elements and its scalar one otherwise; and ATen's source
+// (cpu/DistributionKernels.cpp) has bernoulli_(p) on an Intel CPU with MKL draw through a
+// contiguous buffer in logical order (not measured here: this machine's CPU is AMD). A rule
+// written down per op would be wrong somewhere, so the order is measured where the program is
+// traced: the in-place fill of the written tensor's geometry runs at trace time, hidden from the
+// tracer, on private tensors, and so does the functional variant on each candidate layout, each
+// from the generator's state before the op (restored afterwards, so the program draws as if none
+// ran):
 //   packed:  a contiguous tensor of the sizes in memory order (outermost dimension first), the
 //            result permuted back to the written tensor's dimensions;
 //   strided: a dense tensor with the written tensor's stride order (variants that keep their
