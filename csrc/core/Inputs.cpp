@@ -313,7 +313,15 @@ void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensor
   }
   const auto probe_bytes = static_cast<int64_t>(probe.storage().nbytes());
   if (probe_bytes > storage_bytes) {
-    original.resize_({probe_bytes / item - original.storage_offset()});
+    const int64_t grown = probe_bytes / item - original.storage_offset();
+    // resize_ to the sizes a tensor has already is a no-op that grows nothing: x = b.expand(3)
+    // resized to (1, 3) must end with 3 elements of storage (fuzzer program 742437), and
+    // resize_((3,)) of x itself kept 1. Such an input is first made an empty 1-D view at its
+    // offset, whose resize_ then grows the storage.
+    if (original.dim() == 1 && original.size(0) == grown) {
+      original.as_strided_({0}, {1}, original.storage_offset());
+    }
+    original.resize_({grown});
   }
   if (original.sizes() != probe.sizes() || original.strides() != probe.strides() ||
       original.storage_offset() != probe.storage_offset()) {

@@ -382,6 +382,7 @@ OpInfo classify(const c10::OperatorHandle& op) {
   OpInfo info;
   info.name = c10::toString(op.operator_name());
   info.wraps_plain_outputs = !has_tensor_arguments(schema);  // a factory (Note [Kernel: factories])
+  info.seeded = op.hasTag(at::Tag::nondeterministic_seeded);
 
   bool writes = false;
   for (const auto& a : schema.arguments()) writes |= is_written(a);

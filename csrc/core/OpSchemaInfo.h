@@ -67,6 +67,9 @@ struct OpInfo {
   // Wrap the outputs of a call whose arguments are all plain, inside a layer: true for factories
   // (no tensor arguments); special rows set it for ops like lift_fresh.
   bool wraps_plain_outputs = false;
+  // The op draws from a generator (tagged nondeterministic_seeded): read once here, since the
+  // kernels ask on every call.
+  bool seeded = false;
 
   // View and InplaceView: the out-of-place view op, its *_copy twin, the inverse.
   std::optional<c10::OperatorHandle> view_op;

@@ -307,8 +307,8 @@ void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch:
     eager_meta = run_on_reported_geometry(op, *stack);
   }
   InnerCallGuard guard;
-  const bool seeded_without_views = C10_UNLIKELY(!layer.reapply_views) && !info.self_is_template &&
-                                    op.hasTag(at::Tag::nondeterministic_seeded);
+  const bool seeded_without_views =
+      C10_UNLIKELY(info.seeded) && !layer.reapply_views && !info.self_is_template;
   // Some ops declared functional return an argument itself (dropout with p=0): such an output
   // must stay that argument's wrapper, or writes through it would not reach the argument.
   c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 4> passed;  // inner -> wrapper

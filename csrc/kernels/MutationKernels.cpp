@@ -351,7 +351,7 @@ bool is_real(const at::Tensor& t) {
 // nullopt where that cannot be done.
 std::optional<std::vector<c10::IValue>> run_out_op_on_eager_geometry(
     const OpInfo& info, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
-  if (op.hasTag(at::Tag::nondeterministic_seeded)) return std::nullopt;
+  if (info.seeded) return std::nullopt;
   std::vector<c10::IValue> call = args;
   // The written arguments as passed: callBoxed leaves only the op's returns on `call`.
   std::vector<c10::IValue> passed(args.size());
@@ -779,8 +779,8 @@ void rerun_out_eagerly(const OpInfo& info, const c10::OperatorHandle& op,
                        Stack& fstack) {
   const size_t index = info.written.empty() ? 0 : info.written[0].index;
   if (info.written.size() != 1 || !info.written[0].is_out ||
-      info.written[0].functional_return != 0 || op.hasTag(at::Tag::nondeterministic_seeded) ||
-      fstack.empty() || !fstack[0].isTensor() || !inner[index].isTensor() ||
+      info.written[0].functional_return != 0 || info.seeded || fstack.empty() ||
+      !fstack[0].isTensor() || !inner[index].isTensor() ||
       !out_takes_eager_kernel(args[index].toTensor(), inner[index].toTensor(),
                               fstack[0].toTensor())) {
     return;
@@ -828,7 +828,7 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
     }
   };
   bool filled = false;  // See Note [Kernel: random fills of strided tensors in graphs].
-  if (on_wrappers && C10_UNLIKELY(op.hasTag(at::Tag::nondeterministic_seeded))) {
+  if (on_wrappers && C10_UNLIKELY(info.seeded)) {
     InnerCallGuard guard;
     std::vector<c10::IValue> inner = args;
     for (auto& v : inner) transform_tensors(v, sync_and_unwrap);
@@ -948,7 +948,7 @@ std::optional<CompositeOut> composite_out_of_another_dtype(const OpInfo& info,
                                                            const c10::OperatorHandle& op,
                                                            const Stack& stack) {
   if (info.written.size() != 1 || !info.written[0].is_out ||
-      info.written[0].functional_return != 0 || op.hasTag(at::Tag::nondeterministic_seeded)) {
+      info.written[0].functional_return != 0 || info.seeded) {
     return std::nullopt;
   }
   std::optional<c10::DispatchKey> key;

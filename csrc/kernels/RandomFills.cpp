@@ -43,7 +43,7 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
                                                      const c10::OperatorHandle& op,
                                                      const std::vector<c10::IValue>& args,
                                                      std::vector<c10::IValue>& inner) {
-  if (info.written.size() != 1 || !op.hasTag(at::Tag::nondeterministic_seeded)) return {};
+  if (!info.seeded || info.written.size() != 1) return {};
   const auto& w = info.written[0];
   if (w.functional_return != 0) return {};
   if (!args[w.index].isTensor()) return {};
@@ -329,7 +329,7 @@ std::optional<at::Tensor> random_fill_in_memory_order(const OpInfo& info,
                                                       const std::vector<c10::IValue>& args,
                                                       const std::vector<c10::IValue>& inner,
                                                       bool reapply_views) {
-  if (info.written.size() != 1 || !op.hasTag(at::Tag::nondeterministic_seeded)) return {};
+  if (!info.seeded || info.written.size() != 1) return {};
   const auto& w = info.written[0];
   if (w.functional_return != 0 || !args[w.index].isTensor()) return {};
   if (w.is_out ? factory_size_arg(info) < 0 : !fills_without_reading_self(info)) return {};

@@ -640,6 +640,19 @@ def test_resize_to_no_element_of_an_input_whose_offset_is_past_its_storage(remov
                          remove=remove)
 
 
+@pytest.mark.parametrize("size", [(1, 3), (3,)], ids=["other shape", "its own shape"])
+def test_resize_of_an_expanded_input_grows_its_storage(remove, size, deterministic_fill):
+    # Fuzzer program 742437: x = b.expand(3) has one element of storage; x.resize_((1, 3)) grows
+    # it to three in eager. The epilogue's resize_((3,)) of x, whose sizes are (3,) already, was a
+    # no-op, and the as_strided_ after it failed inside torch ("setStorage: ... out of bounds").
+    # See Note [Inputs: metadata epilogue].
+    def f(x):
+        x.resize_(size)
+        return x * 1
+
+    assert_matches_eager(f, make_inputs=lambda: (torch.tensor([1.5]).expand(3),), remove=remove)
+
+
 def test_out_resize_grows_an_input_whose_offset_is_past_its_storage(remove):
     # Fuzzer program 302603: x = b[:, 1:] of a (0, 4) b starts at element 1 of an empty storage;
     # prod(.., out=x) grows it to (1, 3), and the growth read a capacity of -1 ("Storage size
