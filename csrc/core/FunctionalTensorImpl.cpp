@@ -113,7 +113,10 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
 // exactly; a strided slice's packed), copied once when the order differs. Ops on it then lay out
 // their results as eager's do, since TensorIterator and friends follow the operands' stride order.
 // Under a tracer values keep the *_copy layout (a graph holds no extra copy; its results' strides
-// are not part of a graph's contract).
+// are not part of a graph's contract). A view whose elements overlap (x.unfold(1, 4, 1)) keeps its
+// contiguous *_copy: no dense layout is eager's, and infer_dense_strides' order for its tied
+// strides moved its last dimension outward, so its view(dtype) (which needs a last stride of 1,
+// as eager's has) failed (fuzzer program 763064).
 // Rejected: eager's exact strides (a slice's gaps would need storage no *_copy has).
 at::Tensor FunctionalTensorImpl::in_reported_order_(const at::Tensor& value) const {
   const auto* inner = value.unsafeGetTensorImpl();
@@ -123,7 +126,10 @@ at::Tensor FunctionalTensorImpl::in_reported_order_(const at::Tensor& value) con
     return value;
   }
   const auto dense = at::infer_dense_strides(sizes(), strides());
-  if (!strides_differ(value.sizes(), value.strides(), dense)) return value;
+  if (!strides_differ(value.sizes(), value.strides(), dense) ||
+      may_self_overlap(sizes(), strides())) {
+    return value;
+  }
   InnerCallGuard guard;
   return at::empty_strided(sizes(), dense, value.options()).copy_(value);
 }
@@ -283,16 +289,30 @@ void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
   auto& storage = alias_storage();
   at::Tensor start = storage.base();
   for (const auto& p : prefix) start = p->forward(start);
-  set_value_(step ? step->forward(start) : start);
+  at::Tensor value = step ? step->forward(start) : start;
+  // A conjugate or negative view (x.adjoint()) keeps its bit through resize_ and as_strided_:
+  // the new chain starts from the base's elements, so it ends with the bit steps of the old one,
+  // as an aliased input's as_strided is followed by them (Note [Inputs: aliased inputs]). Without
+  // them x.adjoint().resize_((1, 3)) read the elements unconjugated (fuzzer program 751516).
+  std::vector<std::shared_ptr<const ViewMeta>> bits;
+  const auto [conj_flip, neg_flip] = chain_.bit_flips();
+  const bool reapply = step ? step->reapply : prefix.empty() || prefix.back()->reapply;
+  if (conj_flip) bits.push_back(ViewMeta::of({"aten::_conj", ""}, {}, reapply));
+  if (neg_flip) bits.push_back(ViewMeta::of({"aten::_neg_view", ""}, {}, reapply));
+  for (const auto& b : bits) value = b->forward(value);
+  set_value_(value);
   // An input of a flat storage stays one: see Note [Inputs: writes outside every input's elements].
   if (flat_member_ && storage.flat() && step && prefix.empty()) {
-    if (chain_.size() == 1) storage.retire_member_step(*chain_.back(), *step);
+    // The chain's first step is the member's as_strided (bit steps may follow it).
+    if (!chain_.empty()) storage.retire_member_step(*chain_.steps().front(), *step);
     storage.add_member_step(step);
   }
   chain_.clear();
   for (auto& p : prefix) chain_.push_back(std::move(p));
   if (step) chain_.push_back(std::move(step));
-  chain_is_resize_ = chain_.size() == 1;  // a prefix makes it no resize_ chain
+  // A prefix makes it no resize_ chain; bit steps after the resize's step keep it one.
+  chain_is_resize_ = chain_.size() == 1;
+  for (auto& b : bits) chain_.push_back(std::move(b));
   for (auto& m : mutations) metadata_mutations_.push_back(std::move(m));
 }
 

@@ -505,12 +505,30 @@ void unsafe_split_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stac
     neg ^= neg_steps;
   }
   if (!conj && !neg) return view_kernel(info, op, stack, layer);
+  // Eager's fallback resolves the bit into empty_like(self): the copy's storage is laid out in
+  // self's stride order, which a resize_ of an output then reads in storage order (fuzzer program
+  // 756793: v.adjoint().unsafe_chunk(3, -1)[0].resize_as_(..) without views, traced, read the
+  // *_copy value's row-major storage). Its strides, found on meta.
+  std::vector<int64_t> copy_strides;
+  if (!layer.reapply_views && same_sizes_other_strides(self.toTensor(), impl->value())) {
+    MetaComputeGuard hidden;
+    const at::Tensor& t = self.toTensor();
+    copy_strides =
+        at::empty_like(at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta)))
+            .strides()
+            .vec();
+  }
   InnerCallGuard guard;
   const at::Tensor inner = sync_and_unwrap(self.toTensor());
   // A copy either way: without views the value has its bits resolved already, and a fresh output
   // must not share another wrapper's value.
-  self = inner.is_conj() || inner.is_neg() ? at::resolve_neg(at::resolve_conj(inner))
-                                           : at::clone(inner);
+  if (inner.is_conj() || inner.is_neg()) {
+    self = at::resolve_neg(at::resolve_conj(inner));
+  } else if (!copy_strides.empty()) {
+    self = at::copy(at::empty_strided(inner.sizes(), copy_strides, inner.options()), inner);
+  } else {
+    self = at::clone(inner);
+  }
   op.callBoxed(stack);
   c10::IValue out = torch::jit::pop(*stack);
   transform_tensors(out, [&](const at::Tensor& t) { return make_fresh_wrapper(t, layer.id); });
