@@ -222,11 +222,13 @@ bool lies_inside_a_storage(const c10::IValue& self, const OpInfo& info) {
   return !impl->chain().empty() || storage.flat() || storage.offset_base();
 }
 
-constexpr const char* kCopiedViewStorage =
+}  // namespace
+
+const char* const kCopiedViewStorage =
     "the tensor is (a view of) the result of a *_scatter op or copy of a view, which in eager "
     "holds a copy of the view's whole storage; without views only the view's elements are held, "
-    "so as_strided cannot address the others. Use remove=\"mutations\"";
-}  // namespace
+    "so as_strided (or a resize_ that grows it) cannot address the others. Use "
+    "remove=\"mutations\"";
 
 // Note [Kernel: eager strides of results in traced programs without views]
 // Traced without views, values keep their *_copy layout, reordered only when nothing records:

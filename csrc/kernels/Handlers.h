@@ -76,10 +76,12 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value);
 /// resize_ of a wrapper (Note [Kernel: resize_]); `layer` is the layer the wrapper belongs to.
 /// With `then_strides`, the resized wrapper is then restrided to them in place (as_strided_ at its
 /// offset), as a structured out= kernel restrides the output it resized
-/// (Note [Kernel: strides of a resized out= tensor]).
+/// (Note [Kernel: strides of a resized out= tensor]). `overwritten`: the caller writes every
+/// element of the resized tensor next (an out= result), so none of the storage's old ones shows.
 void resize_functional(std::string_view op_name, const at::Tensor& self,
                        const std::vector<int64_t>& size, const c10::IValue& memory_format,
-                       const Layer& layer, c10::IntArrayRef then_strides = {});
+                       const Layer& layer, c10::IntArrayRef then_strides = {},
+                       bool overwritten = false);
 /// Whether an in-place op may write the wrapper's inner value directly, because nothing else
 /// can observe it (Note [Kernel: in-place on the inner value]).
 bool can_write_inner_in_place(const at::Tensor& wrapper);
@@ -104,6 +106,10 @@ bool reads_input_under_autograd(const at::Tensor& wrapper, const at::Tensor& sel
 /// the mutable op (`first_out`: its first out= tensor, or undefined).
 c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg,
                            const std::vector<c10::IValue>& args, const at::Tensor& first_out);
+/// Why a result of a *_scatter op or copy of a view has an offset base without views: eager's
+/// result holds the view's whole storage.
+/// See Note [Alias: writes to a value that is not its whole storage].
+extern const char* const kCopiedViewStorage;
 /// No tracer, torch.func transform, tensor subclass or autograd records ops on `value`.
 bool nothing_records(const at::Tensor& value);
 

@@ -654,7 +654,8 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value_in) {
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::resize_", "");
     const bool dense = value.layout() == c10::kStrided && value.is_non_overlapping_and_dense();
     resize_functional(c10::toString(resize_op.operator_name()), wrapper, value.sizes().vec(),
-                      c10::IValue(), *layer, dense ? value.strides() : c10::IntArrayRef());
+                      c10::IValue(), *layer, dense ? value.strides() : c10::IntArrayRef(),
+                      /*overwritten=*/true);
   }
   if (impl->chain().empty() && same_sizes_other_strides(wrapper, value)) {
     value = at::copy(at::empty_strided(wrapper.sizes(), wrapper.strides(),
@@ -991,7 +992,8 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* st
         const size_t num_args = op.schema().arguments().size();
         const at::Tensor out =
             (*stack)[stack->size() - num_args + info.written[0].index].toTensor();
-        resize_functional(info.name, out, *composite->resize_to, c10::IValue(), layer);
+        resize_functional(info.name, out, *composite->resize_to, c10::IValue(), layer, {},
+                          /*overwritten=*/true);
       }
       op.callBoxedForDispatchKey(composite->key, *stack);
       return;

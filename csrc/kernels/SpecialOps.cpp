@@ -278,7 +278,7 @@ void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit
 
 void resize_functional(std::string_view op_name, const at::Tensor& self,
                        const std::vector<int64_t>& size, const c10::IValue& memory_format,
-                       const Layer& layer, c10::IntArrayRef then_strides) {
+                       const Layer& layer, c10::IntArrayRef then_strides, bool overwritten) {
   auto* impl = maybe_get_impl(self);
   TORCH_CHECK(impl != nullptr, "functionalize: ", op_name,
               ": cannot resize a plain tensor (created outside the function) inside it. Pass it "
@@ -323,6 +323,12 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
       0, static_cast<int64_t>(base.storage().nbytes() / base.itemsize()) - offset);
   int64_t view_offset = offset;
   if (needed > 0 && needed > capacity) {  // nothing grows for no element (offset past the end)
+    // Eager's copy holds the view's whole storage, whose other elements a grown tensor shows
+    // (fuzzer program 791873: slice_scatter of an empty slice, then resize_); an out= result
+    // overwrites them all (506943).
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        overwritten || impl->alias_storage().offset_base_reason() != kCopiedViewStorage,
+        "functionalize: ", op_name, ": ", kCopiedViewStorage, ".");
     // A lone input that does not start its storage is a view of the flat storage
     // (Note [Inputs: inputs that do not start their storage]): it grows the whole storage, as
     // eager reallocates it, and keeps its offset.
@@ -372,9 +378,11 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
       c10::Dispatcher::singleton().findSchemaOrThrow("aten::as_strided_", "");
   std::vector<MetadataMutation> mutations{{resize, {c10::IValue(size), memory_format}}};
   if (restride) {
+    // Eager's offset, read before the storage grew: the grown wrapper mirrors its new base, which
+    // starts at that offset (a restrided out= into an empty input at offset 2 of its storage was
+    // replayed at offset 0, fuzzer program 792093).
     mutations.push_back(
-        {restride_op,
-         {c10::IValue(size), c10::IValue(strides), c10::IValue(self.storage_offset())}});
+        {restride_op, {c10::IValue(size), c10::IValue(strides), c10::IValue(offset)}});
   }
   impl->resize_chain_(std::move(step), std::move(mutations));
   if (!layer.reapply_views) {

@@ -640,6 +640,48 @@ def test_resize_to_no_element_of_an_input_whose_offset_is_past_its_storage(remov
                          remove=remove)
 
 
+def test_restrided_out_into_an_empty_input_inside_its_storage_keeps_its_offset(remove):
+    # Fuzzer program 792093: x = b[1:, ::2] of a (1, 2) b is empty at offset 2; abs(out=x) of a
+    # transposed value grows x's storage and restrides x to (1, 4). The epilogue's as_strided_
+    # took the grown wrapper's offset (0) instead of eager's (2): b's two elements were
+    # overwritten and x moved. See Note [Kernel: resize_].
+    def f(x):
+        v = torch.full((4, 4), -0.25)
+        v.t_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # eager's warning for a resized out
+            torch.abs(v, out=x)
+        return v
+
+    def make_inputs():
+        return (torch.tensor([[7.0, 8.0]])[1:, ::2],)
+
+    eager_x, = make_inputs()
+    f(eager_x)
+    x, = make_inputs()
+    functionalize(f, remove=remove)(x)
+    assert x.storage_offset() == eager_x.storage_offset() == 2
+    assert x.stride() == eager_x.stride()
+    storage = torch.empty(0).set_(x.untyped_storage())
+    assert torch.equal(storage, torch.empty(0).set_(eager_x.untyped_storage()))
+
+
+def test_growing_a_scatter_result_of_an_empty_view_without_views_is_refused_by_name():
+    # Fuzzer program 791873: eager's slice_scatter of the empty slice v = x[1:1:2] copies x's
+    # storage from v's offset, and v1.resize_((7,)) shows those elements; without views the
+    # result holds none of them (it grew into new memory, silently other values). Refused.
+    def f(x):
+        v = x[1:1:2]
+        v1 = v.slice_scatter(v, 0, 0)
+        v1.resize_((7,))
+        return v1 * 1
+
+    with pytest.raises(NotImplementedError, match="resize_: the tensor is .* the result of a"):
+        functionalize(f, remove="mutations_and_views")(torch.arange(3.0))
+    x = torch.arange(3.0)
+    assert torch.equal(functionalize(f, remove="mutations")(x.clone())[:2], f(x.clone())[:2])
+
+
 @pytest.mark.parametrize("case", ["resize_", "as_strided_", "resize_ of a negative view"])
 def test_resize_of_a_conjugate_view_keeps_its_bit(remove, case):
     # Fuzzer program 751516: v = x.adjoint() has the conjugate bit; v.resize_((1, 3)) rebuilt its
