@@ -94,7 +94,9 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
 // (docs/reliability.md). Only the fills that read nothing of x are taken (bernoulli, cauchy,
 // exponential, geometric, log_normal, normal, random, uniform): the candidates start empty.
 // A graph replays the order of the machine that traced it, as any graph replays its kernels.
-// The measurement costs up to four fills of x's size at trace time, never in the graph.
+// The measurement costs up to four fills of x's size at trace time, never in the graph; another
+// thread drawing from the same generator during that time would have its draws undone by the
+// restore.
 // Rejected: a table of orders per op (wrong on other CPUs and devices: MKL's bernoulli runs on
 // Intel only); a custom functional op that fills empty_strided in place (graphs of ATen ops).
 namespace {
