@@ -296,7 +296,8 @@ void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
   // them x.adjoint().resize_((1, 3)) read the elements unconjugated (fuzzer program 751516).
   std::vector<std::shared_ptr<const ViewMeta>> bits;
   const auto [conj_flip, neg_flip] = chain_.bit_flips();
-  const bool reapply = step ? step->reapply : prefix.empty() || prefix.back()->reapply;
+  // Flips mean the old chain has steps; its views-kept flag is the layer's.
+  const bool reapply = !chain_.empty() && chain_.back()->reapply;
   if (conj_flip) bits.push_back(ViewMeta::of({"aten::_conj", ""}, {}, reapply));
   if (neg_flip) bits.push_back(ViewMeta::of({"aten::_neg_view", ""}, {}, reapply));
   for (const auto& b : bits) value = b->forward(value);

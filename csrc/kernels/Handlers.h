@@ -110,6 +110,9 @@ c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg
 /// result holds the view's whole storage.
 /// See Note [Alias: writes to a value that is not its whole storage].
 extern const char* const kCopiedViewStorage;
+/// A plain strided tensor with concrete sizes and data: not meta, fake (Python key) or a
+/// torch.func wrapper, so an op can run on it for real (hidden from tracers).
+bool is_real(const at::Tensor& t);
 /// No tracer, torch.func transform, tensor subclass or autograd records ops on `value`.
 bool nothing_records(const at::Tensor& value);
 

@@ -316,6 +316,14 @@ c10::IValue functional_arg(const ArgSource& src, const c10::Argument& schema_arg
   return c10::IValue();
 }
 
+bool is_real(const at::Tensor& t) {
+  return t.layout() == c10::kStrided && !t.is_meta() &&
+         !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+         !t.key_set().has_any(c10::python_ks |
+                              c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
+                                                   c10::DispatchKey::FuncTorchGradWrapper}));
+}
+
 namespace {
 
 // Note [Kernel: out= strides in graphs]
@@ -337,14 +345,6 @@ namespace {
 // Rejected: reordering every traced value (a copy per op in every graph); running the out= op
 // itself on meta (meta's resize disagrees with CPU's, as
 // Note [Kernel: strides of a resized out= tensor] found).
-
-bool is_real(const at::Tensor& t) {
-  return t.layout() == c10::kStrided && !t.is_meta() &&
-         !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
-         !t.key_set().has_any(c10::python_ks |
-                              c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
-                                                   c10::DispatchKey::FuncTorchGradWrapper}));
-}
 
 // The out= op run untraced on real copies of `args` (wrappers and plain tensors) in their
 // reported geometry, each written out= tensor a private fresh_out_like: eager's results, or

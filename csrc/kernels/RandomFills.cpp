@@ -4,7 +4,6 @@
 #include "kernels/RandomFills.h"
 
 #include "core/Conversions.h"
-#include "core/FunctorchInterop.h"
 #include "kernels/Handlers.h"
 
 #include <ATen/ATen.h>
@@ -316,14 +315,6 @@ std::optional<FillLayout> measured_layout(const OpInfo& info, const c10::Operato
   return std::nullopt;
 }
 
-bool is_measurable(const at::Tensor& t) {
-  static const auto wrapped = c10::python_ks | functorch_mode_keys() |
-                              c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
-                                                   c10::DispatchKey::FuncTorchGradWrapper});
-  return is_static_strided(t) && !t.is_meta() && !t.requires_grad() &&
-         !t.key_set().has_any(wrapped);
-}
-
 }  // namespace
 
 std::optional<at::Tensor> random_fill_in_memory_order(const OpInfo& info,
@@ -348,7 +339,8 @@ std::optional<at::Tensor> random_fill_in_memory_order(const OpInfo& info,
   bool real = true;
   for (size_t i = 0; i < inner.size(); ++i) {
     if (static_cast<int>(i) == w.index) continue;
-    for_each_tensor(inner[i], [&](const at::Tensor& t) { real = real && is_measurable(t); });
+    for_each_tensor(inner[i],
+                    [&](const at::Tensor& t) { real = real && is_real(t) && !t.requires_grad(); });
   }
   if (!real) return {};
   const MemoryOrder order(written);
@@ -358,17 +350,10 @@ std::optional<at::Tensor> random_fill_in_memory_order(const OpInfo& info,
     const int size_arg = factory_size_arg(info);
     const c10::IValue size =
         functional_arg(info.functional_args[size_arg], fargs[size_arg], inner, value);
-    std::vector<int64_t> sizes;
-    if (size.isIntList()) {
-      sizes = size.toIntVector();
-    } else if (size.isSymIntList()) {
-      for (const auto& s : size.toSymIntVector()) {
-        const auto v = s.maybe_as_int();
-        if (!v) return {};
-        sizes.push_back(*v);
-      }
-    }
-    if (sizes != written.sizes().vec()) return {};
+    if (!size.isIntList() && !size.isSymIntList()) return {};
+    const std::vector<c10::SymInt> sym = size.toSymIntVector();
+    const auto sizes = c10::asIntArrayRefSlowOpt(sym);
+    if (!sizes || *sizes != written.sizes()) return {};
   }
   const auto layout = measured_layout(info, op, inner, written, value, order);
   if (!layout) return {};
