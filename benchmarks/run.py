@@ -65,6 +65,20 @@ def _run_worker(argv: list[str], timeout: float, env: dict | None = None) -> dic
 def run_all(selected: list[workloads.Workload], scale: float, memory: bool,
             wall: bool) -> list[dict]:
     results = []
+    try:
+        _run_each(selected, scale, memory, wall, results)
+    except KeyboardInterrupt:
+        # A run cut short (Ctrl-C, or tools/gpu_check.sh's `timeout -s INT` on a lent GPU machine)
+        # still reports the workloads it finished, and says it stopped early; the alternative,
+        # writing nothing, lost the whole CUDA run of a 10-minute device lease once.
+        print(f"\ninterrupted: reporting the {len(results)} of {len(selected)} workloads that "
+              "finished", flush=True)
+        results.append({"interrupted": f"{len(results)} of {len(selected)}"})
+    return results
+
+
+def _run_each(selected: list[workloads.Workload], scale: float, memory: bool, wall: bool,
+              results: list[dict]) -> None:
     for i, w in enumerate(selected, 1):
         t0 = time.perf_counter()
         print(f"[{i}/{len(selected)}] {w.name} ...", end=" ", flush=True)
@@ -82,7 +96,6 @@ def run_all(selected: list[workloads.Workload], scale: float, memory: bool,
         print(f"{time.perf_counter() - t0:.1f} s" + (f"  FAILED: {res['fatal']}"
                                                       if "fatal" in res else ""), flush=True)
         results.append(res)
-    return results
 
 
 # ---------------------------------------------------------------------------------------------
@@ -610,9 +623,18 @@ def main() -> None:
         return
 
     started, load_before = time.perf_counter(), os.getloadavg()
-    results = run_all(selected, scale=0.25 if args.quick else 1.0, memory=not args.no_memory,
-                      wall=args.wall)
-    text = report(results, environment(args, started, load_before))
+    # Peak memory is the worker process's RSS, which does not see device memory: on CUDA it would
+    # report the host side only, so it is not measured there rather than shown as if it were.
+    memory = not args.no_memory and args.device == "cpu"
+    results = run_all(selected, scale=0.25 if args.quick else 1.0, memory=memory, wall=args.wall)
+    env_lines = environment(args, started, load_before)
+    if results and "interrupted" in results[-1]:
+        env_lines.append(f"- **partial run**: interrupted after {results.pop()['interrupted']} "
+                         "workloads")
+    if not memory and args.device != "cpu":
+        env_lines.append(f"- peak memory not measured on {args.device} (the host RSS the memory "
+                         "worker reads does not see device memory)")
+    text = report(results, env_lines)
     print()
     print(text)
     with open(args.out, "w") as f:
