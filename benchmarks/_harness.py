@@ -21,6 +21,11 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils.benchmark import Timer
 
+# The workloads build their modules (ResBlock, GPTBlock, ...) when imported, so the device run.py
+# --device names must be the default before that import, or their weights stay on the CPU.
+DEVICE = os.environ.get("TFZ_BENCH_DEVICE", "cpu")
+if DEVICE != "cpu":
+    torch.set_default_device(DEVICE)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import workloads  # noqa: E402
 
@@ -454,11 +459,9 @@ def main() -> None:
     global CLOCK
     if args.wall:
         CLOCK = time.perf_counter
-    device = os.environ.get("TFZ_BENCH_DEVICE", "cpu")  # set by run.py --device
-    if device != "cpu":
-        # Every factory in the workloads makes its tensors there; the clock waits for the device.
-        torch.set_default_device(device)
-
+    if DEVICE != "cpu":
+        # Every factory in the workloads makes its tensors there (the default device, set above);
+        # the clock waits for the device.
         def synchronized_clock() -> float:
             torch.cuda.synchronize()
             return time.perf_counter()

@@ -10,7 +10,8 @@
 # side-by-side checks (default 360), and TFZ_GPU_BENCH_BUDGET for the benchmarks (default 100):
 # with a 90 s build that fits one 10-minute call of a lent GPU machine. TFZ_GPU_SKIP, step names
 # to leave out (e.g. "hidden-writes-cuda", whose result depends on torch alone, not on our code);
-# TFZ_GPU_BENCH_ARGS, the workload selection of benchmarks/run.py (default: 8 quick workloads).
+# TFZ_GPU_BENCH_ARGS, the workload selection of benchmarks/run.py (default: 8 quick workloads);
+# TFZ_GPU_CUDA_WORKERS, pytest-xdist processes for the suite on CUDA tensors (default 10).
 # Each step runs under `timeout`; a step cut short says so in summary.txt instead of stopping the rest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -88,7 +89,7 @@ step() {  # step NAME COMMAND...: run under the budget, log to OUT/NAME.log, not
 }
 step pytest-cuda env TFZ_TEST_DEVICE=cuda "$py" -m pytest test/python -q -p no:cacheprovider -rfEx \
   --junitxml="$out/pytest-cuda.xml" \
-  $(plugins 10) &
+  $(plugins "${TFZ_GPU_CUDA_WORKERS:-10}") &
 step pytest-cpu "$py" -m pytest test/python -q -p no:cacheprovider -rfEx \
   --junitxml="$out/pytest-cpu.xml" $(plugins 3) &
 [ $cpp_tests = ON ] && step ctest ctest --test-dir "$build" --output-on-failure &

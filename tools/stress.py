@@ -250,6 +250,14 @@ def threads(n_threads: int, iterations: int) -> ThreadsResult:
     calls = [0]
     lock = threading.Lock()
     barrier = threading.Barrier(n_threads + 1)
+    # torch's default device is per thread: a new thread makes its tensors on the CPU whatever the
+    # caller set (TFZ_TEST_DEVICE=cuda), so each thread takes the caller's, or its programs' inputs
+    # would be CPU tensors checked against CUDA results (the third GPU run, docs/cuda.md).
+    device = torch.get_default_device()
+
+    def on_callers_device():
+        if device.type != "cpu":
+            torch.set_default_device(device)
 
     def record(problem):
         with lock:
@@ -258,6 +266,7 @@ def threads(n_threads: int, iterations: int) -> ThreadsResult:
 
     def functionalizing(worker: int):
         # Even workers each take their own program; odd workers all run the first program.
+        on_callers_device()
         barrier.wait()
         for i in range(iterations):
             k = worker % len(mix) if worker % 2 == 0 else 0
@@ -276,6 +285,7 @@ def threads(n_threads: int, iterations: int) -> ThreadsResult:
                 calls[0] += 1
 
     def eager():
+        on_callers_device()
         barrier.wait()
         for _ in range(iterations):
             # Plain eager code must see no trace of the other threads' functionalize layers.

@@ -17,8 +17,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 namespace tfz::detail {
 
@@ -807,40 +809,118 @@ bool foreach_in_place(const c10::OperatorHandle& op, Stack* stack) {
 
 // Note [Kernel: _foreach_ ops on aliased lists on CUDA]
 // The one-index-at-a-time order above is eager's on the CPU. Eager's CUDA kernels for in-place
-// _foreach_ ops are fused (one multi-tensor launch over all elements), and on the H100 they read
-// the aliased operands before any write: _foreach_lerp_([x, y], [y, x], 0.25) gave other values
-// than the CPU loop (docs/cuda.md, first GPU run), and they fall back to the loop when the lists
-// do not fit their fast path (mixed dtypes, strides, ...). Which of the two eager takes, and the
-// order in which its blocks read and write the same memory, is not something a functional program
-// can restate; the in-place run above (eager's own kernel on the values) is the one case that
-// gives eager's answer. So on any device but the CPU (and meta, which has no values) aliased
-// lists that do not take that path are refused by name instead of being given the CPU's answer.
-// Rejected: the functional variant (reads everything first) on CUDA, which is eager's answer only
-// when eager takes its fast path, and only for tensors small enough for one wave of blocks.
-void check_loop_order_is_eagers(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+// _foreach_ ops are fused: one multi-tensor launch whose blocks run all elements concurrently, so
+// where a written element overlaps memory that another position reads or writes, eager's result
+// depends on block scheduling. Measured on the H100 (docs/cuda.md): _foreach_lerp_([x, y], [y, x],
+// 0.25) gave other values than the CPU loop (first GPU run), and two eager runs of
+// _foreach_add_([a, b, a], [1., 2., 3.]) left a + 3 once and a + 1 once (third run): a race, not an
+// order. No functional program restates a race, and running eager's own kernel on the values
+// (foreach_in_place) only reproduces one draw of it. So on any device but the CPU (and meta, which
+// has no values), lists whose elements overlap across positions with a write are refused by name,
+// before the in-place path. Lists that only share a storage (disjoint views of one base, the
+// common case of a flat parameter buffer) are not a race: no element reads what another writes,
+// so the functional variant is eager's answer and they take it, unsplit.
+// Overlap is judged by each element's byte extent in its alias storage (offset to last element),
+// which counts interleaved but disjoint views (two columns) as overlapping: refused,
+// conservatively. Rejected: the functional variant for overlapping lists (reads everything first),
+// which is one possible outcome of the race, silently different from what eager gives on another
+// run.
+
+// The first tensor argument on a device whose in-place _foreach_ kernels are fused, if any.
+std::optional<c10::Device> fused_foreach_device(const c10::OperatorHandle& op,
+                                                const torch::jit::Stack& stack) {
+  std::optional<c10::Device> found;
   const auto num_args = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
-  for (auto it = stack.end() - num_args; it != stack.end(); ++it) {
+  for (auto it = stack.end() - num_args; it != stack.end() && !found; ++it) {
     for_each_tensor(*it, [&](const at::Tensor& t) {
       const auto type = t.device().type();
-      TORCH_CHECK_NOT_IMPLEMENTED(
-          type == c10::DeviceType::CPU || type == c10::DeviceType::Meta,
-          "functionalize: ", op.operator_name().name, ": the tensor lists alias each other on ",
-          t.device(),
-          ", where eager's fused kernel reads aliased elements in an order no functional "
-          "program can restate (see docs/cuda.md). Clone the aliased operands first so the "
-          "lists share no memory, or run the op on CPU tensors.");
+      if (!found && type != c10::DeviceType::CPU && type != c10::DeviceType::Meta) {
+        found = t.device();
+      }
     });
   }
+  return found;
+}
+
+// Whether an element written by the op overlaps, in memory, a tensor argument at another position
+// (or the same position viewed differently); see the Note above for how overlap is judged.
+bool foreach_elements_overlap(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  struct Extent {
+    const AliasStorage* storage;
+    int64_t begin;  // bytes, in the alias storage
+    int64_t end;
+    int64_t position;  // index in its list; -1 for a tensor outside any list
+    bool written;
+    const at::Tensor* tensor;
+  };
+  std::vector<Extent> extents;
+  auto add = [&](const at::Tensor& t, int64_t position, bool written) {
+    const auto* storage = alias_of(t);
+    if (storage == nullptr || t.numel() == 0) return;
+    int64_t last = 0;
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * std::abs(t.stride(d));
+    const auto item = static_cast<int64_t>(t.dtype().itemsize());
+    const int64_t begin = t.storage_offset() * item;
+    extents.push_back({storage, begin, begin + (last + 1) * item, position, written, &t});
+  };
+  const auto& args = op.schema().arguments();
+  const auto first = stack.end() - static_cast<std::ptrdiff_t>(args.size());
+  std::vector<at::Tensor> held;  // keeps the list elements the extents point to alive
+  for (size_t j = 0; j < args.size(); ++j) {
+    const c10::IValue& v = *(first + static_cast<std::ptrdiff_t>(j));
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) held.push_back(t);
+    } else if (v.isTensor()) {
+      held.push_back(v.toTensor());
+    }
+  }
+  size_t k = 0;
+  for (size_t j = 0; j < args.size(); ++j) {
+    const bool written = is_written(args[j]);
+    const c10::IValue& v = *(first + static_cast<std::ptrdiff_t>(j));
+    if (v.isTensorList()) {
+      const auto n = v.toTensorList().size();
+      for (size_t i = 0; i < n; ++i) add(held[k++], static_cast<int64_t>(i), written);
+    } else if (v.isTensor()) {
+      add(held[k++], -1, written);
+    }
+  }
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) {
+    return a.storage != b.storage ? std::less<>()(a.storage, b.storage) : a.begin < b.begin;
+  });
+  for (size_t i = 0; i < extents.size(); ++i) {
+    const Extent& a = extents[i];
+    for (size_t j = i + 1; j < extents.size(); ++j) {
+      const Extent& b = extents[j];
+      if (b.storage != a.storage || b.begin >= a.end) break;
+      if (!a.written && !b.written) continue;
+      // x written at index i from x at the same index (add_(xs, xs)) is elementwise, not a race.
+      const bool same_view = a.position == b.position && a.position != -1 && a.begin == b.begin &&
+                             a.tensor->sizes() == b.tensor->sizes() &&
+                             a.tensor->strides() == b.tensor->strides() &&
+                             a.tensor->dtype() == b.tensor->dtype();
+      if (!same_view) return true;
+    }
+  }
+  return false;
 }
 
 void foreach_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                     const Layer& layer) {
-  if (foreach_in_place(op, stack)) return;
-  if (foreach_lists_alias(op, *stack)) {
+  const auto fused_device = fused_foreach_device(op, *stack);
+  if (fused_device && foreach_lists_alias(op, *stack)) {
     // See Note [Kernel: _foreach_ ops on aliased lists on CUDA]
-    check_loop_order_is_eagers(op, *stack);
-    return foreach_sequential_kernel(op, stack);
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !foreach_elements_overlap(op, *stack), "functionalize: ", op.operator_name().name,
+        ": the tensor lists overlap in memory on ", *fused_device,
+        ", where eager's fused kernel runs all elements at once and its result depends on "
+        "block scheduling (a race; see docs/cuda.md). Clone the overlapping operands first so "
+        "the lists share no memory, or run the op on CPU tensors.");
+    if (foreach_in_place(op, stack)) return;
+    return generic_kernel(info, op, stack, layer);  // disjoint: the functional variant is eager's
   }
+  if (foreach_in_place(op, stack)) return;
+  if (foreach_lists_alias(op, *stack)) return foreach_sequential_kernel(op, stack);
   generic_kernel(info, op, stack, layer);
 }
 
@@ -890,9 +970,33 @@ void refuse_custom_view(const c10::OperatorHandle& /*op*/, OpInfo& info) {
               "and invert ATen's own view ops. Make the custom op return a new tensor (clone)");
 }
 
+// Note [Kernel: tensor_split's tensor of indices]
+// tensor_split(Tensor self, Tensor tensor_indices_or_sections, int dim) is
+// CompositeImplicitAutograd and reads its second argument's data pointer (a CPU int64 tensor) to
+// choose the int overload it calls; a wrapper has no data there, so a functionalized tensor_split
+// whose indices are an input or a value computed in f failed with "data is not allocated"
+// (torch.func fails the same way; the CUDA OpInfo sweep, docs/cuda.md). The kernel hands the
+// decomposition the indices' current value instead (the synced inner tensor, only read) and runs it
+// on the wrappers, so the split is made of views of `self` as usual. Under make_fx that read is the
+// data dependence plain make_fx of tensor_split has too. Rejected: taking the op whole on inner
+// values like the raw fast paths above, which would return plain views of an inner tensor that the
+// engine cannot follow.
+bool is_tensor_split_by_tensor(const c10::OperatorHandle& op) {
+  return named(op, "aten::tensor_split", "tensor_indices_or_sections");
+}
+
+void tensor_split_kernel(const OpInfo& /*info*/, const c10::OperatorHandle& op, Stack* stack,
+                         const Layer& /*layer*/) {
+  const auto num_args = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
+  c10::IValue& indices = *(stack->end() - num_args + 1);
+  transform_tensors(indices, sync_and_unwrap);
+  PythonUnhiddenGuard guard;
+  op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
+}
+
 // --- the table ------------------------------------------------------------------------------
 
-constexpr std::array<SpecialOp, 13> kSpecialOps{{
+constexpr std::array<SpecialOp, 14> kSpecialOps{{
     // name                      matches               adjust                handle composite
     {"set_", &is_set, &refuse_set, &set_kernel, false},
     {"cuDNN's dropout state (ATen's cache)", &is_cudnn_dropout_state, &leave_plain, nullptr, false},
@@ -904,6 +1008,7 @@ constexpr std::array<SpecialOp, 13> kSpecialOps{{
     {"_reshape_alias", &is_reshape_alias, &plan_reshape_alias, nullptr, false},
     {"unsafe_split", &is_unsafe_split, &plan_unsafe_split, &unsafe_split_kernel, false},
     {"composite with raw fast path", &has_raw_fast_path, nullptr, &composite_kernel, true},
+    {"tensor_split by a tensor", &is_tensor_split_by_tensor, nullptr, &tensor_split_kernel, true},
     {"in-place _foreach_", &is_inplace_foreach, nullptr, &foreach_kernel, false},
     {"c10d collective", &is_c10d_collective, nullptr, &collective_kernel, false},
     {"custom mutable op", &is_custom_mutable, &plan_custom_mutable, nullptr, false},

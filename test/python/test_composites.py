@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from reference import (
+    assert_functional_graph,
     assert_matches_eager,
     assert_trees_match,
     trace,
@@ -143,3 +144,28 @@ def test_ctc_loss_with_tensor_lengths_matches_eager(reduction, remove):
         return F.ctc_loss(lp, tg, il, tl, reduction=reduction, zero_infinity=True)
 
     assert_matches_eager(f, log_probs, targets, input_lengths, target_lengths, remove=remove)
+
+
+@pytest.mark.parametrize("computed", [False, True], ids=["input_indices", "computed_indices"])
+def test_tensor_split_by_a_tensor_of_indices(remove, computed):
+    # tensor_split's decomposition reads its indices tensor's data (always a CPU tensor); a
+    # functional wrapper there failed with "data is not allocated" (found by the CUDA OpInfo
+    # sweep; torch.func fails the same way). See Note [Kernel: tensor_split's tensor of indices].
+    def f(x, i):
+        a, b, c = torch.tensor_split(x, i * 1 if computed else i)
+        b.mul_(10)  # a write through one piece lands in x
+        return a, c
+
+    def make_inputs():
+        return torch.arange(12.0).view(6, 2), torch.tensor([1, 3], device="cpu")
+
+    assert_matches_eager(f, *make_inputs(), remove=remove)
+    gm = make_fx(functionalize(f, remove=remove))(*make_inputs())
+    assert_functional_graph(gm, remove)
+    x, i = make_inputs()
+    got = gm(x, i)
+    x_eager, i_eager = make_inputs()
+    expected = f(x_eager, i_eager)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    torch.testing.assert_close(x, x_eager, rtol=0, atol=0)

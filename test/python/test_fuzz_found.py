@@ -332,7 +332,10 @@ def test_seeded_ops_of_transposed_values_replay_eager_in_graphs(remove, name, op
     def f(x):
         torch.manual_seed(3)
         v = x.t()
-        return v, op(v.abs() + 0.1)
+        # Values in [0.1, 0.9): probabilities for bernoulli (above 1, CUDA's kernel fails a
+        # device-side assert that poisons the process; the CPU's does not check), weights for
+        # multinomial.
+        return v, op(v * 0.8 + 0.1)
 
     def make_inputs():
         torch.manual_seed(0)
