@@ -81,15 +81,19 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
 //   paired:  for n = a * b elements, a dense (a, b) tensor with strides (1, a): its memory order
 //            is a contiguous sequence of n elements, but it is not contiguous, so normal_ keeps
 //            its scalar sampler where a gapped x has it; read back as the transposed (b, a) view
-//            and reshaped to the memory-order sizes.
+//            and reshaped to the memory-order sizes;
+//   split:   for a prime n, where no pair exists: the first n - 1 elements paired as above and the
+//            last one drawn alone (one element keeps the scalar sampler too), concatenated in
+//            memory order. Each draw continues the generator where the previous one left it, as
+//            eager's single pass does; only fills that read no other tensor take it.
 // An out= factory that does not resize its out (torch.rand(size, out=x), randn, randint) fills
 // x the same way; it has no tensor to lay out, so packed passes the memory-order sizes as its
 // size, and randn, which is x.normal_(0, 1), tries the others through normal's variant.
 // The first candidate whose values and generator state equal eager's is recorded in the graph
-// (empty or empty_strided, the functional variant, then permute / t / view, or their _copy forms
-// without views). When none matches, or nothing can be measured (symbolic sizes, meta tensors, a
-// tensor argument that is not real, a torch.func transform or autograd on the value), the
-// functional variant runs on the value as before and the graph samples in logical order
+// (empty or empty_strided, the functional variant, then permute / t / view / cat, or their _copy
+// forms without views). When none matches, or nothing can be measured (symbolic sizes, meta
+// tensors, a tensor argument that is not real, a torch.func transform or autograd on the value),
+// the functional variant runs on the value as before and the graph samples in logical order
 // (docs/reliability.md). Only the fills that read nothing of x are taken (bernoulli, cauchy,
 // exponential, geometric, log_normal, normal, random, uniform): the candidates start empty.
 // A graph replays the order of the machine that traced it, as any graph replays its kernels.
@@ -100,7 +104,7 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
 // Intel only); a custom functional op that fills empty_strided in place (graphs of ATen ops).
 namespace {
 
-enum class FillLayout { Packed, Strided, Paired };
+enum class FillLayout { Packed, Strided, Paired, Split };
 
 // The written tensor's dimensions, outermost in memory first, with what each candidate needs.
 struct MemoryOrder {
@@ -109,7 +113,8 @@ struct MemoryOrder {
   std::vector<int64_t> sizes;          // sizes in that order
   std::vector<int64_t> dense_strides;  // dense strides for the written sizes in that order
   int64_t numel = 1;
-  int64_t pair = 0;  // the smallest factor a of numel with 1 < a < numel; 0 if numel is prime
+  int64_t pair = 0;        // the smallest factor a of numel with 1 < a < numel; 0 if numel is prime
+  int64_t split_pair = 0;  // the same for numel - 1, where numel is prime; else 0
 
   explicit MemoryOrder(const at::Tensor& t) {
     const int64_t dim = t.dim();
@@ -128,12 +133,15 @@ struct MemoryOrder {
       stride *= std::max<int64_t>(sizes[i], 1);
     }
     numel = t.numel();
-    for (int64_t a = 2; a * a <= numel; ++a) {
-      if (numel % a == 0) {
-        pair = a;
-        break;
-      }
+    pair = smallest_factor(numel);
+    if (pair == 0 && numel > 2) split_pair = smallest_factor(numel - 1);
+  }
+
+  static int64_t smallest_factor(int64_t n) {
+    for (int64_t a = 2; a * a <= n; ++a) {
+      if (n % a == 0) return a;
     }
+    return 0;
   }
 };
 
@@ -190,55 +198,70 @@ at::Tensor randn_fill(const c10::OperatorHandle& op, const std::vector<c10::IVal
   return stack.at(0).toTensor();
 }
 
-// The functional variant of `info` on `target` and `inner`'s other arguments, read back in the
-// written tensor's dimensions. `like` has the written tensor's sizes and the value's options. An
-// out= factory gets the memory-order sizes (packed), or its fill twin's call (the others).
+// The functional variant of `info` on `target` and `inner`'s other arguments. An out= factory
+// gets `sizes` as its size where `target` is packed, or its fill twin's call on `target`.
+at::Tensor fill_target(const OpInfo& info, const c10::OperatorHandle& op,
+                       const std::vector<c10::IValue>& inner, const at::Tensor& like,
+                       const at::Tensor& target, c10::IntArrayRef sizes, bool packed) {
+  const int size_arg = factory_size_arg(info);
+  if (size_arg >= 0 && !packed) return randn_fill(op, inner, target);
+  std::vector<c10::IValue> from = inner;
+  if (size_arg < 0) from[info.written[0].index] = target;
+  const auto& fschema = info.functional_op->schema();
+  torch::jit::Stack fstack;
+  for (size_t i = 0; i < info.functional_args.size(); ++i) {
+    fstack.push_back(functional_arg(info.functional_args[i], fschema.arguments()[i], from,
+                                    size_arg < 0 ? at::Tensor() : like));
+    if (static_cast<int>(i) == size_arg) fstack.back() = c10::IValue(sizes);
+  }
+  info.functional_op->callBoxed(fstack);
+  return fstack.at(0).toTensor();
+}
+
+// A dense (a, n / a) tensor with strides (1, a), filled, and read back transposed: (n / a, a),
+// contiguous, its elements in memory order (the paired layout's draw).
+at::Tensor paired_fill(const OpInfo& info, const c10::OperatorHandle& op,
+                       const std::vector<c10::IValue>& inner, const at::Tensor& like, int64_t a,
+                       int64_t n, bool views) {
+  const at::Tensor target = at::empty_strided({a, n / a}, {1, a}, like.options());
+  const at::Tensor result = fill_target(info, op, inner, like, target, {a, n / a}, false);
+  return views ? result.t() : at::t_copy(result);
+}
+
+// The candidate `layout`'s fill, read back in the written tensor's dimensions. `like` has the
+// written tensor's sizes and the value's options.
 at::Tensor fill_layout(const OpInfo& info, const c10::OperatorHandle& op,
                        const std::vector<c10::IValue>& inner, const MemoryOrder& order,
                        const at::Tensor& like, FillLayout layout, bool views) {
-  const int written = info.written[0].index;
-  const int size_arg = factory_size_arg(info);
-  TORCH_INTERNAL_ASSERT(size_arg < 0 || layout == FillLayout::Packed || has_fill_twin(info));
-  at::Tensor target;
+  TORCH_INTERNAL_ASSERT(factory_size_arg(info) < 0 || layout == FillLayout::Packed ||
+                        has_fill_twin(info));
+  auto from_memory_order = [&](const at::Tensor& flat) {
+    return views ? flat.view(order.sizes).permute(order.inverse)
+                 : at::permute_copy(at::view_copy(flat, order.sizes), order.inverse);
+  };
   switch (layout) {
-    case FillLayout::Packed:
-      target = at::empty(order.sizes, like.options());
-      break;
-    case FillLayout::Strided:
-      target = at::empty_strided(like.sizes(), order.dense_strides, like.options());
-      break;
-    case FillLayout::Paired:
-      target = at::empty_strided({order.pair, order.numel / order.pair}, {1, order.pair},
-                                 like.options());
-      break;
-  }
-  at::Tensor result;
-  if (size_arg >= 0 && layout != FillLayout::Packed) {
-    result = randn_fill(op, inner, target);
-  } else {
-    std::vector<c10::IValue> from = inner;
-    if (size_arg < 0) from[written] = target;
-    const auto& fschema = info.functional_op->schema();
-    torch::jit::Stack fstack;
-    for (size_t i = 0; i < info.functional_args.size(); ++i) {
-      fstack.push_back(functional_arg(info.functional_args[i], fschema.arguments()[i], from,
-                                      size_arg < 0 ? at::Tensor() : like));
-      if (static_cast<int>(i) == size_arg) fstack.back() = c10::IValue(order.sizes);
-    }
-    info.functional_op->callBoxed(fstack);
-    result = fstack.at(0).toTensor();
-  }
-  switch (layout) {
-    case FillLayout::Packed:
+    case FillLayout::Packed: {
+      const at::Tensor result =
+          fill_target(info, op, inner, like, at::empty(order.sizes, like.options()), order.sizes,
+                      /*packed=*/true);
       return views ? result.permute(order.inverse) : at::permute_copy(result, order.inverse);
+    }
     case FillLayout::Strided:
-      return result;
+      return fill_target(info, op, inner, like,
+                         at::empty_strided(like.sizes(), order.dense_strides, like.options()),
+                         like.sizes(), /*packed=*/false);
     case FillLayout::Paired:
-      return views
-                 ? result.t().view(order.sizes).permute(order.inverse)
-                 : at::permute_copy(at::view_copy(at::t_copy(result), order.sizes), order.inverse);
+      return from_memory_order(paired_fill(info, op, inner, like, order.pair, order.numel, views));
+    case FillLayout::Split: {
+      const at::Tensor head =
+          paired_fill(info, op, inner, like, order.split_pair, order.numel - 1, views);
+      const at::Tensor last =
+          fill_target(info, op, inner, like, at::empty({1}, like.options()), {1}, /*packed=*/false);
+      const int64_t n = order.numel - 1;
+      return from_memory_order(at::cat({views ? head.view({n}) : at::view_copy(head, {n}), last}));
+    }
   }
-  return result;
+  TORCH_INTERNAL_ASSERT(false, "unknown fill layout");
 }
 
 // The generator `args` name, or the default one of `device`.
@@ -293,8 +316,17 @@ std::optional<FillLayout> measured_layout(const OpInfo& info, const c10::Operato
     const at::Tensor expected_state = generator.state();
     const at::Tensor probe = at::empty_strided(written.sizes(), written.strides(), value.options());
     const bool factory = factory_size_arg(info) >= 0;
-    for (const auto layout : {FillLayout::Packed, FillLayout::Strided, FillLayout::Paired}) {
+    // The split layout draws in two calls: a tensor argument (bernoulli's p) would need splitting.
+    bool reads_other_tensors = false;
+    for (size_t i = 0; i < inner.size(); ++i) {
+      if (static_cast<int>(i) != index) {
+        for_each_tensor(inner[i], [&](const at::Tensor&) { reads_other_tensors = true; });
+      }
+    }
+    for (const auto layout :
+         {FillLayout::Packed, FillLayout::Strided, FillLayout::Paired, FillLayout::Split}) {
       if (layout == FillLayout::Paired && order.pair == 0) continue;
+      if (layout == FillLayout::Split && (order.split_pair == 0 || reads_other_tensors)) continue;
       if (factory && layout != FillLayout::Packed && !has_fill_twin(info)) continue;
       generator.restore();
       at::Tensor got;

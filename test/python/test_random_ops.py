@@ -143,14 +143,11 @@ STRIDED_LAYOUTS = [
     ("permuted 3-d", lambda: torch.randn(2, 4, 3).permute(2, 0, 1)),
     ("gapped rows of 20", lambda: torch.randn(4, 10)[:, ::2]),
     ("gapped 17, a prime", lambda: torch.randn(34)[::2]),
+    ("gapped 1 x 19, a prime", lambda: torch.randn(2, 38)[:1, ::2]),
 ]
 # normal_ on the CPU draws 16 or more contiguous elements with another sampler than a gapped
-# tensor's, and 17 elements have no dense non-contiguous layout to draw them in.
-# See Note [Kernel: random fills of strided tensors in graphs].
-NORMAL_PRIME_ON_CPU = pytest.mark.xfail(
-    torch.device(TEST_DEVICE).type == "cpu", strict=True,
-    reason="graphs: normal_ (or randn(out=)) of a gapped tensor of a prime number (>= 16) of "
-           "elements samples with the vectorized sampler, eager with the scalar one")
+# tensor's, and 17 elements have no dense non-contiguous layout: the graph draws 16 paired and 1
+# alone (the split layout of Note [Kernel: random fills of strided tensors in graphs]).
 
 
 # out= factories of the out's own size fill it in place too (rand_out is out.uniform_(0, 1),
@@ -163,12 +160,9 @@ FACTORY_OUT_CASES = [
 @pytest.mark.parametrize("layout, make", STRIDED_LAYOUTS, ids=[c[0] for c in STRIDED_LAYOUTS])
 @pytest.mark.parametrize("name, op", RANDOM_CASES + FACTORY_OUT_CASES,
                          ids=RANDOM_IDS + [c[0] for c in FACTORY_OUT_CASES])
-def test_random_fill_of_strided_input_replays_eager_in_graphs(name, op, layout, make, remove,
-                                                               request):
+def test_random_fill_of_strided_input_replays_eager_in_graphs(name, op, layout, make, remove):
     # Eager fills a non-contiguous input where it lies; the graph's functional fill must draw the
     # same numbers into the same elements, and leave the generator where eager leaves it.
-    if name in ("normal_", "randn_out") and layout.startswith("gapped 17"):
-        request.applymarker(NORMAL_PRIME_ON_CPU)
 
     def f(x):
         op(x)
