@@ -230,7 +230,7 @@ const char* const kCopiedViewStorage =
     "so as_strided (or a resize_ that grows it) cannot address the others. Use "
     "remove=\"mutations\"";
 
-// Note [Kernel: eager strides of results in traced programs without views]
+// Note [Kernel: eager strides of results without views]
 // Traced without views, values keep their *_copy layout, reordered only when nothing records:
 // See Note [Wrapper: values in eager's stride order without views]
 // and a view wrapper reports eager's strides beside it. A result computed from such a value was a
@@ -240,8 +240,15 @@ const char* const kCopiedViewStorage =
 // some argument reports other strides than its value, the functional op is also run on meta
 // tensors of the arguments' reported geometry, and each fresh result reports the meta result's
 // strides, as a view wrapper does (Note [Kernel: eager strides without views]); its value keeps
-// its layout. Only then, and only while tracing: one meta kernel call per such op; graphs are
-// unchanged.
+// its layout. One meta kernel call per such op; graphs are unchanged.
+// Untraced, values are in eager's stride order but dense, so a gapped input's value is packed,
+// and an op that keeps its input's gaps (the *_scatter ops clone with the input's exact strides)
+// reported a packed result: its flat view and a resize through out= then named other storage
+// elements than eager's, silently (fuzzer program 670693). So the boxed kernel takes the meta run
+// untraced too; it costs nothing unless an argument reports other strides than its value (gapped
+// or overlapping views, rare). The unboxed kernels (pointwise ops, reductions, matmuls, clone)
+// take it only while tracing: their results are dense in their inputs' stride order, which
+// untraced values already have, and their hot path stays free of the check.
 // Rejected: laying every traced value out in eager's strides (a copy per op in the graph).
 bool reports_eager_strides_of_results(const c10::IValue& arg) {
   bool differs = false;
@@ -303,7 +310,7 @@ void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch:
   const bool mark_result = info.copies_self_storage && !layer.reapply_views &&
                            lies_inside_a_storage(*(stack->end() - num_args), info);
   std::optional<torch::jit::Stack> eager_meta;
-  if (C10_UNLIKELY(!layer.reapply_views && ops_are_recorded()) &&
+  if (C10_UNLIKELY(!layer.reapply_views) &&
       std::any_of(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end(),
                   reports_eager_strides_of_results)) {
     eager_meta = run_on_reported_geometry(op, *stack);

@@ -23,9 +23,9 @@ using Handler = void (*)(const OpInfo& info, const c10::OperatorHandle& op,
                          torch::jit::Stack* stack, const Layer& layer);
 
 // The generic handlers: what an op's schema (OpKind) asks for.
-/// Traced without views, some argument (a wrapper) reports other strides than its value has:
+/// Without views, some argument (a wrapper) reports other strides than its value has:
 /// the op's fresh results then take eager's strides from a meta run
-/// (Note [Kernel: eager strides of results in traced programs without views]).
+/// (Note [Kernel: eager strides of results without views]).
 bool reports_eager_strides_of_results(const c10::IValue& arg);
 /// `args` with every tensor replaced by its meta twin (core/Layout.h: same sizes, strides and
 /// offset, on the meta device); raises for a symbolic or non-strided tensor. Call under

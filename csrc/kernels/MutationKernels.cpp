@@ -877,7 +877,14 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
       push_functional_args(inner);
       info.functional_op->callBoxed(fstack);
       rerun_out_eagerly(info, op, args, inner, fstack);
-      if (C10_UNLIKELY(ops_are_recorded())) {
+      // Untraced without views, the rerun above reads values that may not be in their reported
+      // geometry (an expanded view's *_copy is materialized): torch.abs(x.as_strided(.., (1, 0,
+      // 1)), out=y) resized y contiguous where eager follows the expanded input (fuzzer program
+      // 808368). Then the correction of Note [Kernel: out= strides in graphs] applies untraced
+      // too; out_results_in_eager_strides returns at once unless out is resized.
+      if (C10_UNLIKELY(ops_are_recorded() ||
+                       (!layer.reapply_views &&
+                        std::any_of(args.begin(), args.end(), reports_eager_strides_of_results)))) {
         out_results_in_eager_strides(info, op, args, fstack, layer.reapply_views);
       }
     }

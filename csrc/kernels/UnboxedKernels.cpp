@@ -221,7 +221,7 @@ struct Unboxed<Op, Ret(Args...)> {
     if (C10_UNLIKELY(call.any() && !current_layer()->reapply_views && ops_are_recorded()) &&
         (reports_eager_strides_of_results(as_ivalue(args)) || ...)) {
       // The boxed kernel runs the meta replay this needs; traced only, so eager calls never pay
-      // it. See Note [Kernel: eager strides of results in traced programs without views]
+      // it. See Note [Kernel: eager strides of results without views]
       torch::jit::Stack stack = run_on_boxed_kernel<Op>(ks, args...);
       return c10::impl::PopResult<Ret>::call(stack);
     }

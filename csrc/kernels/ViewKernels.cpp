@@ -162,7 +162,7 @@ bool check_storage_coordinates(std::string_view op_name, const FunctionalTensorI
 // other aliases regenerate to the same values; later writes keep those strides
 // (Note [Kernel: writes keep the written tensor's strides]).
 // Rejected: laying every traced fresh result out in eager's strides (a copy per op in graphs).
-// See Note [Kernel: eager strides of results in traced programs without views].
+// See Note [Kernel: eager strides of results without views].
 void base_in_eager_strides(FunctionalTensorImpl& impl) {
   AliasStorage& storage = impl.alias_storage();
   const auto strides = storage.eager_strides();

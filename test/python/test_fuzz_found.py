@@ -1361,7 +1361,7 @@ def test_results_of_views_report_eager_strides_in_graphs_without_views():
     # Traced without views, a result computed from a view's value reported the value's layout:
     # v0.view(6) raised where eager's v0 is contiguous (fuzzer program 562796), and an out=
     # tensor resized to x2 / x0 of two transposed inputs took the wrong strides (502651).
-    # See Note [Kernel: eager strides of results in traced programs without views].
+    # See Note [Kernel: eager strides of results without views].
     def f(x0, x1):
         v0 = x1.diagonal_scatter(torch.full((2,), 7.0))
         v0.t_()
@@ -1628,17 +1628,16 @@ def test_resize_through_out_of_a_strided_fresh_result_in_graphs(remove):
         assert_matches_eager(f, make_inputs=_strided_input, remove=remove)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "670693: without views an untraced run keeps a fresh result of a strided input packed (no "
-    "gaps; Note [Wrapper: values in eager's stride order without views]), and eager's strides of "
-    "fresh results are known only under tracers, so the resize through out= writes the elements "
-    "that the flat view v2 reads where eager keeps one old element"))
 def test_resize_through_out_of_a_strided_fresh_result_without_views_untraced():
+    # Untraced, the strided input's value is packed, and diagonal_scatter's result reported the
+    # packed layout where eager's keeps the input's gaps; now it reports eager's strides
+    # (Note [Kernel: eager strides of results without views]) and its base takes them before the
+    # resize's storage coordinates, as traced.
     f = _resize_through_out_of_a_strided_fresh_result
     expected = f(*_strided_input())
     actual = functionalize(f, remove="mutations_and_views")(*_strided_input())
     for a, e in zip(actual, expected):
-        assert torch.equal(a, e), (a, e)
+        assert torch.equal(a, e) and a.stride() == e.stride(), (a, e, a.stride(), e.stride())
 
 
 def test_copy_into_a_wider_view_of_partial_elements(remove):
@@ -1663,3 +1662,26 @@ def test_copy_into_a_wider_view_of_partial_elements(remove):
         assert torch.equal(x, before)
     else:
         assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+
+
+def test_out_resized_from_an_expanded_view_takes_eager_strides(remove):
+    # Fuzzer program 808368: torch.abs(v, out=x0) of an expanded view v (a stride 0) resizes x0
+    # to v's shape with the strides eager's TensorIterator gives for v, (1, 1, 4). Untraced
+    # without views v's value is a materialized copy, so the rerun of the out= kernel on values
+    # gave contiguous strides, and x0's storage held its elements in another order.
+    def f(x0, x1):
+        v = x1.as_strided((1, 4, 2), (1, 0, 1), 5)
+        torch.abs(v, out=x0)
+        return v
+
+    def make_inputs():
+        torch.manual_seed(0)
+        return torch.randn(2, 4), torch.randn(3, 4)
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+    x0, x1 = make_inputs()
+    functionalize(f, remove=remove)(x0, x1)
+    e0, e1 = make_inputs()
+    f(e0, e1)
+    assert x0.stride() == e0.stride()
+    assert torch.equal(x0.as_strided((8,), (1,)), e0.as_strided((8,), (1,)))
