@@ -261,8 +261,14 @@ bool reports_eager_strides_of_results(const c10::IValue& arg) {
 
 void adopt_eager_strides(const at::Tensor& result, const at::Tensor& meta) {
   auto* impl = maybe_get_impl(result);
+  // A result at an offset (the *_scatter ops keep a view's offset: in eager they copy its whole
+  // storage) keeps the value's geometry: the storage's eager geometry has no offset, and taking
+  // the strides alone put its elements at other storage coordinates than the wrapper reports, so
+  // a later resize_ read them wrong, silently (fuzzer program 830620); with the value's geometry
+  // such a resize is refused by name.
   if (impl == nullptr || !meta.defined() || meta.layout() != c10::kStrided ||
-      result.layout() != c10::kStrided || !same_sizes_other_strides(result, meta)) {
+      result.layout() != c10::kStrided || meta.storage_offset() != 0 ||
+      !same_sizes_other_strides(result, meta)) {
     return;
   }
   impl->set_reference_metadata_(meta);

@@ -647,7 +647,23 @@ void restride_outs_as_eager(const OpInfo& info, const c10::OperatorHandle& op, c
     if (wrapper.numel() > 0 && twin.sizes() == wrapper.sizes() &&
         (twin.strides() != wrapper.strides() ||
          twin.storage_offset() != wrapper.storage_offset())) {
-      at::Tensor(wrapper).as_strided_(twin.sizes(), twin.strides(), twin.storage_offset());
+      at::Tensor out(wrapper);
+      // Eager reached the twin's geometry through a resize_ inside the decomposition, which grows
+      // the storage where that geometry needs more: torch.matmul(v, w, out=x) of an expanded x
+      // (1 element of storage) resizes an unsqueezed x to 3 contiguous elements (fuzzer program
+      // 820060). as_strided_ cannot grow a storage, so the same growth comes first: x made an
+      // empty view at its offset, then resized (resize_ to the sizes x already has grows
+      // nothing, as the epilogue's Note in core/Inputs.cpp says).
+      int64_t last = twin.storage_offset();
+      for (int64_t d = 0; d < twin.dim(); ++d) last += (twin.size(d) - 1) * twin.stride(d);
+      const auto needed = (last + 1) * static_cast<int64_t>(twin.itemsize());
+      if (needed > static_cast<int64_t>(out.storage().nbytes())) {
+        out.as_strided_({0}, {1}, out.storage_offset());
+        out.resize_(twin.sizes());
+      }
+      if (out.strides() != twin.strides() || out.storage_offset() != twin.storage_offset()) {
+        out.as_strided_(twin.sizes(), twin.strides(), twin.storage_offset());
+      }
     }
   }
 }

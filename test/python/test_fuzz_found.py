@@ -1685,3 +1685,57 @@ def test_out_resized_from_an_expanded_view_takes_eager_strides(remove):
     f(e0, e1)
     assert x0.stride() == e0.stride()
     assert torch.equal(x0.as_strided((8,), (1,)), e0.as_strided((8,), (1,)))
+
+
+def test_matmul_out_into_an_expanded_input_grows_its_storage(remove):
+    # Fuzzer program 820060: eager's matmul(v, w, out=x) of an expanded x (1 element of storage)
+    # resizes an unsqueezed x, which grows the storage to 3 elements and leaves x contiguous. Our
+    # restride to eager's out strides was an as_strided_ past the storage's end and raised inside
+    # torch; the storage now grows first, as eager's resize does.
+    def f(x0):
+        v0 = x0.square()
+        v2 = v0.expand((3, 3))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # eager's deprecation of resizing outputs
+            torch.matmul(v0, v2, out=x0)
+        return v0, v2
+
+    def make_inputs():
+        torch.manual_seed(0)
+        return (torch.randn(1).expand(3),)
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+    expected = f(*make_inputs())
+    x = make_inputs()[0]
+    gm = make_fx(functionalize(f, remove=remove))(*make_inputs())
+    for got, want in zip(gm(x), expected):
+        assert torch.equal(got, want)
+    x_eager = make_inputs()[0]
+    f(x_eager)
+    assert torch.equal(x, x_eager) and x.stride() == x_eager.stride()
+
+
+def test_resize_of_a_scatter_result_at_an_offset_with_a_view_alive(remove):
+    # Fuzzer program 830620: v2 = v1.select_scatter(..) of a view at offset 1 keeps that offset in
+    # eager (a copy of v1's whole storage); v3 = v2[None] is alive when torch.eye(2, out=v2)
+    # resizes v2. Without views we hold only v2's own elements: graphs read v3's last element at
+    # the wrong storage coordinate (silently); now that resize is refused by name.
+    def f(x0):
+        v1 = x0.tensor_split(2, 1)[1]
+        v2 = v1.select_scatter(torch.full((1,), 7.0), 0, 1)
+        v3 = v2[None]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            torch.eye(2, out=v2)
+        return v1, v2, v3
+
+    def make_inputs():
+        return (torch.arange(6.0).reshape(3, 2),)
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+        return
+    for run in (lambda: functionalize(f, remove=remove)(*make_inputs()),
+                lambda: make_fx(functionalize(f, remove=remove))(*make_inputs())):
+        with pytest.raises(NotImplementedError, match="aten::resize_: growing a tensor past"):
+            run()
