@@ -608,7 +608,9 @@ bool has_raw_fast_path(const c10::OperatorHandle& op) {
 // y kept its strides and wrote the diagonal (fuzzer program 527699, in both modes). So for the
 // composite out= ops taken whole, the decomposition is first replayed on meta tensors of the
 // arguments' geometry, and an out= tensor that ends with its own sizes but other strides or
-// offset is restrided (as_strided_, a metadata mutation of it like any other) before the write.
+// offset is restrided (as_strided_, a metadata mutation of it like any other) before the write;
+// where that geometry needs more storage than out has (an expanded out), it is grown first, as
+// eager's resize grows it (fuzzer program 820060).
 // Other out= kernels restride only when they resize to another size, which the write handles
 // (Note [Kernel: strides of a resized out= tensor]).
 // Rejected: running the decomposition itself on the wrappers (see
