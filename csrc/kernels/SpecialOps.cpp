@@ -844,20 +844,23 @@ bool foreach_in_place(const c10::OperatorHandle& op, Stack* stack) {
 // which is one possible outcome of the race, silently different from what eager gives on another
 // run.
 
-// The first tensor argument on a device whose in-place _foreach_ kernels are fused, if any.
+// The lists' device where its in-place _foreach_ kernels are fused (not the CPU, not meta), if
+// any. Eager requires every list element on one device (a CPU scalars tensor beside CUDA lists is
+// not a list), so the first element of the first list decides, in O(1) on the optimizer's path.
 std::optional<c10::Device> fused_foreach_device(const c10::OperatorHandle& op,
                                                 const torch::jit::Stack& stack) {
-  std::optional<c10::Device> found;
   const auto num_args = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
-  for (auto it = stack.end() - num_args; it != stack.end() && !found; ++it) {
-    for_each_tensor(*it, [&](const at::Tensor& t) {
-      const auto type = t.device().type();
-      if (!found && type != c10::DeviceType::CPU && type != c10::DeviceType::Meta) {
-        found = t.device();
-      }
-    });
+  for (auto it = stack.end() - num_args; it != stack.end(); ++it) {
+    if (!it->isTensorList()) continue;
+    const auto list = it->toTensorList();
+    if (list.empty()) return std::nullopt;
+    const c10::Device device = list.get(0).device();
+    if (device.type() == c10::DeviceType::CPU || device.type() == c10::DeviceType::Meta) {
+      return std::nullopt;
+    }
+    return device;
   }
-  return found;
+  return std::nullopt;
 }
 
 // Whether an element written by the op overlaps, in memory, a tensor argument at another position
@@ -869,7 +872,7 @@ bool foreach_elements_overlap(const c10::OperatorHandle& op, const torch::jit::S
     int64_t end;
     int64_t position;  // index in its list; -1 for a tensor outside any list
     bool written;
-    const at::Tensor* tensor;
+    at::Tensor tensor;
   };
   std::vector<Extent> extents;
   auto add = [&](const at::Tensor& t, int64_t position, bool written) {
@@ -879,28 +882,18 @@ bool foreach_elements_overlap(const c10::OperatorHandle& op, const torch::jit::S
     for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * std::abs(t.stride(d));
     const auto item = static_cast<int64_t>(t.dtype().itemsize());
     const int64_t begin = t.storage_offset() * item;
-    extents.push_back({storage, begin, begin + (last + 1) * item, position, written, &t});
+    extents.push_back({storage, begin, begin + (last + 1) * item, position, written, t});
   };
   const auto& args = op.schema().arguments();
   const auto first = stack.end() - static_cast<std::ptrdiff_t>(args.size());
-  std::vector<at::Tensor> held;  // keeps the list elements the extents point to alive
-  for (size_t j = 0; j < args.size(); ++j) {
-    const c10::IValue& v = *(first + static_cast<std::ptrdiff_t>(j));
-    if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList()) held.push_back(t);
-    } else if (v.isTensor()) {
-      held.push_back(v.toTensor());
-    }
-  }
-  size_t k = 0;
   for (size_t j = 0; j < args.size(); ++j) {
     const bool written = is_written(args[j]);
     const c10::IValue& v = *(first + static_cast<std::ptrdiff_t>(j));
     if (v.isTensorList()) {
-      const auto n = v.toTensorList().size();
-      for (size_t i = 0; i < n; ++i) add(held[k++], static_cast<int64_t>(i), written);
+      int64_t i = 0;
+      for (const at::Tensor& t : v.toTensorList()) add(t, i++, written);
     } else if (v.isTensor()) {
-      add(held[k++], -1, written);
+      add(v.toTensor(), -1, written);
     }
   }
   std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) {
@@ -914,9 +907,9 @@ bool foreach_elements_overlap(const c10::OperatorHandle& op, const torch::jit::S
       if (!a.written && !b.written) continue;
       // x written at index i from x at the same index (add_(xs, xs)) is elementwise, not a race.
       const bool same_view = a.position == b.position && a.position != -1 && a.begin == b.begin &&
-                             a.tensor->sizes() == b.tensor->sizes() &&
-                             a.tensor->strides() == b.tensor->strides() &&
-                             a.tensor->dtype() == b.tensor->dtype();
+                             a.tensor.sizes() == b.tensor.sizes() &&
+                             a.tensor.strides() == b.tensor.strides() &&
+                             a.tensor.dtype() == b.tensor.dtype();
       if (!same_view) return true;
     }
   }
