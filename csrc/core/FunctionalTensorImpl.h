@@ -76,6 +76,9 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   /// of the *_copy value's, for as long as the value keeps these sizes.
   /// See Note [Kernel: eager strides without views].
   void set_reference_metadata_(const at::Tensor& reference);
+  /// True while this wrapper reports a reference's metadata (set_reference_metadata_), which is
+  /// the only way its sizes and strides can differ from its value's.
+  bool has_reference_metadata() const { return has_reference_metadata_; }
 
   /// resize_: make this wrapper `step` applied to the storage's base, replacing its
   /// chain (nullptr: the base itself), and remember `mutations` (in order) for the input

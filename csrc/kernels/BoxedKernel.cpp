@@ -244,12 +244,17 @@ const char* const kCopiedViewStorage =
 // Untraced, values are in eager's stride order but dense, so a gapped input's value is packed,
 // and an op that keeps its input's gaps (the *_scatter ops clone with the input's exact strides)
 // reported a packed result: its flat view and a resize through out= then named other storage
-// elements than eager's, silently (fuzzer program 670693). So the boxed kernel takes the meta run
-// untraced too; it costs nothing unless an argument reports other strides than its value (gapped
-// or overlapping views, rare). The unboxed kernels (pointwise ops, reductions, matmuls, clone)
-// take it only while tracing: their results are dense in their inputs' stride order, which
-// untraced values already have, and their hot path stays free of the check.
-// Rejected: laying every traced value out in eager's strides (a copy per op in the graph).
+// elements than eager's, silently (fuzzer program 670693). So the meta run applies untraced too;
+// it costs nothing unless an argument reports other strides than its value (gapped or
+// overlapping views, rare). The unboxed kernels (pointwise ops, reductions, matmuls, clone) take
+// it as well: an overlapping view's value keeps its contiguous *_copy
+// (Note [Wrapper: values in eager's stride order without views]), so
+// `F.dropout(x.as_strided((2, 3, 4), (0, 1, 3)))` gave a contiguous result where eager's follows
+// the view's (12, 1, 3) order, and a second dropout drew its mask in another memory order
+// (fuzzer program 860037). Their hot path pays one flag read per wrapper
+// (FunctionalTensorImpl::has_reference_metadata) before any stride comparison.
+// Rejected: laying every traced value out in eager's strides (a copy per op in the graph); and
+// laying an overlapping view's value out in infer_dense_strides' order, which that Note rejects.
 bool reports_eager_strides_of_results(const c10::IValue& arg) {
   bool differs = false;
   for_each_tensor(arg, [&](const at::Tensor& t) {

@@ -83,6 +83,7 @@ class Call {
       return;
     }
     any_ = true;
+    reference_ = reference_ || impl->has_reference_metadata();
     if (foreign_ == nullptr && (layer_ == nullptr || impl->layer_id() != layer_->id)) {
       foreign_ = impl;
     }
@@ -94,6 +95,9 @@ class Call {
   void scan(const T& /*not a tensor*/) {}
 
   bool any() const { return any_; }
+  /// Some wrapper reports other metadata than its value's (without views): the caller checks
+  /// Note [Kernel: eager strides of results without views].
+  bool reference() const { return reference_; }
   /// A wrapper subclass is among the arguments (Note [Kernel: wrapper subclasses]).
   bool subclass() const { return subclass_; }
   const FunctionalTensorImpl* foreign() const { return foreign_; }
@@ -146,6 +150,7 @@ class Call {
   };
   Layer* layer_;
   bool any_ = false;
+  bool reference_ = false;
   bool subclass_ = false;
   const FunctionalTensorImpl* foreign_ = nullptr;
   std::array<Seen, MaxTensors> seen_{};
@@ -218,10 +223,10 @@ struct Unboxed<Op, Ret(Args...)> {
     if (C10_UNLIKELY(call.any() && ks.has(c10::DispatchKey::ZeroTensor))) {
       return Op::redispatch(zero_tensor_keys(), args...);  // See run_boxed_kernel.
     }
-    if (C10_UNLIKELY(call.any() && !current_layer()->reapply_views && ops_are_recorded()) &&
+    if (C10_UNLIKELY(call.reference()) && !current_layer()->reapply_views &&
         (reports_eager_strides_of_results(as_ivalue(args)) || ...)) {
-      // The boxed kernel runs the meta replay this needs; traced only, so eager calls never pay
-      // it. See Note [Kernel: eager strides of results without views]
+      // The boxed kernel runs the meta replay this needs; calls without such an argument pay one
+      // flag read per wrapper (in scan). See Note [Kernel: eager strides of results without views]
       torch::jit::Stack stack = run_on_boxed_kernel<Op>(ks, args...);
       return c10::impl::PopResult<Ret>::call(stack);
     }
@@ -310,6 +315,14 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
   static void check_reads(const at::Tensor& written, Refs& refs, std::index_sequence<I...>) {
     (check_read<I>(written, refs), ...);
   }
+  // Untraced without views, an out= whose inputs report other strides than their values takes
+  // the boxed kernel's stride correction when it resizes out (torch.sigmoid(x2, out=x1) of a
+  // transposed x2 resized x1 contiguous where eager follows x2, fuzzer program 867263).
+  // See Note [Kernel: eager strides of results without views].
+  static bool out_reads_reference(const Call<kTensors>& call, const Args&... args) {
+    return C10_UNLIKELY(call.reference()) && !current_layer()->reapply_views &&
+           (reports_eager_strides_of_results(as_ivalue(args)) || ...);
+  }
   static const c10::OperatorName& op_name() {
     static const c10::OperatorName n(MutOp::name, MutOp::overload_name);
     return n;
@@ -341,7 +354,8 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     // The boxed kernel's rules for these (Note [Kernel: out= strides in graphs] for a traced
     // out=, Note [Kernel: in-place writes to a bool view of other bytes]), whose cost eager
     // calls on other tensors never pay.
-    if (C10_UNLIKELY(kOut ? ops_are_recorded() : is_bool_view_of_wider_bytes(written))) {
+    if (C10_UNLIKELY(kOut ? ops_are_recorded() || out_reads_reference(call, args...)
+                          : is_bool_view_of_wider_bytes(written))) {
       run_on_boxed_kernel<MutOp>(ks, args...);
       return written;
     }

@@ -1739,3 +1739,46 @@ def test_resize_of_a_scatter_result_at_an_offset_with_a_view_alive(remove):
                 lambda: make_fx(functionalize(f, remove=remove))(*make_inputs())):
         with pytest.raises(NotImplementedError, match="aten::resize_: growing a tensor past"):
             run()
+
+
+def test_dropout_of_an_overlapping_as_strided_view_twice(remove):
+    # Fuzzer program 860037: an as_strided view with a stride 0 keeps its contiguous *_copy as its
+    # value without views, so the unboxed mul inside F.dropout laid its result out contiguously
+    # where eager's follows the view's (12, 1, 3) order; a second dropout of that result then drew
+    # its mask in another memory order, so other numbers.
+    def f(x0):
+        torch.manual_seed(5)
+        v0 = x0.as_strided((2, 3, 4), (0, 1, 3), 2)
+        v3 = torch.nn.functional.dropout(v0, 0.5, training=True)
+        v5 = torch.nn.functional.dropout(v3, 0.5, training=True)
+        return v0, v3, v5
+
+    def make_inputs():
+        torch.manual_seed(0)
+        return (torch.randn(6, 3)[1:, ::2],)
+
+    out = assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+    assert out[1].stride() == f(*make_inputs())[1].stride()
+
+
+def test_out_resized_from_a_transposed_input_takes_its_strides(remove):
+    # Fuzzer program 867263: torch.sigmoid(x2, out=x1) with x2 column-major resizes x1 from
+    # (3, 3) to (3, 2) with strides (1, 3) in eager (TensorIterator follows x2). Untraced without
+    # views the unboxed out= kernel reran the op on x2's value and left x1 with (2, 1).
+    def f(x1, x2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # eager's resize deprecation warning
+            torch.sigmoid(x2, out=x1)
+        return x1 * 2
+
+    def make_inputs():
+        torch.manual_seed(0)
+        return torch.randn(3, 3), torch.randn(3, 2).as_strided((3, 2), (1, 2), 0)
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+    x1, x2 = make_inputs()
+    functionalize(f, remove=remove)(x1, x2)
+    e1, e2 = make_inputs()
+    f(e1, e2)
+    assert x1.stride() == e1.stride() == (1, 3)
+    assert torch.equal(x1.as_strided((6,), (1,)), e1.as_strided((6,), (1,)))
