@@ -129,13 +129,32 @@ std::optional<std::pair<int64_t, int64_t>> dense_range(const ViewMeta& step) {
 }  // namespace
 
 void AliasStorage::retire_member_step(const ViewMeta& old, const ViewMeta& replacement) {
+  // Every replacement step still counted as a member's (`old`, and earlier ones `old` covered)
+  // must lie inside `replacement`'s elements, or the writes made through it so far, and the
+  // writes through views taken from it later, may reach elements the member no longer covers:
+  // x0.resize_((4, 2)); v = x0[2:]; x0.as_strided_((2, 2), (2, 3), 2); v.geometric_(0.5)
+  // wrote element 6 of the storage, outside x0's final elements (fuzzer program 926672). Such a
+  // step stops counting as a member's. A member's entry step (added without a generation) stays:
+  // its elements are written back by the epilogue's entry write
+  // (Note [Inputs: writes before a metadata change]).
+  const auto outer = dense_range(replacement);
   for (const auto& [kept, generation] : kept_member_steps_) {
-    if (kept.get() != &old || generation == generation_) continue;
-    const auto inner = dense_range(old), outer = dense_range(replacement);
+    if (kept.get() == &replacement || !is_member_step(kept.get())) continue;
+    if (kept.get() != &old &&
+        std::find(retired_.begin(), retired_.end(), kept.get()) == retired_.end()) {
+      continue;  // another member's current step
+    }
+    const auto inner = dense_range(*kept);
     const bool covered = inner && outer &&
                          (inner->second < inner->first ||
                           (inner->first >= outer->first && inner->second <= outer->second));
-    if (!covered) written_outside_members_ = true;
+    if (covered) {
+      if (kept.get() == &old) retired_.push_back(kept.get());
+      continue;
+    }
+    if (generation != generation_) written_outside_members_ = true;
+    member_steps_.erase(std::remove(member_steps_.begin(), member_steps_.end(), kept.get()),
+                        member_steps_.end());
   }
 }
 

@@ -70,9 +70,10 @@ class AliasStorage : public c10::StorageImpl {
     member_steps_.push_back(step.get());
     kept_member_steps_.push_back({std::move(step), generation_});
   }
-  /// A member's step `old` is replaced by `replacement`: if `old` was itself a replacement, the
-  /// storage was written since, and `replacement` may not cover old's elements, those writes may
-  /// lie outside the member's final elements.
+  /// A member's step `old` is replaced by `replacement`: a replacement step (`old`, or an
+  /// earlier one `old` covered) whose elements `replacement` may not cover stops counting as a
+  /// member's, and if the storage was written since it was added, those writes may lie outside
+  /// the member's final elements.
   void retire_member_step(const ViewMeta& old, const ViewMeta& replacement);
   void mark_written_outside_members() { written_outside_members_ = true; }
   bool is_member_step(const ViewMeta* step) const {
@@ -136,6 +137,8 @@ class AliasStorage : public c10::StorageImpl {
   std::vector<const ViewMeta*> member_steps_;
   // Replacement member steps, with the generation when each was added.
   std::vector<std::pair<std::shared_ptr<const ViewMeta>, uint64_t>> kept_member_steps_;
+  // Replaced member steps still counted as members' (their replacement covered them).
+  std::vector<const ViewMeta*> retired_;
   bool written_outside_members_ = false;
   std::vector<int64_t> eager_sizes_, eager_strides_;  // see set_eager_geometry
   std::optional<int64_t> grown_start_;

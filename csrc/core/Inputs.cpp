@@ -463,8 +463,10 @@ void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
 // fuzzer program 409938); a graph's epilogue, which would then write through a view of an input
 // its own as_strided_ just changed, writes the storage before the metadata ops instead (an
 // as_strided fill_ at element 11 of b[1:, ::2] followed by squeeze_ was lost from graphs, fuzzer
-// program 506674). In views-removed programs being traced (the graph must hold no view), the
-// per-input write stays.
+// program 506674), and after them where it could not before (a storage the metadata ops grow to
+// the base's size: x.resize_((4, 2)) of x = b[::2], a write through x[2:], then x.as_strided_ to
+// fewer elements lost the write to element 6, fuzzer program 926672). In views-removed programs
+// being traced (the graph must hold no view), the per-input write stays.
 // A write through an input whose resize_ or as_strided_ made its chain one new step from the
 // base stays inside its final elements, which the per-input write covers: that step counts as a
 // member's (AliasStorage::add_member_step), unless the input's geometry changes again after a
@@ -562,7 +564,8 @@ void check_outside_writes_expressible(const std::vector<at::Tensor>& originals,
   }
   TORCH_CHECK_NOT_IMPLEMENTED(
       false, "functionalize: the function wrote elements of an input's storage through ",
-      "as_strided, and the inputs do not cover every element of that storage; a graph without "
+      "as_strided (or through a view taken before a resize_ or as_strided_ of the input), and "
+      "the inputs do not cover every element of that storage; a graph without "
       "views (remove=\"mutations_and_views\" under a tracer) cannot write those elements back. "
       "Use remove=\"mutations\", or pass the whole storage's tensor as the input.");
 }
@@ -636,9 +639,11 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
     if (written_whole.count(storage) != 0) continue;
     const auto& members = groups[storage];
     const bool any_metadata = has_metadata(storage);
-    // After a metadata change too, but only eagerly: a graph's epilogue would write through a
-    // view of an input its own as_strided_ just changed.
-    if (storage->flat() && (!any_metadata || !epilogue_is_recorded()) &&
+    // After a metadata change too, eagerly; a graph's epilogue with views wrote the storage
+    // before its metadata ops where it could, and here where it could not: a storage the
+    // metadata ops just grew to the base's size (Note [Inputs: writes to a grown storage]).
+    if (storage->flat() &&
+        (!any_metadata || !epilogue_is_recorded() || storage->flat_views_kept()) &&
         write_whole_storage(originals, members, *storage)) {
       continue;
     }

@@ -1782,3 +1782,34 @@ def test_out_resized_from_a_transposed_input_takes_its_strides(remove):
     f(e1, e2)
     assert x1.stride() == e1.stride() == (1, 3)
     assert torch.equal(x1.as_strided((6,), (1,)), e1.as_strided((6,), (1,)))
+
+
+def test_write_through_a_view_of_a_grown_input_after_its_as_strided_(remove, deterministic_fill):
+    # Fuzzer program 926672: x = b[::2] of 6 elements; x.resize_((4, 2)) grows the storage to 8,
+    # v = x[2:] views elements 4..7, x.as_strided_((2, 2), (2, 3), 2) leaves x covering 2, 4, 5,
+    # 7, and a write through v reaches element 6 too. A graph with views wrote x's final elements
+    # only (it wrote the storage whole before its metadata ops, where the storage was still the
+    # caller's 6 elements), so element 6 kept the new memory's fill (NaN under
+    # deterministic_fill); it now writes the grown storage whole after them. Without views the
+    # graph refuses by name: v's step no longer counts as x's once as_strided_ replaced it
+    # without covering it.
+    def f(x):
+        x.resize_((4, 2))
+        v = x.tensor_split([2], -2)[1]
+        x.as_strided_((2, 2), (2, 3), 2)
+        v.fill_(5.0)
+        return v + 0
+
+    def make_inputs():
+        return (torch.arange(6.0)[::2],)
+
+    _matches_eager_but_graphs_without_views_refuse(f, make_inputs, remove,
+                                                   "cannot write those elements back")
+    if remove == "mutations":
+        eager, graph = make_inputs()[0], make_inputs()[0]
+        f(eager)
+        capture(f, *make_inputs())(graph)
+        whole = torch.tensor([]).set_(graph.untyped_storage())
+        assert whole[4:].tolist() == [5.0] * 4
+        torch.testing.assert_close(whole, torch.tensor([]).set_(eager.untyped_storage()),
+                                   rtol=0, atol=0, equal_nan=True)
