@@ -3,8 +3,12 @@
 
 #include "core/ViewInverses.h"
 
+#include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <vector>
 
 namespace tfz::detail {
 
@@ -48,8 +52,40 @@ std::shared_ptr<const ViewMeta> ViewMeta::of(const c10::OperatorName& view_op,
   return std::make_shared<const ViewMeta>(*op, copy, std::move(args), -1, reapply, inverse);
 }
 
+// Note [View: view(dtype) of an empty *_copy value]
+// view(dtype) to another element size needs every stride but the last divisible by the size
+// ratio. Eager's empty view x.narrow(2, 4, 0) of a (1, 2, 4) x keeps x's strides (8, 4, 1), but its
+// *_copy without views is a fresh empty tensor with contiguous strides (2, 1, 1), and
+// view_copy(torch.float64) of it raised where eager's view works (fuzzer program 935412). An
+// empty value holds no element, so the step reads an empty tensor of the same sizes whose strides
+// (all but the last a multiple of 16, the largest ratio of two element sizes) any dtype accepts.
+// Rejected: giving every empty *_copy value eager's strides (a view's strides may exceed the
+// storage a fresh value has, and the chain of an empty view is rarely reinterpreted).
+namespace {
+at::Tensor empty_for_dtype_view(const at::Tensor& base) {
+  std::vector<int64_t> strides(base.dim(), 1);
+  int64_t stride = 16;
+  for (int64_t d = base.dim() - 2; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= std::max<int64_t>(base.size(d), 1);
+  }
+  return at::empty_strided(base.sizes(), strides, base.options());
+}
+}  // namespace
+
+at::Tensor ViewMeta::copy_input(const c10::OperatorHandle& view_op, const at::Tensor& base) {
+  static const c10::OperatorName view_dtype{"aten::view", "dtype"};
+  if (C10_UNLIKELY(!base.unsafeGetTensorImpl()->has_symbolic_sizes_strides() && base.numel() == 0 &&
+                   base.dim() >= 2 && base.layout() == c10::kStrided) &&
+      view_op.operator_name() == view_dtype) {
+    return empty_for_dtype_view(base);
+  }
+  return base;
+}
+
 at::Tensor ViewMeta::forward(const at::Tensor& base) const {
-  return replay(!reapply && copy_op.has_value() ? *copy_op : op, base);
+  if (reapply || !copy_op.has_value()) return replay(op, base);
+  return replay(*copy_op, copy_input(op, base));
 }
 
 at::Tensor ViewMeta::forward_as_view(const at::Tensor& base) const {

@@ -52,6 +52,10 @@ struct ViewMeta {
 
   /// Replays this step on `base`. Call inside an InnerCallGuard.
   at::Tensor forward(const at::Tensor& base) const;
+  /// What the *_copy variant of `view_op` reads for `base`: `base`, or an empty tensor of its
+  /// sizes where view(dtype) needs other strides.
+  /// See Note [View: view(dtype) of an empty *_copy value].
+  static at::Tensor copy_input(const c10::OperatorHandle& view_op, const at::Tensor& base);
   /// Replays this step with the view op itself, whatever `reapply` says: the view's geometry on
   /// a meta probe (Note [Alias: writes through an overlapping view]).
   at::Tensor forward_as_view(const at::Tensor& base) const;

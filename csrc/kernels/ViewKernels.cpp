@@ -212,6 +212,7 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   torch::jit::drop(*stack, num_args);
   at::Tensor start = from_base ? impl->alias_storage().base() : impl->value();
   for (const auto& s : dtype_steps) start = s->forward(start);
+  if (!layer.reapply_views) start = ViewMeta::copy_input(view_op, start);
   torch::jit::push(*stack, std::move(start));
   for (const auto& a : extra) {
     c10::IValue v = a;

@@ -1813,3 +1813,38 @@ def test_write_through_a_view_of_a_grown_input_after_its_as_strided_(remove, det
         assert whole[4:].tolist() == [5.0] * 4
         torch.testing.assert_close(whole, torch.tensor([]).set_(eager.untyped_storage()),
                                    rtol=0, atol=0, equal_nan=True)
+
+
+def test_view_dtype_of_an_empty_narrow(remove):
+    # Fuzzer program 935412: eager's x.narrow(2, 4, 0) keeps x's strides (8, 4, 1), so its
+    # view(torch.float64) works; without views the narrow's *_copy is a fresh empty tensor with
+    # strides (2, 1, 1) and view_copy raised "self.stride(1) must be divisible by 2"
+    # (Note [View: view(dtype) of an empty *_copy value]).
+    def f(x):
+        v = x.narrow(2, 4, 0).view(torch.float64)
+        x.add_(1)
+        return v
+
+    def make_inputs():
+        torch.manual_seed(0)
+        return (torch.randn(2, 2, 4)[:1],)
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+
+
+def test_write_through_imag_of_conj_of_an_input_aliased_by_its_real(remove):
+    # Fuzzer program 937212: x1 and x1.real are both inputs (a byte base), and x1.conj().imag is
+    # written. Without views the overlap check replayed the chain on meta tensors, where _conj sets
+    # the conjugate bit that the *_copy values do not carry, and view_as_real of it raised; such a
+    # chain now takes the steps' own inverses.
+    def f(x0, x1):
+        v = x1.conj().imag
+        v -= -0.25
+        return v + 0
+
+    def make_inputs():
+        torch.manual_seed(0)
+        b = torch.randn(3, dtype=torch.complex64)
+        return b.real, b
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
