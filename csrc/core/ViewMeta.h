@@ -56,6 +56,12 @@ struct ViewMeta {
   /// sizes where view(dtype) needs other strides.
   /// See Note [View: view(dtype) of an empty *_copy value].
   static at::Tensor copy_input(const c10::OperatorHandle& view_op, const at::Tensor& base);
+  /// Untraced without views, the value of base.view(torch.bool) of another dtype: its bytes'
+  /// copy seen as bool; nullopt where view_copy gives the value.
+  /// See Note [View: bool view of other bytes without views].
+  static std::optional<at::Tensor> bool_view_keeping_bytes(const c10::OperatorHandle& view_op,
+                                                           const at::Tensor& base,
+                                                           const c10::IValue& dtype);
   /// Replays this step with the view op itself, whatever `reapply` says: the view's geometry on
   /// a meta probe (Note [Alias: writes through an overlapping view]).
   at::Tensor forward_as_view(const at::Tensor& base) const;

@@ -793,6 +793,21 @@ void rerun_out_eagerly(const OpInfo& info, const c10::OperatorHandle& op,
   fstack[0] = fresh;
 }
 
+// eager's copy_ early exit: self and src are the same tensor, or alias the same elements.
+bool copies_onto_itself(const at::Tensor& self, const at::Tensor& src) {
+  if (self.is_same(src)) return true;
+  auto* a = maybe_get_impl(self);
+  auto* b = maybe_get_impl(src);
+  if (a == nullptr || b == nullptr || &a->alias_storage() != &b->alias_storage() ||
+      self.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      src.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    return false;
+  }
+  return self.storage_offset() == src.storage_offset() && self.sizes() == src.sizes() &&
+         self.strides() == src.strides() && self.scalar_type() == src.scalar_type() &&
+         self.is_conj() == src.is_conj() && self.is_neg() == src.is_neg();
+}
+
 // See Note [Schema: argument plan] for the plan this follows.
 void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                  const Layer& layer, bool on_wrappers) {
@@ -801,11 +816,14 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
   const size_t num_returns = schema.returns().size();
   std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
   torch::jit::drop(*stack, num_args);
-  // Eager's copy_ returns at once when src is self; the functional copy would still convert the
-  // values (x.view(torch.bool).copy_ of itself turned float bytes into 0/1, fuzzer program 550374).
+  // Eager's copy_ returns at once when src is self, or a view of the same elements with the same
+  // dtype and bits; the functional copy would still convert the values (x.view(torch.bool).copy_
+  // of itself turned float bytes into 0/1, fuzzer program 550374; v.transpose(0, 0).copy_(v) of
+  // a bool view of int64 bytes, 985873). Wrappers of one storage share its AliasStorage, and
+  // report eager's geometry in both modes.
   static const c10::OperatorName copy_inplace{"aten::copy_", ""};
   if (C10_UNLIKELY(num_args >= 2 && args[0].isTensor() && args[1].isTensor() &&
-                   args[0].toTensor().is_same(args[1].toTensor())) &&
+                   copies_onto_itself(args[0].toTensor(), args[1].toTensor())) &&
       op.operator_name() == copy_inplace) {
     torch::jit::push(*stack, args[0]);
     return;

@@ -219,7 +219,17 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
     transform_tensors(v, sync_and_unwrap);
     torch::jit::push(*stack, std::move(v));
   }
-  ViewMeta::call_view_op(layer.reapply_views ? view_op : *info.copy_op, stack);
+  std::optional<at::Tensor> kept_bytes;
+  if (!layer.reapply_views && C10_UNLIKELY(!extra.empty() && extra[0].isInt())) {
+    kept_bytes = ViewMeta::bool_view_keeping_bytes(
+        view_op, (stack->end() - 1 - extra.size())->toTensor(), extra[0]);
+  }
+  if (kept_bytes) {
+    torch::jit::drop(*stack, extra.size() + 1);
+    torch::jit::push(*stack, *std::move(kept_bytes));
+  } else {
+    ViewMeta::call_view_op(layer.reapply_views ? view_op : *info.copy_op, stack);
+  }
 
   c10::IValue out = torch::jit::pop(*stack);
   auto make_step = [&](int64_t out_index) {

@@ -1645,9 +1645,11 @@ def test_copy_into_a_wider_view_of_partial_elements(remove):
     # functional copy clones its target with clone_preserve_strides, which asserts a whole number
     # of elements; with views kept the write is refused by name before any change.
     # See Note [Kernel: functional variants that clone a storage of partial elements].
+    # (The fuzzer's program copied v onto itself, which eager's copy_ skips, as ours now does:
+    # test_copy_between_two_views_of_the_same_elements_is_a_no_op; here the source differs.)
     def f(x1):
         v = x1.view(torch.int64)
-        v.tensor_split(1)[0][0:] = v
+        v.tensor_split(1)[0][0:] = v + 1
         return v
 
     def make_inputs():
@@ -1848,3 +1850,44 @@ def test_write_through_imag_of_conj_of_an_input_aliased_by_its_real(remove):
         return b.real, b
 
     assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+
+
+def test_copy_between_two_views_of_the_same_elements_is_a_no_op(remove):
+    # Fuzzer program 985873: v3 = v2.transpose(0, 0) views exactly v2's elements, and eager's
+    # copy_ returns at once for such a pair (same storage, offset, sizes, strides, dtype and bits).
+    # Ours ran the copy, whose bool conversion turned every byte of the int64 input into 0 or 1.
+    def f(x1):
+        v2 = x1.view(torch.bool)
+        v3 = v2.transpose(0, 0)
+        v3.copy_(v2)
+        return x1 + 0
+
+    def make_inputs():
+        return (torch.tensor([-1, -4, 3, 258], dtype=torch.int64),)
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+
+
+def _bool_view_bytes(x):
+    return x.view(torch.bool).view(torch.uint8) + 0
+
+
+def _int64_bytes():
+    return (torch.tensor([-1, -4, 3, 258], dtype=torch.int64),)
+
+
+def test_bool_view_of_other_bytes_reads_them_back(remove):
+    # Found while writing the test above: eager's x.view(torch.bool).view(torch.uint8) reads x's
+    # bytes as they are (255 for -1); without views the bool view's value was view_copy's clone,
+    # which turns every byte into 0 or 1 (torch.func gives 1 too). Untraced the value keeps the
+    # bytes (Note [View: bool view of other bytes without views]); a graph without views cannot.
+    assert_matches_eager(_bool_view_bytes, make_inputs=_int64_bytes, remove=remove,
+                         check_graph=remove == "mutations")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "graphs without views: x.view(torch.bool) of other bytes is view_copy, whose bool clone turns "
+    "every byte into 0 or 1, and no functional op reinterprets bytes as bool (torch.func: same)"))
+def test_bool_view_of_other_bytes_in_a_graph_without_views():
+    gm = make_fx(functionalize(_bool_view_bytes, remove="mutations_and_views"))(*_int64_bytes())
+    assert torch.equal(gm(*_int64_bytes()), _bool_view_bytes(*_int64_bytes()))
