@@ -109,7 +109,7 @@ std::optional<at::Tensor> ViewMeta::bool_view_keeping_bytes(const c10::OperatorH
 
 at::Tensor ViewMeta::forward(const at::Tensor& base) const {
   if (reapply || !copy_op.has_value()) return replay(op, base);
-  if (C10_UNLIKELY(!args.empty())) {
+  if (!args.empty()) {
     if (auto value = bool_view_keeping_bytes(op, base, args[0])) return *std::move(value);
   }
   return replay(*copy_op, copy_input(op, base));

@@ -822,9 +822,9 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
   // a bool view of int64 bytes, 985873). Wrappers of one storage share its AliasStorage, and
   // report eager's geometry in both modes.
   static const c10::OperatorName copy_inplace{"aten::copy_", ""};
-  if (C10_UNLIKELY(num_args >= 2 && args[0].isTensor() && args[1].isTensor() &&
-                   copies_onto_itself(args[0].toTensor(), args[1].toTensor())) &&
-      op.operator_name() == copy_inplace) {
+  if (num_args >= 2 && args[0].isTensor() && args[1].isTensor() &&
+      op.operator_name() == copy_inplace &&
+      copies_onto_itself(args[0].toTensor(), args[1].toTensor())) {
     torch::jit::push(*stack, args[0]);
     return;
   }
