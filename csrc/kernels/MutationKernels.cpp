@@ -803,9 +803,13 @@ bool copies_onto_itself(const at::Tensor& self, const at::Tensor& src) {
       src.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
     return false;
   }
+  // Without views a wrapper's bits are its *_copy value's (resolved): eager's conjugate and
+  // negative bits are the parity of the bit steps in its chain (x.conj().copy_(x) writes, fuzzer
+  // program 1003330).
   return self.storage_offset() == src.storage_offset() && self.sizes() == src.sizes() &&
          self.strides() == src.strides() && self.scalar_type() == src.scalar_type() &&
-         self.is_conj() == src.is_conj() && self.is_neg() == src.is_neg();
+         self.is_conj() == src.is_conj() && self.is_neg() == src.is_neg() &&
+         a->chain().bit_flips() == b->chain().bit_flips();
 }
 
 // See Note [Schema: argument plan] for the plan this follows.

@@ -1891,3 +1891,23 @@ def test_bool_view_of_other_bytes_reads_them_back(remove):
 def test_bool_view_of_other_bytes_in_a_graph_without_views():
     gm = make_fx(functionalize(_bool_view_bytes, remove="mutations_and_views"))(*_int64_bytes())
     assert torch.equal(gm(*_int64_bytes()), _bool_view_bytes(*_int64_bytes()))
+
+
+def test_copy_into_a_conj_view_of_its_source_writes(remove):
+    # Fuzzer program 1003330 (a regression of the check above, caught by the next run): v =
+    # x.conj() views x's elements with the conjugate bit, so eager's v.copy_(x) writes conj(x) into
+    # x. Without views the wrappers' bits are their resolved values' (both clear), so the copy was
+    # taken for a no-op; the bits now come from the chains' bit steps too.
+    def f(x0, x1):
+        v0 = x0.conj()
+        v0.copy_(x0)
+        return v0 + 0
+
+    def make_inputs():
+        torch.manual_seed(0)
+        b = torch.randn(4, 2, dtype=torch.complex64)
+        return b.select(0, 1), b.select(0, 1)[1:]
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+    assert_matches_eager(lambda x: (x.conj().copy_(x), x + 0)[1],
+                         torch.randn(3, dtype=torch.complex64), remove=remove)
