@@ -91,8 +91,9 @@ at::Tensor ViewMeta::copy_input(const c10::OperatorHandle& view_op, const at::Te
 // 0 or 1, so the uint8 view read 1 where eager reads 255 (torch.func gives 1 too). Untraced, the
 // value is the bytes' uint8 copy seen as bool (a view of that fresh copy, which nothing else
 // holds), so later reads see eager's bytes. A graph without views has no op that reinterprets
-// bytes as bool without a view, so traced values keep view_copy's (a strict xfail in
-// test_fuzz_found.py names it).
+// bytes as bool without a view, so traced values keep view_copy's, and a view of such a value as
+// another dtype, which would read them, is refused by name (check_bool_bytes_read in
+// kernels/ViewKernels.cpp).
 // Rejected: refusing view(torch.bool) of other dtypes in graphs without views (a uint8 mask
 // viewed as bool is a common idiom whose bytes are 0 and 1).
 std::optional<at::Tensor> ViewMeta::bool_view_keeping_bytes(const c10::OperatorHandle& view_op,

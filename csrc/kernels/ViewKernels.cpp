@@ -4,6 +4,7 @@
 
 #include "core/Conversions.h"
 #include "core/Layout.h"
+#include "core/Recorder.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
@@ -178,6 +179,33 @@ void base_in_eager_strides(FunctionalTensorImpl& impl) {
   impl.sync_();
 }
 
+namespace {
+// Traced without views, a bool view of other bytes holds view_copy's 0 and 1, so reading its
+// bytes again as another dtype would give other numbers than eager's, silently: refused by name.
+// See Note [View: bool view of other bytes without views].
+void check_bool_bytes_read(std::string_view op_name, const FunctionalTensorImpl& impl,
+                           const at::Tensor& self, const c10::OperatorHandle& view_op,
+                           const std::vector<c10::IValue>& extra) {
+  static const c10::OperatorName view_dtype{"aten::view", "dtype"};
+  if (self.scalar_type() != c10::kBool || extra.empty() || !extra[0].isInt() ||
+      extra[0].toScalarType() == c10::kBool || view_op.operator_name() != view_dtype ||
+      !ops_are_recorded()) {
+    return;
+  }
+  for (const auto* step : impl.chain().steps()) {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        step->op.operator_name() != view_dtype || step->args.empty() || !step->args[0].isInt() ||
+            step->args[0].toScalarType() != c10::kBool,
+        "functionalize: ", op_name, ": viewing a bool view of a tensor of another dtype as ",
+        extra[0].toScalarType(),
+        " is not supported in a graph without views (remove=\"mutations_and_views\" under a "
+        "tracer): its value is a bool copy, whose bytes are 0 and 1 where eager reads the "
+        "original bytes. Use remove=\"mutations\", or view the original tensor as ",
+        extra[0].toScalarType(), " directly.");
+  }
+}
+}  // namespace
+
 void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                  const Layer& layer) {
   const size_t num_args = op.schema().arguments().size();
@@ -191,7 +219,10 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   if (info.replay_arg_count >= 0) extra.resize(info.replay_arg_count);
   const c10::OperatorHandle& view_op = *info.view_op;  // `op`, or its replay substitute
   std::optional<c10::IValue> reference;
-  if (!layer.reapply_views) reference = meta_reference(view_op, self, extra);
+  if (!layer.reapply_views) {
+    check_bool_bytes_read(info.name, *impl, self, view_op, extra);
+    reference = meta_reference(view_op, self, extra);
+  }
 
   // See Note [Kernel: storage coordinates of a value in another layout than eager's].
   if (is_as_strided(view_op) && !layer.reapply_views) base_in_eager_strides(*impl);
