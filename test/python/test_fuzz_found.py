@@ -1915,3 +1915,16 @@ def test_copy_into_a_conj_view_of_its_source_writes(remove):
     assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
     assert_matches_eager(lambda x: (x.conj().copy_(x), x + 0)[1],
                          torch.randn(3, dtype=torch.complex64), remove=remove)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "fuzzer program 1041409, open: with views kept, a write through a dtype view of an expanded "
+    "0-d tensor (x.expand(3).view(torch.int32)[0] = 1) is lost; the overlap scatter of Note "
+    "[Alias: writes through an overlapping view] handles other dtypes only on 1-D bases"))
+def test_write_through_a_dtype_view_of_an_expanded_scalar():
+    def f(x0):
+        v2 = x0.expand((3,)).view(torch.int32)
+        v2[0] = 1
+        return x0 + 0
+
+    assert_matches_eager(f, torch.tensor(0.5), remove="mutations")
