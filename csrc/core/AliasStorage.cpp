@@ -297,6 +297,15 @@ std::optional<at::Tensor> scatter_at(const at::Tensor& base, const at::Tensor& v
     return at::as_strided_scatter(base, value, view.sizes(), view.strides(),
                                   view.storage_offset() - base.storage_offset());
   }
+  // A 0-d base (x.expand(3).view(torch.int32)[0] = 1 of a scalar x, fuzzer program 1041409) is
+  // scattered as its 1-element 1-D view. (An empty braced list would pick view(ScalarType).)
+  if (base.dim() == 0) {
+    const c10::IntArrayRef scalar{};
+    const at::Tensor flat = views_kept ? base.view({1}) : at::view_copy(base, {1});
+    auto scattered = scatter_at(flat, value, view, views_kept);
+    if (!scattered) return std::nullopt;
+    return views_kept ? scattered->view(scalar) : at::view_copy(*scattered, scalar);
+  }
   const auto item = static_cast<int64_t>(view.itemsize());
   const auto base_item = static_cast<int64_t>(base.itemsize());
   if (base.dim() != 1 || (base.numel() * base_item) % item != 0 ||
