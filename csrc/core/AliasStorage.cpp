@@ -279,10 +279,7 @@ bool sums_copies(const ViewMeta& step) {
 
 bool views_as_bool(const ViewMeta& step, const at::Tensor& base) {
   // The cheap tests first: this runs for each step of every chain written through.
-  static const c10::OperatorName view_dtype{"aten::view", "dtype"};
-  return step.args.size() == 1 && step.args[0].isInt() &&
-         static_cast<c10::ScalarType>(step.args[0].toInt()) == c10::kBool &&
-         base.scalar_type() != c10::kBool && step.op.operator_name() == view_dtype;
+  return base.scalar_type() != c10::kBool && step.views_as_bool();
 }
 }  // namespace
 

@@ -74,11 +74,15 @@ at::Tensor empty_for_dtype_view(const at::Tensor& base) {
 }
 }  // namespace
 
-at::Tensor ViewMeta::copy_input(const c10::OperatorHandle& view_op, const at::Tensor& base) {
+bool ViewMeta::is_dtype_view(const c10::OperatorHandle& view_op) {
   static const c10::OperatorName view_dtype{"aten::view", "dtype"};
+  return view_op.operator_name() == view_dtype;
+}
+
+at::Tensor ViewMeta::copy_input(const c10::OperatorHandle& view_op, const at::Tensor& base) {
   if (C10_UNLIKELY(!base.unsafeGetTensorImpl()->has_symbolic_sizes_strides() && base.numel() == 0 &&
                    base.dim() >= 2 && base.layout() == c10::kStrided) &&
-      view_op.operator_name() == view_dtype) {
+      is_dtype_view(view_op)) {
     return empty_for_dtype_view(base);
   }
   return base;
@@ -99,9 +103,8 @@ at::Tensor ViewMeta::copy_input(const c10::OperatorHandle& view_op, const at::Te
 std::optional<at::Tensor> ViewMeta::bool_view_keeping_bytes(const c10::OperatorHandle& view_op,
                                                             const at::Tensor& base,
                                                             const c10::IValue& dtype) {
-  static const c10::OperatorName view_dtype{"aten::view", "dtype"};
   if (C10_LIKELY(!dtype.isInt() || dtype.toScalarType() != c10::kBool) ||
-      base.scalar_type() == c10::kBool || view_op.operator_name() != view_dtype ||
+      base.scalar_type() == c10::kBool || !is_dtype_view(view_op) ||
       base.layout() != c10::kStrided || ops_are_recorded()) {
     return std::nullopt;
   }

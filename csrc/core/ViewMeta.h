@@ -52,6 +52,13 @@ struct ViewMeta {
 
   /// Replays this step on `base`. Call inside an InnerCallGuard.
   at::Tensor forward(const at::Tensor& base) const;
+  /// Is `view_op` view(dtype)?
+  static bool is_dtype_view(const c10::OperatorHandle& view_op);
+  /// This step is view(torch.bool) (of any dtype: callers check the input's).
+  bool views_as_bool() const {
+    return args.size() == 1 && args[0].isInt() &&
+           static_cast<c10::ScalarType>(args[0].toInt()) == c10::kBool && is_dtype_view(op);
+  }
   /// What the *_copy variant of `view_op` reads for `base`: `base`, or an empty tensor of its
   /// sizes where view(dtype) needs other strides.
   /// See Note [View: view(dtype) of an empty *_copy value].

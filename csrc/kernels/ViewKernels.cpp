@@ -186,18 +186,15 @@ namespace {
 void check_bool_bytes_read(std::string_view op_name, const FunctionalTensorImpl& impl,
                            const at::Tensor& self, const c10::OperatorHandle& view_op,
                            const std::vector<c10::IValue>& extra) {
-  static const c10::OperatorName view_dtype{"aten::view", "dtype"};
   if (self.scalar_type() != c10::kBool || extra.empty() || !extra[0].isInt() ||
-      extra[0].toScalarType() == c10::kBool || view_op.operator_name() != view_dtype ||
+      extra[0].toScalarType() == c10::kBool || !ViewMeta::is_dtype_view(view_op) ||
       !ops_are_recorded()) {
     return;
   }
   for (const auto* step : impl.chain().steps()) {
     TORCH_CHECK_NOT_IMPLEMENTED(
-        step->op.operator_name() != view_dtype || step->args.empty() || !step->args[0].isInt() ||
-            step->args[0].toScalarType() != c10::kBool,
-        "functionalize: ", op_name, ": viewing a bool view of a tensor of another dtype as ",
-        extra[0].toScalarType(),
+        !step->views_as_bool(), "functionalize: ", op_name,
+        ": viewing a bool view of a tensor of another dtype as ", extra[0].toScalarType(),
         " is not supported in a graph without views (remove=\"mutations_and_views\" under a "
         "tracer): its value is a bool copy, whose bytes are 0 and 1 where eager reads the "
         "original bytes. Use remove=\"mutations\", or view the original tensor as ",
@@ -251,7 +248,7 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
     torch::jit::push(*stack, std::move(v));
   }
   std::optional<at::Tensor> kept_bytes;
-  if (!layer.reapply_views && C10_UNLIKELY(!extra.empty() && extra[0].isInt())) {
+  if (!layer.reapply_views && !extra.empty() && extra[0].isInt()) {
     kept_bytes = ViewMeta::bool_view_keeping_bytes(
         view_op, (stack->end() - 1 - extra.size())->toTensor(), extra[0]);
   }
