@@ -4,8 +4,10 @@
 #include <torch_functionalize/functionalize.h>
 
 #include "api/Call.h"
+#include "core/DispatchKey.h"
 #include "core/Graph.h"
 #include "core/Layer.h"
+#include "core/Recorder.h"
 #include "kernels/Registration.h"
 #include "kernels/Subclasses.h"
 
@@ -114,9 +116,10 @@ py::object arg_to_py(const tfz::detail::GraphArg& a, const c10::TypePtr& type) {
 
 // (inputs, constants, nodes, outputs): value ids of the inputs; (id, tensor, is a wrapped Python
 // number) per constant;
-// (qualified op name, overload, args, kwargs, returns) per node, where a tensor is a ValueRef,
-// kwarg-only arguments at their defaults are left out, and a return is a ValueRef, a list of
-// them, or None (non-tensor); outputs as ValueRefs (None: undefined).
+// (qualified op name, overload, args, kwargs, returns, grad mode) per node, where a tensor is a
+// ValueRef, kwarg-only arguments at their defaults are left out, and a return is a ValueRef, a
+// list of them, or None (non-tensor); outputs as ValueRefs (None: undefined); the grad mode the
+// recording started under.
 py::tuple export_graph(const tfz::CapturedGraph& captured) {
   const auto& g = captured.graph();
   py::list constants;
@@ -149,12 +152,12 @@ py::tuple export_graph(const tfz::CapturedGraph& captured) {
       returns.append(r.kind == tfz::detail::GraphArg::Kind::kConstant ? py::none()
                                                                       : arg_to_py(r, nullptr));
     }
-    nodes.append(
-        py::make_tuple(schema.name(), schema.overload_name(), py::tuple(args), kwargs, returns));
+    nodes.append(py::make_tuple(schema.name(), schema.overload_name(), py::tuple(args), kwargs,
+                                returns, node.grad_enabled));
   }
   py::list outputs;
   for (const auto& o : g.outputs) outputs.append(arg_to_py(o, nullptr));
-  return py::make_tuple(g.inputs, constants, nodes, outputs);
+  return py::make_tuple(g.inputs, constants, nodes, outputs, g.grad_enabled);
 }
 
 tfz::CapturedGraph capture(const std::vector<at::Tensor>& inputs, const std::string& remove,
@@ -192,6 +195,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("_parse_remove", [](const std::string& r) { tfz::parse_remove(r); });
   m.def("_is_functional", &tfz::is_functional);
   m.def("_layer_active", [] { return tfz::detail::current_layer() != nullptr; });
+  m.def("_ops_are_recorded", &tfz::detail::ops_are_recorded);
+  m.def("_dispatch_keys", [] {
+    using tfz::detail::kAutogradKey, tfz::detail::kBackendKey, tfz::detail::kFactoryKey;
+    return std::vector<int64_t>{static_cast<int64_t>(kAutogradKey),
+                                static_cast<int64_t>(kBackendKey),
+                                static_cast<int64_t>(kFactoryKey)};
+  });
   m.def("_to_functional", py::overload_cast<const at::Tensor&>(&tfz::to_functional));
   m.def("_from_functional", &tfz::from_functional);
   m.def("_sync", &tfz::sync);

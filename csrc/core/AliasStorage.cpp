@@ -2,12 +2,14 @@
 // See Note [Alias: storage and generations].
 #include "core/AliasStorage.h"
 
+#include "core/AutogradHistory.h"
 #include "core/Layer.h"
 #include "core/Layout.h"
 #include "core/ViewInverses.h"
 
 #include <ATen/Functions.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <optional>
@@ -45,12 +47,12 @@ AliasStorage::AliasStorage(const at::Tensor& base)
                        /*resizable=*/false),
       base_(base) {}
 
-void AliasStorage::add_update(const at::Tensor& value, const ViewChain& chain) {
+void AliasStorage::add_update(const at::Tensor& value, const ViewChain& chain, bool visible) {
   if (flat_ && !written_outside_members_) {
     const auto steps = chain.steps();  // flat storages only: aliased inputs, O(chain) per write
     written_outside_members_ = steps.empty() || !is_member_step(steps.front());
   }
-  updates_.push_back(Update{value, chain});
+  updates_.push_back(Update{value, chain, visible});
   ++generation_;
 }
 
@@ -161,6 +163,11 @@ void AliasStorage::retire_member_step(const ViewMeta& old, const ViewMeta& repla
 void AliasStorage::set_base_(const at::Tensor& value) {
   TORCH_INTERNAL_ASSERT(updates_.empty(), "set_base_ with queued updates");
   base_ = in_own_storage_(value);
+  if (!c10::GradMode::is_enabled() && !base_.is_same(value)) {
+    // Copied into the old base's storage under no_grad: the copy keeps value's history.
+    InnerCallGuard guard;
+    base_ = with_history_of(base_, value, {}, /*views_kept=*/true);
+  }
   ++generation_;
 }
 
@@ -341,79 +348,89 @@ at::Tensor in_base_strides(const at::Tensor& base, at::Tensor value, bool views_
 }
 }  // namespace
 
+at::Tensor AliasStorage::folded_(const Update& update) {
+  if (update.chain.empty()) return in_own_storage_(update.value);
+  const auto chain = update.chain.steps();
+  if (chain.size() > 1 &&
+      std::any_of(chain.begin(), chain.end() - 1, [](auto* s) { return may_overlap(*s); }) &&
+      base_.layout() == c10::kStrided &&
+      !base_.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+      base_.is_non_overlapping_and_dense()) {
+    // See Note [Alias: writes through an overlapping view].
+    if (auto view = written_geometry(base_, chain)) {
+      if (auto scattered = scatter_at(base_, update.value, *view, chain.back()->reapply)) {
+        return std::move(*scattered);
+      }
+    }
+  }
+  // See Note [Alias: runs of regrouping views]: chain[run..] regroup only.
+  size_t run = chain.size();
+  while (run > 0 && is_regrouping(*chain[run - 1])) --run;
+  const bool collapse = run + 1 < chain.size();
+  const size_t inverted = collapse ? run : chain.size();  // steps inverted one by one
+  // bases[i] is what chain[i] is applied to; the last step needs no forward replay, and a
+  // collapsed run needs only its first base.
+  std::vector<at::Tensor> bases{base_};
+  const size_t forwards = collapse ? run : chain.size() - 1;
+  at::Tensor value = update.value;
+  try {
+    for (size_t i = 0; i < forwards; ++i) bases.push_back(chain[i]->forward(bases.back()));
+    // See Note [Alias: writes through a bool view of other bytes].
+    size_t bytes_from = chain.size();  // the first step inverted as bytes
+    for (size_t j = 0; j < forwards; ++j) {
+      if (views_as_bool(*chain[j], bases[j])) {
+        if (chain[j]->reapply) bytes_from = j + 1;
+        TORCH_CHECK_NOT_IMPLEMENTED(
+            chain[j]->reapply || bases[j].itemsize() == 1, "functionalize: a write through ",
+            chain.back()->name(), " of a bool view of a ", bases[j].scalar_type(),
+            " tensor (x.view(torch.bool)) is not supported with "
+            "remove=\"mutations_and_views\": its copies would turn the tensor's other bytes "
+            "into 0 or 1. Use remove=\"mutations\".");
+        break;
+      }
+    }
+    auto invert = [&](size_t i, const at::Tensor& v) {
+      if (i < bytes_from || bases[i].scalar_type() != c10::kBool || sums_copies(*chain[i])) {
+        return chain[i]->inverse(bases[i], v);
+      }
+      return chain[i]->inverse(bases[i].view(c10::kByte), v.view(c10::kByte)).view(c10::kBool);
+    };
+    if (collapse) value = invert(run, value);
+    for (size_t i = inverted; i-- > 0;) value = invert(i, value);
+  } catch (const c10::Error& e) {
+    // A scatter into a view whose elements share memory, where no single geometry could take
+    // the write (another dtype in the chain, say): named rather than torch's overlap error.
+    const bool overlapping =
+        std::any_of(chain.begin(), chain.end() - 1, [](auto* s) { return may_overlap(*s); });
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !overlapping, "functionalize: a write through a view made by ", chain.back()->name(),
+        " of a tensor whose elements share memory (expand, unfold or as_strided in its chain) "
+        "cannot be written back here (",
+        e.what_without_backtrace(), "). Clone the tensor before viewing and writing it.");
+    throw;
+  }
+  // See Note [Alias: writes to a value that is not its whole storage], then
+  // Note [Alias: the base keeps its strides].
+  at::Tensor placed = in_own_storage_(value);
+  return placed.is_same(value) ? in_base_strides(base_, std::move(value), chain.back()->reapply)
+                               : std::move(placed);
+}
+
 bool AliasStorage::apply_updates() {
   if (updates_.empty()) return false;
   InnerCallGuard guard;
   for (auto& update : updates_) {
-    if (update.chain.empty()) {
-      base_ = in_own_storage_(update.value);
-      continue;
+    // Each write is folded in under the grad mode it was made in, whatever the mode of the read
+    // that syncs; a hidden one leaves the base its autograd identity
+    // (Note [Autograd: writes autograd does not see]).
+    at::Tensor folded;
+    {
+      c10::AutoGradMode grad_mode(update.visible);
+      folded = folded_(update);
     }
-    const auto chain = update.chain.steps();
-    if (chain.size() > 1 &&
-        std::any_of(chain.begin(), chain.end() - 1, [](auto* s) { return may_overlap(*s); }) &&
-        base_.layout() == c10::kStrided &&
-        !base_.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
-        base_.is_non_overlapping_and_dense()) {
-      // See Note [Alias: writes through an overlapping view].
-      if (auto view = written_geometry(base_, chain)) {
-        if (auto scattered = scatter_at(base_, update.value, *view, chain.back()->reapply)) {
-          base_ = std::move(*scattered);
-          continue;
-        }
-      }
-    }
-    // See Note [Alias: runs of regrouping views]: chain[run..] regroup only.
-    size_t run = chain.size();
-    while (run > 0 && is_regrouping(*chain[run - 1])) --run;
-    const bool collapse = run + 1 < chain.size();
-    const size_t inverted = collapse ? run : chain.size();  // steps inverted one by one
-    // bases[i] is what chain[i] is applied to; the last step needs no forward replay, and a
-    // collapsed run needs only its first base.
-    std::vector<at::Tensor> bases{base_};
-    const size_t forwards = collapse ? run : chain.size() - 1;
-    at::Tensor value = update.value;
-    try {
-      for (size_t i = 0; i < forwards; ++i) bases.push_back(chain[i]->forward(bases.back()));
-      // See Note [Alias: writes through a bool view of other bytes].
-      size_t bytes_from = chain.size();  // the first step inverted as bytes
-      for (size_t j = 0; j < forwards; ++j) {
-        if (views_as_bool(*chain[j], bases[j])) {
-          if (chain[j]->reapply) bytes_from = j + 1;
-          TORCH_CHECK_NOT_IMPLEMENTED(
-              chain[j]->reapply || bases[j].itemsize() == 1, "functionalize: a write through ",
-              chain.back()->name(), " of a bool view of a ", bases[j].scalar_type(),
-              " tensor (x.view(torch.bool)) is not supported with "
-              "remove=\"mutations_and_views\": its copies would turn the tensor's other bytes "
-              "into 0 or 1. Use remove=\"mutations\".");
-          break;
-        }
-      }
-      auto invert = [&](size_t i, const at::Tensor& v) {
-        if (i < bytes_from || bases[i].scalar_type() != c10::kBool || sums_copies(*chain[i])) {
-          return chain[i]->inverse(bases[i], v);
-        }
-        return chain[i]->inverse(bases[i].view(c10::kByte), v.view(c10::kByte)).view(c10::kBool);
-      };
-      if (collapse) value = invert(run, value);
-      for (size_t i = inverted; i-- > 0;) value = invert(i, value);
-    } catch (const c10::Error& e) {
-      // A scatter into a view whose elements share memory, where no single geometry could take
-      // the write (another dtype in the chain, say): named rather than torch's overlap error.
-      const bool overlapping =
-          std::any_of(chain.begin(), chain.end() - 1, [](auto* s) { return may_overlap(*s); });
-      TORCH_CHECK_NOT_IMPLEMENTED(
-          !overlapping, "functionalize: a write through a view made by ", chain.back()->name(),
-          " of a tensor whose elements share memory (expand, unfold or as_strided in its chain) "
-          "cannot be written back here (",
-          e.what_without_backtrace(), "). Clone the tensor before viewing and writing it.");
-      throw;
-    }
-    // See Note [Alias: writes to a value that is not its whole storage], then
-    // Note [Alias: the base keeps its strides].
-    at::Tensor placed = in_own_storage_(value);
-    base_ = placed.is_same(value) ? in_base_strides(base_, std::move(value), chain.back()->reapply)
-                                  : std::move(placed);
+    base_ = update.visible ? std::move(folded)
+                           : with_history_of(folded, base_, {&update.value},
+                                             update.chain.empty() || update.chain.back()->reapply);
   }
   updates_.clear();
   return true;

@@ -26,8 +26,10 @@ class AliasStorage : public c10::StorageImpl {
   /// Bumped by every queued update; wrappers whose generation differs are stale.
   uint64_t generation() const { return generation_; }
 
-  /// Queues "the view reached through `chain` now holds `value`".
-  void add_update(const at::Tensor& value, const ViewChain& chain);
+  /// Queues "the view reached through `chain` now holds `value`". `visible`: autograd sees the
+  /// write at the base (made in grad mode, through no detach step); a hidden one changes the
+  /// base's data but not its gradient edge (Note [Autograd: writes autograd does not see]).
+  void add_update(const at::Tensor& value, const ViewChain& chain, bool visible);
   /// "The base itself now holds `value`", applied at once. Only when nothing is queued (the
   /// caller is up to date), so no earlier update can be lost. Bumps the generation. The new base
   /// may be `value` copied into the old base's storage
@@ -124,7 +126,10 @@ class AliasStorage : public c10::StorageImpl {
   struct Update {
     at::Tensor value;
     ViewChain chain;
+    bool visible;  // see add_update
   };
+  // The base after `update` (inverse chain, last step first), under the current grad mode.
+  at::Tensor folded_(const Update& update);
   at::Tensor base_;
   std::vector<Update> updates_;
   uint64_t generation_ = 0;

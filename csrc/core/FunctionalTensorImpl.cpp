@@ -1,6 +1,7 @@
 // The wrapper TensorImpl: construction, metadata mirroring, sync / replace / commit.
 #include "core/FunctionalTensorImpl.h"
 
+#include "core/AutogradHistory.h"
 #include "core/DispatchKey.h"
 #include "core/Layer.h"
 #include "core/LayerAutograd.h"
@@ -38,8 +39,11 @@ FunctionalTensorImpl::FunctionalTensorImpl(const at::Tensor& view_value,
     : c10::TensorImpl(c10::Storage(base.storage_), wrapper_key_set(), view_value.dtype()),
       layer_id_(base.layer_id_),
       generation_(base.generation_),
-      chain_(base.chain_.extended(std::move(step))) {
+      chain_(base.chain_.extended(std::move(step))),
+      replays_with_grad_(c10::GradMode::is_enabled()) {
   key_set_ = wrapper_key_set();
+  // Views share their base's version counter, as eager's do.
+  if (base.version_counter().enabled()) set_version_counter(base.version_counter());
   set_value_(view_value);
 }
 
@@ -64,13 +68,15 @@ FunctionalTensorImpl::FunctionalTensorImpl(ShallowCopy, const FunctionalTensorIm
 // Rejected: making the wrapper a differentiable view of its value (autograd would then record
 // our kernel's redispatch twice), and an autograd kernel at our key (that key is ours already).
 namespace {
-// A leaf wrapper's AutogradMeta: requires_grad and the grad accumulator of its value, and its
-// .grad is the value's (Note [Autograd: .backward() inside the function]).
+// A leaf wrapper's AutogradMeta: requires_grad and the grad accumulator of its leaf, and its
+// .grad is the leaf's (Note [Autograd: .backward() inside the function]). The leaf is the value,
+// or the leaf the value stands for after a write autograd did not see
+// (Note [Autograd: writes autograd does not see]).
 struct MirroredLeafMeta final : torch::autograd::AutogradMeta {
-  explicit MirroredLeafMeta(at::Tensor value) : value_(std::move(value)) {}
-  const at::Tensor& grad() const override { return value_.grad(); }
-  at::Tensor& mutable_grad() override { return value_.mutable_grad(); }
-  at::Tensor value_;
+  explicit MirroredLeafMeta(at::Tensor leaf) : leaf_(std::move(leaf)) {}
+  const at::Tensor& grad() const override { return leaf_.grad(); }
+  at::Tensor& mutable_grad() override { return leaf_.mutable_grad(); }
+  at::Tensor leaf_;
 };
 }  // namespace
 
@@ -84,7 +90,11 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
   }
   namespace ag = torch::autograd;
   std::unique_ptr<ag::AutogradMeta> meta;
-  if (const auto& fn = value.grad_fn()) {
+  const auto& fn = value.grad_fn();
+  // A value whose grad_fn is a leaf's grad accumulator is that leaf's data after a write autograd
+  // did not see (Note [Autograd: writes autograd does not see]): the wrapper reads as the leaf.
+  at::Tensor leaf = fn ? leaf_standing_for(value) : value;
+  if (!leaf.defined()) {
     meta = std::make_unique<ag::AutogradMeta>();
     meta->grad_fn_ = fn;
     meta->output_nr_ = value.output_nr();
@@ -92,8 +102,8 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
     note_autograd_graph(layer_id_, fn);
     if (C10_UNLIKELY(ops_are_recorded())) note_traced_output(layer_id_, value);
   } else {
-    meta = std::make_unique<MirroredLeafMeta>(value);
-    grad_accumulator_ = ag::impl::grad_accumulator(value);
+    grad_accumulator_ = fn ? fn : ag::impl::grad_accumulator(value);
+    meta = std::make_unique<MirroredLeafMeta>(std::move(leaf));
     note_autograd_graph(layer_id_, grad_accumulator_);
     // The weak pointer type follows the strong one (std::weak_ptr or c10::weak_intrusive_ptr).
     meta->grad_accumulator_ = decltype(meta->grad_accumulator_)(grad_accumulator_);
@@ -233,22 +243,47 @@ void FunctionalTensorImpl::sync_() {
   auto& storage = alias_storage();
   storage.apply_updates();
   at::Tensor value = storage.base();
-  for (const ViewMeta* step : chain_.steps()) value = step->forward(value);
+  if (!chain_.empty()) {
+    // A view is regenerated with the history it was taken with, whatever the grad mode of the
+    // read that syncs it: one taken under no_grad has none, one taken with grad mode on keeps
+    // its base's (eager's view of a base written in place keeps its grad_fn too).
+    c10::AutoGradMode grad_mode(replays_with_grad_);
+    for (const ViewMeta* step : chain_.steps()) value = step->forward(value);
+    // A view autograd does not connect to its base (x.detach(), x.data, one taken under no_grad)
+    // has a history of its own, from its own writes (d.mul_(y)): the replay keeps it.
+    if ((!replays_with_grad_ || chain_.cuts_history()) && value_.requires_grad()) {
+      value = with_history_of(value, value_, {}, views_kept_());
+    }
+  }
   set_value_(value);
   generation_ = storage.generation();
 }
 
-void FunctionalTensorImpl::replace_(const at::Tensor& new_value) {
+bool FunctionalTensorImpl::views_kept_() const {
+  if (!chain_.empty()) return chain_.back()->reapply;
+  const Layer* layer = suspended_layer() != nullptr ? suspended_layer() : current_layer();
+  return layer == nullptr || layer->reapply_views;
+}
+
+void FunctionalTensorImpl::replace_(const at::Tensor& new_value_in) {
+  at::Tensor new_value = new_value_in;
   if (new_value.scalar_type() != value_.scalar_type()) {
     // out= ops keep the out tensor's dtype (eager casts on write).
     InnerCallGuard guard;
-    set_value_(new_value.to(value_.scalar_type()));
-    return;
+    new_value = new_value.to(value_.scalar_type());
+  }
+  if (C10_UNLIKELY(!c10::GradMode::is_enabled()) && value_.requires_grad()) {
+    // A write under no_grad: see Note [Autograd: writes autograd does not see].
+    InnerCallGuard guard;
+    new_value = with_history_of(new_value, value_, {&new_value_in}, views_kept_());
   }
   set_value_(new_value);
 }
 
 void FunctionalTensorImpl::commit_update_() {
+  // Every write bumps the version counter the wrapper shares with its views, as eager's
+  // in-place kernels do.
+  if (version_counter().enabled()) bump_version();
   auto& storage = alias_storage();
   if (chain_.empty() && !storage.has_pending_updates() && is_up_to_date()) {
     // The base itself was written and nothing else is pending: there is no inverse to run and
@@ -259,7 +294,9 @@ void FunctionalTensorImpl::commit_update_() {
     generation_ = storage.generation();
     return;
   }
-  storage.add_update(value_, chain_);
+  // A write that autograd does not connect to the base: under no_grad, or through a chain with a
+  // detach step (x.detach(), x.data). See Note [Autograd: writes autograd does not see].
+  storage.add_update(value_, chain_, c10::GradMode::is_enabled() && !chain_.cuts_history());
 }
 
 void FunctionalTensorImpl::remember_entry_() {
@@ -345,12 +382,31 @@ void FunctionalTensorImpl::copy_fields_to_(FunctionalTensorImpl& dest) const {
   dest.entry_ = entry_;
   dest.has_reference_metadata_ = has_reference_metadata_;
   dest.chain_is_resize_ = chain_is_resize_;
+  dest.replays_with_grad_ = replays_with_grad_;
   dest.key_set_ = key_set_;
+}
+
+// Note [Wrapper: .data is a detached alias]
+// x.data (variable_data, and tensor_data in C++) is a shallow copy of x without autograd
+// metadata: eager's shares x's memory and has no history. Our shallow copy shares x's alias
+// storage, so writes through it reach x, but it copied x's value, history included: x.data * 2
+// required grad, and x.data.mul_(2) gave x the write's history (wrong gradients). So the copy is
+// x followed by a detach step, as x.detach() is: its value has no history, and writes through
+// it reach x as writes autograd does not see (Note [Autograd: writes autograd does not see]).
+// Rejected: a flag on the wrapper that strips history from its values (a second way to say what
+// a detach step says, which every write-back would have to ask for).
+void FunctionalTensorImpl::detach_() {
+  static const c10::OperatorName detach{"aten::detach", ""};
+  chain_.push_back(ViewMeta::of(detach, {}, views_kept_()));
+  if (!value_.requires_grad()) return;  // the same data; replays apply the step
+  InnerCallGuard guard;
+  set_value_(chain_.back()->forward(value_));
 }
 
 c10::intrusive_ptr<c10::TensorImpl> FunctionalTensorImpl::shallow_copy_and_detach(
     const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
   auto impl = c10::make_intrusive<FunctionalTensorImpl>(ShallowCopy{}, *this);
+  impl->detach_();
   impl->set_version_counter(version_counter);
   impl->set_allow_tensor_metadata_change(allow_tensor_metadata_change);
   return impl;

@@ -110,6 +110,8 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
 
  private:
   const char* tensorimpl_type_name() const override;
+  bool views_kept_() const;                        // the remove mode of this wrapper's layer
+  void detach_();                                  // See Note [Wrapper: .data is a detached alias]
   void set_value_(const at::Tensor& value);        // value_ + mirrored metadata
   void mirror_autograd_(const at::Tensor& value);  // See Note [Wrapper: autograd mirrored]
   void adopt_requires_grad_();  // See Note [Wrapper: requires_grad_ set on a wrapper]
@@ -128,6 +130,8 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   bool has_reference_metadata_ = false;
   bool chain_is_resize_ = false;
   bool flat_member_ = false;  // an input of a flat storage (see mark_flat_member)
+  // Grad mode when this view was taken: its chain replays under it (see sync_).
+  bool replays_with_grad_ = true;
   // torch's owning pointer to an autograd Node: std::shared_ptr up to torch 2.11,
   // c10::intrusive_ptr since. Read from TensorBase::grad_fn()'s return type (a feature check, not
   // a version test), so one source builds against both.

@@ -4,6 +4,7 @@
 #include "core/OpSchemaInfo.h"
 
 #include <ATen/core/enum_tag.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <sstream>
@@ -42,7 +43,8 @@ size_t num_positional_shown(const GraphNode& node) {
 // overwritten. A node stays if one of its results reaches an output or a kept node, or if it has
 // an effect of its own: it writes an argument (the input epilogue's copy_, as_strided_, resize_)
 // or draws from a random generator (removing a dead `rand` would hand its numbers to the next
-// random op, and the graph would no longer replay eager's stream). Rejected: FX's
+// random op, and the graph would no longer replay eager's stream), or has no result at all (a
+// guard). Rejected: FX's
 // eliminate_dead_code, which only knows the first rule; and doing it in Python, which would leave
 // C++ users with the fat graph.
 void eliminate_dead_nodes(Graph& graph) {
@@ -51,7 +53,10 @@ void eliminate_dead_nodes(Graph& graph) {
   std::vector<char> keep(graph.nodes.size(), 0);
   for (size_t n = graph.nodes.size(); n-- > 0;) {
     const GraphNode& node = graph.nodes[n];
-    bool needed = writes_an_argument(node.op) || node.op.hasTag(at::Tag::nondeterministic_seeded);
+    // A node without results (a guard, Note [Capture: guards on values read]) is there for its
+    // effect.
+    bool needed = writes_an_argument(node.op) || node.op.hasTag(at::Tag::nondeterministic_seeded) ||
+                  node.op.schema().returns().empty();
     for (const auto& r : node.returns) {
       for_each_value(r, [&](int64_t id) { needed = needed || live[id] != 0; });
     }
@@ -239,7 +244,10 @@ void narrow_epilogue_copies(Graph& graph) {
       for (const auto& r : node.returns) {
         for (int64_t id : r.values) graph.values[id].index = -1;  // the copy_ is gone
       }
-      for (auto& c : copies) rebuilt.push_back(std::move(c));
+      for (auto& c : copies) {
+        c.grad_enabled = node.grad_enabled;  // the region copies replace this copy_
+        rebuilt.push_back(std::move(c));
+      }
       changed = true;
       continue;
     }
@@ -347,7 +355,11 @@ std::vector<at::Tensor> run_graph(const Graph& graph, const std::vector<at::Tens
   }
   auto value = [&](int64_t id) { return id < 0 ? at::Tensor() : env[id]; };
   torch::jit::Stack stack;
+  // See Note [Capture: grad mode].
+  const bool ambient = c10::GradMode::is_enabled();
   for (const auto& node : graph.nodes) {
+    c10::AutoGradMode grad_mode(node.grad_enabled == graph.grad_enabled ? ambient
+                                                                        : node.grad_enabled);
     stack.clear();
     for (const auto& arg : node.args) {
       switch (arg.kind) {

@@ -28,6 +28,9 @@ struct GraphNode {
   c10::OperatorHandle op;
   std::vector<GraphArg> args;  // one per schema argument, in schema order
   std::vector<GraphArg> returns;
+  // Whether grad mode was on when the op ran: a graph replays each op in its mode, relative to
+  // the mode it was recorded under (Note [Capture: grad mode]).
+  bool grad_enabled = true;
 };
 
 /// Where a value comes from.
@@ -45,6 +48,7 @@ struct Graph {
   std::vector<at::Tensor> constants;
   std::vector<GraphNode> nodes;
   std::vector<GraphArg> outputs;  // kValue, or kConstant for an undefined output
+  bool grad_enabled = true;       // the grad mode the recording started under
 };
 
 /// True if `arg` is a constant equal to its schema default.

@@ -1,6 +1,7 @@
 // Input wrapping with alias groups, and the input-mutation epilogue.
 #include "core/Inputs.h"
 
+#include "core/AutogradHistory.h"
 #include "core/Conversions.h"
 #include "core/DispatchKey.h"
 #include "core/Layout.h"
@@ -256,9 +257,14 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
   for (const auto& [i, j] : repeats) out[i] = out[j];
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
-    if (t.defined() && maybe_get_impl(t) == nullptr && t.unsafeGetTensorImpl()->has_storage()) {
-      unsafe_get_impl(out[i])->alias_storage().mark_caller_storage(
-          t.storage().unsafeGetStorageImpl());
+    if (!t.defined() || maybe_get_impl(t) != nullptr) continue;
+    auto* impl = unsafe_get_impl(out[i]);
+    if (t.unsafeGetTensorImpl()->has_storage()) {
+      impl->alias_storage().mark_caller_storage(t.storage().unsafeGetStorageImpl());
+    }
+    // See Note [Inputs: version counters].
+    if (t.unsafeGetTensorImpl()->version_counter().enabled() && impl->version_counter().enabled()) {
+      impl->set_version_counter(c10::VariableVersion(t._version()));
     }
   }
   return out;
@@ -380,6 +386,15 @@ bool epilogue_is_recorded() {
          c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks);
 }
 
+// Whether `value`, the final value of input `original`, was written only where autograd does not
+// see: it kept the input's own gradient edge, or it is a leaf's value with none (in grad mode
+// eager raises on writing such a leaf). Its write-back then records no history either, so the
+// input keeps its grad_fn or stays a leaf (Note [Autograd: writes autograd does not see]).
+bool written_unseen(const at::Tensor& original, const at::Tensor& value) {
+  return has_history_of(value, original) ||
+         (original.requires_grad() && original.is_leaf() && !value.requires_grad());
+}
+
 // Note [Inputs: writes to a grown storage]
 // torch.ones((4, 3), out=x) grows x's storage from 6 to 12 elements and writes all 12; a later
 // x.resize_((2,)) leaves x covering 2. The epilogue replays the resizes on the caller's x (its
@@ -414,9 +429,7 @@ void write_grown_storage(const at::Tensor& original, const FunctionalTensorImpl&
       "functionalize: an input's storage grew (resize_ or an out= resize), was written, and the "
       "input then covers fewer elements; a graph without views (remove=\"mutations_and_views\" "
       "under a tracer) cannot write the others back. Use remove=\"mutations\".");
-  at::Tensor whole = original.requires_grad() && original.is_leaf() && !base.requires_grad()
-                         ? original.detach()
-                         : original;
+  at::Tensor whole = written_unseen(original, base) ? original.detach() : original;
   whole.as_strided({base.numel()}, {1}, *start).copy_(base);
 }
 
@@ -437,14 +450,13 @@ void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
   if (!impl.has_metadata_mutation() && original.sym_sizes() != value.sym_sizes()) {
     original.resize__symint(value.sym_sizes());
   }
-  // A leaf that requires grad written with a value that does not: eager could only have written
-  // it under no_grad (in grad mode it raises), e.g. an SGD update of a parameter inside f, so
-  // the write-back records no history either (and passes autograd's leaf check). Every other
-  // write-back records the copy, so gradients flow through written inputs as through eager's
-  // in-place op.
-  if (original.requires_grad() && original.is_leaf() && !value.requires_grad()) {
+  // See written_unseen. Every other write-back records the copy, so gradients flow through
+  // written inputs as through eager's in-place op.
+  if (written_unseen(original, value)) {
     at::AutoGradMode no_grad(false);
-    original.copy_(value);
+    // Eagerly through x.data, which bumps no version: the wrapper counted eager's writes, and a
+    // write through x.data counts none (Note [Inputs: version counters]).
+    (epilogue_is_recorded() ? original : original.variable_data()).copy_(value);
     return;
   }
   original.copy_(value);
@@ -494,7 +506,7 @@ bool write_whole_storage(const std::vector<at::Tensor>& originals, c10::ArrayRef
     return false;
   }
   at::Tensor whole = through->as_strided({base.numel()}, {1}, 0);
-  if (through->requires_grad() && through->is_leaf() && !base.requires_grad()) {
+  if (written_unseen(*through, base)) {
     at::AutoGradMode no_grad(false);  // as write_data: eager wrote it under no_grad
     whole = through->detach().as_strided({base.numel()}, {1}, 0);
     whole.copy_(base);
@@ -588,6 +600,14 @@ int covering_member(const std::vector<at::Tensor>& originals, c10::ArrayRef<size
 
 }  // namespace
 
+// Note [Inputs: version counters]
+// Eager bumps an input's version once per in-place write (x._version, read by autograd's
+// saved-tensor check and by user code). Each input's wrapper starts at the input's version and
+// counts the writes made inside f (its views share its counter), so code inside f reads eager's
+// versions; here the input is brought to its wrapper's count, the epilogue's own copy_ included
+// in it. Rejected: sharing the caller's counter with the wrapper (the epilogue's copy_ would
+// count once more than eager, and a call that raises would leave versions bumped for writes
+// that never reached the input).
 void write_back_inputs(const std::vector<at::Tensor>& originals,
                        const std::vector<at::Tensor>& wrappers) {
   TORCH_CHECK(originals.size() == wrappers.size(), "functionalize: write-back got ",
@@ -669,6 +689,15 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
       continue;
     }
     for (size_t i : members) write_data(originals[i], *unsafe_get_impl(wrappers[i]));
+  }
+  // See Note [Inputs: version counters].
+  for (size_t i = 0; i < wrappers.size(); ++i) {
+    const at::Tensor& original = originals[i];
+    if (!original.defined() || !original.unsafeGetTensorImpl()->version_counter().enabled()) {
+      continue;
+    }
+    const uint32_t target = unsafe_get_impl(wrappers[i])->version_counter().current_version();
+    while (original._version() < target) original.unsafeGetTensorImpl()->bump_version();
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "core/DispatchKey.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
@@ -64,6 +65,7 @@ RecordingGuard::~RecordingGuard() {
 }
 
 Recorder::Recorder(const std::vector<at::Tensor>& inputs) {
+  graph_.grad_enabled = c10::GradMode::is_enabled();
   for (size_t i = 0; i < inputs.size(); ++i) {
     const auto source = ValueSource{ValueSource::Kind::kInput, static_cast<int64_t>(i)};
     if (inputs[i].defined()) {
@@ -149,9 +151,21 @@ GraphArg Recorder::arg_of(const c10::IValue& v) {
 GraphNode Recorder::begin(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   const size_t n = op.schema().arguments().size();
   GraphNode node{op, {}, {}};
+  node.grad_enabled = c10::GradMode::is_enabled();
   node.args.reserve(n);
   for (auto it = stack.end() - static_cast<std::ptrdiff_t>(n); it != stack.end(); ++it) {
     node.args.push_back(arg_of(*it));
+  }
+  if (C10_UNLIKELY(op.hasTag(at::Tag::dynamic_output_shape))) {
+    // See Note [Capture: guards on values read]: index.Tensor with a mask.
+    index_had_mask_ = false;
+    const c10::IValue& indices = stack.back();
+    if (n == 2 && indices.isList()) {
+      for (const c10::IValue& i : indices.toListRef()) {
+        index_had_mask_ |= i.isTensor() && (i.toTensor().scalar_type() == c10::kBool ||
+                                            i.toTensor().scalar_type() == c10::kByte);
+      }
+    }
   }
   return node;
 }
@@ -180,6 +194,66 @@ void Recorder::finish(GraphNode node, const torch::jit::Stack& stack) {
     node.returns.push_back(std::move(ret));
   }
   graph_.nodes.push_back(std::move(node));
+  if (C10_UNLIKELY(graph_.nodes.back().op.hasTag(at::Tag::data_dependent_output) ||
+                   graph_.nodes.back().op.hasTag(at::Tag::dynamic_output_shape))) {
+    guard_(graph_.nodes.size() - 1, stack);
+  }
+}
+
+// Note [Capture: guards on values read]
+// A program that reads a value out of a tensor (x.item(), bool(x) behind `if x.sum() > 0:`,
+// int(x), float(x), torch.equal) continues in Python with that value, so the ops it records
+// afterwards hold it as a constant: replayed on an input that gives another value, the graph
+// computed the captured branch, step count or shift, silently wrong (make_fx raises at the read
+// instead). Likewise a result whose sizes depend on values (nonzero, masked_select, boolean
+// indexing) fixes the sizes of every op after it. So the recorder follows each such read with a
+// guard node: tfz::_guard_value(x, value, what) after _local_scalar_dense,
+// tfz::_guard_equal(a, b, result, what) after equal, and tfz::_guard_sizes(result, sizes, what)
+// after an op tagged dynamic_output_shape (index.Tensor only with a boolean index). On replay a
+// guard recomputes what was read and raises, naming the read and both values, when it differs:
+// the graph is right on every input it accepts. Guards have an effect of their own, so dead-node
+// elimination keeps them (Note [Capture: dead nodes]), and they replay on meta as size checks
+// only. Rejected: symbolic values (capture records concrete programs; a program that branches
+// on a value needs both branches, which only torch.cond gives), and refusing reads (optimizers
+// that are not capturable read their step count with .item(), and their graphs are right
+// whenever the count is the one captured).
+void Recorder::guard_(size_t index, const torch::jit::Stack& stack) {
+  auto& d = c10::Dispatcher::singleton();
+  static const c10::OperatorName local_scalar{"aten::_local_scalar_dense", ""},
+      equal{"aten::equal", ""}, index_tensor{"aten::index", "Tensor"};
+  const GraphNode& read = graph_.nodes[index];
+  const auto& name = read.op.operator_name();
+  const std::string what = c10::toString(name);
+  auto constant = [](c10::IValue v) {
+    GraphArg a;
+    a.constant = std::move(v);
+    return a;
+  };
+  GraphNode guard{read.op, {}, {}};
+  guard.grad_enabled = read.grad_enabled;
+  if (name == local_scalar) {
+    static const auto op = d.findSchemaOrThrow("tfz::_guard_value", "");
+    guard.op = op;
+    guard.args = {read.args[0], constant(stack.back()),
+                  constant(what + ": x.item(), bool(x), int(x), float(x) or tolist()")};
+  } else if (name == equal) {
+    static const auto op = d.findSchemaOrThrow("tfz::_guard_equal", "");
+    guard.op = op;
+    guard.args = {read.args[0], read.args[1], constant(stack.back()), constant(what)};
+  } else {
+    // index.Tensor's sizes depend on values only through a boolean (or uint8) mask.
+    if (name == index_tensor && !index_had_mask_) return;
+    const auto& returns = read.returns;
+    if (returns.empty() || returns[0].kind != GraphArg::Kind::kValue) return;
+    static const auto op = d.findSchemaOrThrow("tfz::_guard_sizes", "");
+    guard.op = op;
+    const at::Tensor result = stack[stack.size() - returns.size()].toTensor();
+    GraphArg value;
+    value.kind = GraphArg::Kind::kValue;
+    value.values = returns[0].values;
+    guard.args = {value, constant(c10::IValue(result.sym_sizes())), constant(what)};
+  }
+  graph_.nodes.push_back(std::move(guard));
 }
 
 Graph Recorder::take(const std::vector<at::Tensor>& outputs) {

@@ -28,6 +28,9 @@ class Recorder {
   int64_t value_of(const at::Tensor& t);  // a known value, or a new constant
   int64_t define(const at::Tensor& t, ValueSource source);
   GraphArg arg_of(const c10::IValue& v);
+  // Follows the read of node `index` with a guard node (Note [Capture: guards on values read]).
+  void guard_(size_t index, const torch::jit::Stack& stack);
+  bool index_had_mask_ = false;  // the last op with a dynamic output shape had a boolean index
 
   Graph graph_;
   std::unordered_map<const c10::TensorImpl*, int64_t> ids_;

@@ -13,8 +13,10 @@ ViewChain::Node::~Node() {
 }
 
 ViewChain ViewChain::extended(std::shared_ptr<const ViewMeta> step) const {
+  static const auto detach = c10::Dispatcher::singleton().findSchemaOrThrow("aten::detach", "");
+  const bool cuts = cuts_history() || step->op == detach;
   ViewChain result;
-  result.tail_ = std::make_shared<const Node>(std::move(step), tail_, size() + 1);
+  result.tail_ = std::make_shared<const Node>(std::move(step), tail_, size() + 1, cuts);
   return result;
 }
 

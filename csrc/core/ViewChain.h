@@ -43,17 +43,21 @@ class ViewChain {
   /// Whether the chain's _conj and _neg_view steps flip the conjugate and the negative bit (an
   /// odd number of each): without views the values carry no bit, the chain does. O(size()).
   std::pair<bool, bool> bit_flips() const;
+  /// Whether a step of the chain is a detach: writes through it are hidden from autograd at the
+  /// base (Note [Autograd: writes autograd does not see]). O(1).
+  bool cuts_history() const { return tail_ != nullptr && tail_->cuts_history; }
   /// Whether `prefix` is this chain's beginning: the same step objects at its first positions.
   bool starts_with(const ViewChain& prefix) const;
 
  private:
   struct Node {
-    Node(std::shared_ptr<const ViewMeta> s, std::shared_ptr<const Node> p, size_t d)
-        : step(std::move(s)), parent(std::move(p)), depth(d) {}
+    Node(std::shared_ptr<const ViewMeta> s, std::shared_ptr<const Node> p, size_t d, bool cuts)
+        : step(std::move(s)), parent(std::move(p)), depth(d), cuts_history(cuts) {}
     ~Node();
     std::shared_ptr<const ViewMeta> step;
     mutable std::shared_ptr<const Node> parent;  // mutable: unlinked iteratively on destruction
     size_t depth;
+    bool cuts_history;  // this step or an earlier one is a detach
   };
   std::shared_ptr<const Node> tail_;
 };

@@ -9,6 +9,7 @@
 #include "core/Recorder.h"
 #include "kernels/Subclasses.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
@@ -209,11 +210,15 @@ bool lies_inside_a_storage(const c10::IValue& self, const OpInfo& info) {
   const auto* impl = self.isTensor() ? maybe_get_impl(self.toTensor()) : nullptr;
   if (impl == nullptr) return false;
   // Eager's result keeps self's strides, and where they make elements share memory the op's
-  // writes land on each other (fuzzer program 413527): a layout no *_copy value has.
+  // writes land on each other (fuzzer program 413527): a layout no *_copy value has. A zero
+  // stride is the exception: eager clones such a self contiguously (torch's
+  // clone_preserve_strides gives up on a provable overlap), as the *_copy value is, so the
+  // expanded gradients autograd's backward formulas scatter into need no refusal.
   const at::Tensor& t = self.toTensor();
   TORCH_CHECK_NOT_IMPLEMENTED(
       t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-          !may_self_overlap(t.sizes(), t.strides()),
+          !may_self_overlap(t.sizes(), t.strides()) ||
+          at::has_internal_overlap(t) == at::MemOverlap::Yes,
       "functionalize: ", info.name,
       " of a view whose elements share memory (as_strided with "
       "overlapping strides) is not supported with remove=\"mutations_and_views\": eager's result "

@@ -20,6 +20,9 @@ from . import _C  # noqa: E402, F401
 from . import _tensor_methods  # noqa: E402
 
 _tensor_methods.install()
+from . import control_flow as _control_flow  # noqa: E402
+
+_control_flow.install()
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
 from .capture import capture, graph_module_of
 from .dynamo import backend

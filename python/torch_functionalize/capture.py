@@ -76,7 +76,7 @@ def graph_module_of(captured: Any) -> fx.GraphModule:
     """The FX GraphModule of a graph C++ recorded (``tfz::capture``, exposed to Python as
     ``_C._CapturedGraph``): flat tensors in, a list of tensors out, built exactly as ``capture``
     builds its own."""
-    input_ids, _, _, outputs = captured.export()
+    input_ids, _, _, outputs, _ = captured.export()
     args = tuple(range(len(input_ids)))  # stand-ins: one leaf per graph input
     out_leaves = [torch.empty(0)] * len(outputs)
     _, out_spec = pytree.tree_flatten(list(out_leaves))
@@ -101,7 +101,7 @@ def _argument_names(func: Callable[..., Any], n: int) -> list[str]:
 
 def _graph_module(captured: Any, func: Callable[..., Any], args: tuple, kwargs: dict, flat: list,
                   positions: list, out_leaves: list, out_spec: Any) -> fx.GraphModule:
-    input_ids, constants, nodes, outputs = captured.export()
+    input_ids, constants, nodes, outputs, start_grad = captured.export()
     graph = fx.Graph()
     root = torch.nn.Module()
     env: dict[int, Any] = {}  # value id -> fx.Node, or (node, path) for a result not yet read
@@ -147,7 +147,18 @@ def _graph_module(captured: Any, func: Callable[..., Any], args: tuple, kwargs: 
 
     generators: list[str] = []
 
-    for qualified, overload, node_args, node_kwargs, returns in nodes:
+    # See Note [Capture: grad mode].
+    ambient = None  # the node reading the caller's grad mode, made when first needed
+    grad = start_grad
+    for qualified, overload, node_args, node_kwargs, returns, node_grad in nodes:
+        if node_grad != grad:
+            if ambient is None:
+                ambient = graph.create_node("call_function", torch.is_grad_enabled, (),
+                                            name="grad_enabled")
+            mode = ambient if node_grad == start_grad else node_grad
+            graph.create_node("call_function", torch._C._set_grad_enabled, (mode,),
+                              name="set_grad_enabled")
+            grad = node_grad
         op, name = _resolve(qualified, overload)
         n = graph.create_node(
             "call_function", op, tuple(convert(a) for a in node_args),
@@ -163,12 +174,28 @@ def _graph_module(captured: Any, func: Callable[..., Any], args: tuple, kwargs: 
                     "call_function", getitem, (n, j), name="getitem")
                 for k, e in enumerate(r):
                     env[e.id] = (base, k)
+    if grad != start_grad:
+        graph.create_node("call_function", torch._C._set_grad_enabled, (ambient,),
+                          name="set_grad_enabled")
     out_iter = iter(outputs)
     graph.output([convert(next(out_iter)) if isinstance(x, torch.Tensor) else x
                   for x in out_leaves])
     in_spec = pytree.tree_flatten((tuple(args), kwargs) if kwargs else tuple(args))[1]
     graph._codegen = _CaptureCodeGen(_PyTreeInfo(orig_args, in_spec, out_spec))
     return _LazyGraphModule(root, graph)  # See Note [Capture: code generated on first use]
+
+
+# Note [Capture: grad mode]
+# A capture records each op with the grad mode it ran under: a no_grad block inside f (an
+# optimizer's update of parameters that require grad), and autograd's backward, which runs its
+# nodes with grad mode off. Replayed in one mode, the graph lost that: its epilogue wrote a leaf
+# that requires grad in grad mode (eager's leaf check raised), and ops under no_grad recorded
+# history eager's do not. So where the mode changes between recorded ops, the graph sets it
+# (torch._C._set_grad_enabled, as make_fx's pre-dispatch graphs do), relative to the caller's:
+# an op recorded in the mode the capture started under runs in the caller's mode (the graph
+# reads it once, torch.is_grad_enabled()), any other in its recorded mode, and the graph ends in
+# the caller's mode. tfz::CapturedGraph replays the same way. Rejected: absolute modes (a graph
+# called under no_grad would turn grad mode on for the ops f ran in its caller's mode).
 
 
 # Note [Capture: overloads named by a keyword]

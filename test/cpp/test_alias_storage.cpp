@@ -51,17 +51,19 @@ TEST(AliasStorageTest, StartsAtGenerationZeroWithNothingQueued) {
 
 TEST(AliasStorageTest, AddUpdateQueuesAndBumpsTheGeneration) {
   AliasStorage storage(float_grid(2, 3));
-  storage.add_update(at::ones({3}), ViewChain{step("aten::select", "int", {0, 1})});
+  storage.add_update(at::ones({3}), ViewChain{step("aten::select", "int", {0, 1})},
+                     /*visible=*/true);
   EXPECT_EQ(storage.generation(), 1u);
   EXPECT_TRUE(storage.has_pending_updates());
-  storage.add_update(at::ones({3}), ViewChain{step("aten::select", "int", {0, 0})});
+  storage.add_update(at::ones({3}), ViewChain{step("aten::select", "int", {0, 0})},
+                     /*visible=*/true);
   EXPECT_EQ(storage.generation(), 2u);
 }
 
 TEST(AliasStorageTest, ApplyUpdatesWithAnEmptyChainReplacesTheBase) {
   AliasStorage storage(float_grid(2, 3));
   const at::Tensor value = float_grid(2, 3, 100);
-  storage.add_update(value, {});
+  storage.add_update(value, {}, /*visible=*/true);
   EXPECT_TRUE(storage.apply_updates());
   EXPECT_FALSE(storage.has_pending_updates());
   EXPECT_TRUE(at::equal(storage.base(), value));
@@ -74,7 +76,7 @@ TEST(AliasStorageTest, ApplyUpdatesReplaysInversesInReverseOrder) {
                         step("aten::slice", "Tensor", {0, 0, 2, 1})};
   const at::Tensor value = at::tensor({-1.0f, -2.0f});
   AliasStorage storage(base);
-  storage.add_update(value, chain);
+  storage.add_update(value, chain, /*visible=*/true);
   storage.apply_updates();
 
   at::Tensor eager = base.clone();
@@ -88,8 +90,8 @@ TEST(AliasStorageTest, QueuedUpdatesApplyInTheOrderTheyWereMade) {
   const ViewChain row{step("aten::select", "int", {0, 1})};
   const ViewChain col{step("aten::select", "int", {1, 2})};
   AliasStorage storage(base);
-  storage.add_update(at::full({3}, 7.0f), row);
-  storage.add_update(at::full({3}, 9.0f), col);
+  storage.add_update(at::full({3}, 7.0f), row, /*visible=*/true);
+  storage.add_update(at::full({3}, 9.0f), col, /*visible=*/true);
   storage.apply_updates();
 
   at::Tensor eager = base.clone();

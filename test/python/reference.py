@@ -265,3 +265,62 @@ def assert_functional_graph(gm, remove):
         else:
             read = set(node.all_input_nodes) & written
             assert not read, f"{node.target} reads {read} after the write-back:\n{gm.code}"
+
+
+def _autograd_state(t):
+    """What autograd says of an input after the call: requires_grad, is_leaf, the grad_fn's type
+    and .grad (detached, or None)."""
+    grad = t.grad.detach() if t.is_leaf and t.grad is not None else None
+    return (t.requires_grad, t.is_leaf, type(t.grad_fn).__name__, grad)
+
+
+def assert_client_matches_eager(f, make_inputs, *, remove, graphs=("make_fx", "capture"),
+                                check_version=True):
+    """Client code (torch.optim steps, nn modules, training loops) against eager: the same inputs
+    from `make_inputs()` (seeded), f run eagerly and functionalized from the same generator state.
+    Compares the outputs and every input's final value and autograd state (requires_grad, is_leaf,
+    grad_fn type, .grad, and the version counter). Then each graph in `graphs` (make_fx of the
+    functionalized f, capture(f)) must be functional (assert_functional_graph) and, replayed on
+    fresh inputs from the same generator state, give eager's outputs and input values (.grad is
+    not a graph's: a graph returns what f returns). A make_fx graph holds the backward ops it
+    traced, and its epilogue writes leaves that require grad, so it replays under no_grad, as
+    AOTAutograd runs such graphs; capture's GraphModule is called like f."""
+    import torch_functionalize
+
+    def run(fn):
+        torch.manual_seed(0)
+        inputs = make_inputs()
+        versions = [t._version for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+        torch.manual_seed(1)
+        out = fn(*inputs)
+        return inputs, out, versions
+
+    e_in, e_out, e_versions = run(f)
+    a_in, a_out, a_versions = run(torch_functionalize.functionalize(f, remove=remove))
+    assert a_versions == e_versions
+    assert_trees_match(a_out, e_out, "output")
+    e_leaves = [t for t in pytree.tree_leaves(e_in) if isinstance(t, torch.Tensor)]
+    a_leaves = [t for t in pytree.tree_leaves(a_in) if isinstance(t, torch.Tensor)]
+    for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
+        assert_trees_match(a, e, f"input {i}")
+        actual, expected = _autograd_state(a), _autograd_state(e)
+        assert actual[:3] == expected[:3], f"input {i}: autograd state {actual[:3]} != {expected[:3]}"
+        assert_trees_match(actual[3], expected[3], f"input {i}: .grad")
+        if check_version:
+            assert a._version == e._version, f"input {i}: version {a._version} != {e._version}"
+    builders = {
+        "make_fx": lambda *args: make_fx(torch_functionalize.functionalize(f, remove=remove))(*args),
+        "capture": lambda *args: torch_functionalize.capture(f, *args, remove=remove),
+    }
+    for name in graphs:
+        gm = run(builders[name])[1]
+        assert_functional_graph(gm, remove)
+        if name == "make_fx":
+            with torch.no_grad():
+                r_in, r_out, _ = run(gm)
+        else:
+            r_in, r_out, _ = run(gm)
+        assert_trees_match(r_out, e_out, f"{name} replay: output")
+        r_leaves = [t for t in pytree.tree_leaves(r_in) if isinstance(t, torch.Tensor)]
+        for i, (r, e) in enumerate(zip(r_leaves, e_leaves)):
+            assert_trees_match(r.detach(), e.detach(), f"{name} replay: input {i}")

@@ -1,0 +1,93 @@
+// Writes that eager's autograd does not see: the new value keeps the written tensor's gradient
+// edge. See Note [Autograd: writes autograd does not see].
+#include "core/AutogradHistory.h"
+
+#include "core/Recorder.h"
+
+#include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <typeinfo>
+
+namespace tfz::detail {
+
+// Note [Autograd: writes autograd does not see]
+// Eager:                                  Functionalized:
+//   h = w * 2                               h0 = mul(w, 2)                  grad_fn MulBackward
+//   with torch.no_grad(): h.clamp_(0)       h1 = clamp(h0, 0), under no_grad, given h0's edge
+//   loss = (h * x).sum()                    loss = sum(mul(h1, x))     d loss/d w flows through
+//                                                                      h0's MulBackward, as eager
+// A write under no_grad, or through an alias autograd does not connect to the tensor (x.detach(),
+// x.data), changes the tensor's data and nothing else: eager's in-place kernel writes the memory,
+// and the tensor keeps its grad_fn, or stays a leaf that requires grad (an SGD update of a
+// parameter). Functionalized, the write makes a new value, computed without history, so the
+// tensor would stop requiring grad ("element 0 of tensors does not require grad" at the next
+// backward) or, for a write through x.data under grad mode, take the write's own history (wrong
+// gradients, silently). So such a new value is given the old value's gradient edge: its grad_fn
+// and output number, or, for a leaf, the leaf's own grad accumulator as grad_fn. Later ops record
+// that edge, so backward reaches the same nodes eager's would, and gradients of a leaf still
+// accumulate into the leaf's .grad. A wrapper whose value has a grad accumulator as grad_fn reads
+// as that leaf (Note [Wrapper: autograd mirrored]): is_leaf, requires_grad and .grad as in eager.
+// The rule applies where a write is made hidden (FunctionalTensorImpl::replace_ under no_grad),
+// where it reaches the base of its aliases (AliasStorage::apply_updates, for a write under no_grad
+// or through a chain that holds a detach step), and where an input is written back (an input
+// whose final value has its own edge is copied under no_grad, so it keeps its grad_fn or stays a
+// leaf). Rejected: `old + (new - old).detach()` (one expression with the right gradient, but not
+// the right values: inf and NaN do not cancel, and rounding moves the last bit), and a custom
+// autograd node passing the gradient through (a node eager does not have: grad_fn reads
+// otherwise, and every hidden write adds one to the backward graph).
+namespace {
+bool same_edge(const torch::autograd::Edge& a, const torch::autograd::Edge& b) {
+  return a.function.get() == b.function.get() && a.input_nr == b.input_nr;
+}
+
+// Whether a tensor made here without dispatch (a shallow copy) would be unknown to someone who
+// tracks tensors by identity: make_fx's mode, a tensor subclass, a torch.func transform, capture.
+bool may_be_tracked(const at::Tensor& value) {
+  return ops_are_recorded() || c10::impl::TorchDispatchModeTLS::any_modes_set() ||
+         c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks) ||
+         value.key_set().has_any(c10::python_ks) ||
+         value.key_set().has_any(c10::DispatchKeySet(
+             {c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper}));
+}
+}  // namespace
+
+at::Tensor with_history_of(const at::Tensor& value, const at::Tensor& old,
+                           std::initializer_list<const at::Tensor*> holders, bool views_kept) {
+  namespace ag = torch::autograd;
+  if (!old.defined() || !value.defined() || !old.requires_grad() || value.is_same(old)) {
+    return value;
+  }
+  ag::Edge edge = ag::impl::gradient_edge(old);
+  if (value.requires_grad() && same_edge(ag::impl::gradient_edge(value), edge)) return value;
+  bool shared = ag::impl::get_autograd_meta(value) != nullptr;
+  for (const at::Tensor* h : holders) shared |= h->defined() && h->is_same(value);
+  at::Tensor out = value;
+  if (shared) {
+    at::AutoGradMode no_grad(false);
+    if (!may_be_tracked(value)) {
+      out = value.variable_data();
+    } else {
+      out = views_kept ? at::alias(value) : at::clone(value);
+    }
+  }
+  ag::impl::set_gradient_edge(out, std::move(edge));
+  return out;
+}
+
+at::Tensor leaf_standing_for(const at::Tensor& value) {
+  const auto& fn = value.grad_fn();
+  if (!fn || typeid(*fn) != typeid(torch::autograd::AccumulateGrad)) return at::Tensor();
+  return static_cast<torch::autograd::AccumulateGrad*>(fn.get())->variable;
+}
+
+bool has_history_of(const at::Tensor& value, const at::Tensor& original) {
+  namespace ag = torch::autograd;
+  if (!value.requires_grad() || !original.requires_grad()) return false;
+  return same_edge(ag::impl::gradient_edge(value), ag::impl::gradient_edge(original));
+}
+
+}  // namespace tfz::detail

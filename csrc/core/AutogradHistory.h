@@ -1,0 +1,29 @@
+// What a write that eager's autograd does not see leaves of a tensor's autograd identity: the
+// new value takes the old one's gradient edge (Note [Autograd: writes autograd does not see]).
+// Pure functions on plain tensors; knows nothing about wrappers or layers.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace tfz::detail {
+
+/// `value` (the new data of a tensor) carrying `old`'s autograd identity: the same grad_fn and
+/// output number, or, for a leaf that requires grad, a grad_fn that is the leaf's own grad
+/// accumulator (so gradients still accumulate into the leaf). `value` itself when `old` requires
+/// no grad or `value` already has that edge. `value` is changed in place only when it has no
+/// autograd metadata and is none of `holders` (tensors someone else keeps, whose autograd state
+/// must not change); otherwise the result is a new tensor sharing its data: a shallow copy
+/// eagerly, an `alias` (views kept) or a `clone` (views removed) when ops are recorded, so a
+/// tracer knows it. Call under an InnerCallGuard.
+at::Tensor with_history_of(const at::Tensor& value, const at::Tensor& old,
+                           std::initializer_list<const at::Tensor*> holders, bool views_kept);
+
+/// The leaf whose grad accumulator is `value`'s grad_fn (a value that stands for that leaf after
+/// a write autograd did not see), or an undefined tensor.
+at::Tensor leaf_standing_for(const at::Tensor& value);
+
+/// Whether `value` has `original`'s gradient edge: the writes that made it were hidden from
+/// autograd, so writing it back into `original` must record no history either.
+bool has_history_of(const at::Tensor& value, const at::Tensor& original);
+
+}  // namespace tfz::detail

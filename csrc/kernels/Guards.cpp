@@ -1,0 +1,78 @@
+// The guard ops a captured graph holds where the program read a value out of a tensor
+// (tfz::_guard_value, tfz::_guard_equal) or took a size that depends on values
+// (tfz::_guard_sizes): each checks, on replay, that the value is the one the graph specialized
+// on, and raises naming the read otherwise. See Note [Capture: guards on values read].
+#include <ATen/core/Formatting.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <sstream>
+
+namespace {
+
+bool same_scalar(const c10::Scalar& a, const c10::Scalar& b) {
+  if (a.isComplex() || b.isComplex()) return a.toComplexDouble() == b.toComplexDouble();
+  if (a.isFloatingPoint() || b.isFloatingPoint()) {
+    const double x = a.toDouble(), y = b.toDouble();
+    return x == y || (std::isnan(x) && std::isnan(y));
+  }
+  if (a.isBoolean() || b.isBoolean()) return a.toBool() == b.toBool();
+  return a.toLong() == b.toLong();
+}
+
+constexpr const char* kRemedy =
+    " Capture again for inputs that give this value, or keep the value a tensor (torch.where "
+    "instead of a Python if; capturable=True for torch.optim optimizers on devices that support "
+    "it).";
+
+void guard_value(const at::Tensor& self, const c10::Scalar& expected, c10::string_view what) {
+  const c10::Scalar actual = self.item();
+  TORCH_CHECK(same_scalar(actual, expected),
+              "functionalize: the captured graph read a value out "
+              "of a tensor (",
+              what, ") and specialized on it: it was ", expected, " when captured and is ", actual,
+              " now.", kRemedy);
+}
+
+void guard_equal(const at::Tensor& self, const at::Tensor& other, bool expected,
+                 c10::string_view what) {
+  const bool actual = self.equal(other);
+  TORCH_CHECK(actual == expected,
+              "functionalize: the captured graph read a value out of two "
+              "tensors (",
+              what, ") and specialized on it: it was ", expected, " when captured and is ", actual,
+              " now.", kRemedy);
+}
+
+void guard_sizes(const at::Tensor& self, c10::SymIntArrayRef expected, c10::string_view what) {
+  TORCH_CHECK(self.sym_sizes() == expected,
+              "functionalize: the captured graph specialized on "
+              "the sizes of a result that depend on the values of its inputs (",
+              what, "): they were ", expected, " when captured and are ", self.sym_sizes(), " now.",
+              kRemedy);
+}
+
+void no_check_on_meta(const at::Tensor&, const c10::Scalar&, c10::string_view) {}
+void no_equal_check_on_meta(const at::Tensor&, const at::Tensor&, bool, c10::string_view) {}
+
+}  // namespace
+
+TORCH_LIBRARY(tfz, m) {
+  m.def("_guard_value(Tensor self, Scalar expected, str what) -> ()");
+  m.def("_guard_equal(Tensor self, Tensor other, bool expected, str what) -> ()");
+  m.def("_guard_sizes(Tensor self, SymInt[] expected, str what) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(tfz, CompositeExplicitAutograd, m) {
+  m.impl("_guard_value", &guard_value);
+  m.impl("_guard_equal", &guard_equal);
+  m.impl("_guard_sizes", &guard_sizes);
+}
+
+// Meta tensors hold no values: a replay on meta checks sizes only.
+TORCH_LIBRARY_IMPL(tfz, Meta, m) {
+  m.impl("_guard_value", &no_check_on_meta);
+  m.impl("_guard_equal", &no_equal_check_on_meta);
+}
