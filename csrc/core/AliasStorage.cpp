@@ -100,7 +100,7 @@ at::Tensor AliasStorage::in_own_storage_(const at::Tensor& value) {
     return value;
   }
   InnerCallGuard guard;
-  return at::copy(base_, value);
+  return restrided_copy(base_, value);
 }
 
 namespace {
@@ -344,7 +344,7 @@ at::Tensor in_base_strides(const at::Tensor& base, at::Tensor value, bool views_
     // See Note [Kernel: writes keep the written tensor's strides] for dimensions of size 1.
     return views_kept ? with_size_one_strides_of(base, value) : value;
   }
-  return at::copy(at::empty_strided(base.sizes(), base.strides(), value.options()), value);
+  return restrided_copy(at::empty_strided(base.sizes(), base.strides(), value.options()), value);
 }
 }  // namespace
 

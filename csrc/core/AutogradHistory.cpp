@@ -78,6 +78,16 @@ at::Tensor with_history_of(const at::Tensor& value, const at::Tensor& old,
   return out;
 }
 
+at::Tensor restrided_copy(const at::Tensor& dst, const at::Tensor& src) {
+  if (!src.requires_grad() || !c10::GradMode::is_enabled()) return at::copy(dst, src);
+  at::Tensor out;
+  {
+    at::AutoGradMode no_grad(false);
+    out = at::copy(dst, src);
+  }
+  return with_history_of(out, src, {&dst}, /*views_kept=*/true);
+}
+
 at::Tensor leaf_standing_for(const at::Tensor& value) {
   const auto& fn = value.grad_fn();
   if (!fn || typeid(*fn) != typeid(torch::autograd::AccumulateGrad)) return at::Tensor();

@@ -18,6 +18,11 @@ namespace tfz::detail {
 at::Tensor with_history_of(const at::Tensor& value, const at::Tensor& old,
                            std::initializer_list<const at::Tensor*> holders, bool views_kept);
 
+/// at::copy(dst, src): src's values in dst's layout (and dtype), as a functional op a graph can
+/// hold, with src's gradient edge when src requires grad (torch gives aten::copy no derivative;
+/// as a change of layout its gradient is the identity). Call under an InnerCallGuard.
+at::Tensor restrided_copy(const at::Tensor& dst, const at::Tensor& src);
+
 /// The leaf whose grad accumulator is `value`'s grad_fn (a value that stands for that leaf after
 /// a write autograd did not see), or an undefined tensor.
 at::Tensor leaf_standing_for(const at::Tensor& value);

@@ -280,10 +280,10 @@ void FunctionalTensorImpl::replace_(const at::Tensor& new_value_in) {
   set_value_(new_value);
 }
 
-void FunctionalTensorImpl::commit_update_() {
-  // Every write bumps the version counter the wrapper shares with its views, as eager's
-  // in-place kernels do.
-  if (version_counter().enabled()) bump_version();
+void FunctionalTensorImpl::commit_update_(bool counts_version) {
+  // A write bumps the version counter the wrapper shares with its views, as eager's in-place
+  // kernels do (Note [Inputs: version counters]).
+  if (counts_version && version_counter().enabled()) bump_version();
   auto& storage = alias_storage();
   if (chain_.empty() && !storage.has_pending_updates() && is_up_to_date()) {
     // The base itself was written and nothing else is pending: there is no inverse to run and
@@ -307,8 +307,18 @@ void FunctionalTensorImpl::remember_entry_() {
   }
 }
 
+void FunctionalTensorImpl::count_metadata_write_(const MetadataMutation& mutation) {
+  // Eager's in-place view ops and resize_ bump the version (their ADInplaceOrView kernels);
+  // detach_ does not. See Note [Inputs: version counters].
+  if (version_counter().enabled() &&
+      mutation.op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView)) {
+    bump_version();
+  }
+}
+
 void FunctionalTensorImpl::mutate_view_meta_(std::shared_ptr<const ViewMeta> step,
                                              MetadataMutation mutation) {
+  count_metadata_write_(mutation);
   remember_entry_();
   InnerCallGuard guard;
   set_value_(step->forward(value_));
@@ -321,6 +331,7 @@ void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
                                          std::vector<std::shared_ptr<const ViewMeta>> prefix) {
   TORCH_INTERNAL_ASSERT(is_up_to_date(), "resize_chain_ on a stale wrapper");
   TORCH_INTERNAL_ASSERT(prefix.empty() || step, "resize_chain_: a prefix needs a step");
+  if (!mutations.empty()) count_metadata_write_(mutations.front());
   remember_entry_();
   InnerCallGuard guard;
   auto& storage = alias_storage();

@@ -67,7 +67,8 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   void replace_(const at::Tensor& new_value);
   /// Queues this wrapper's value on the storage so the base and the other aliases see it (or,
   /// for an up-to-date base wrapper, makes it the storage's base at once).
-  void commit_update_();
+  /// `counts_version`: the write bumps the version counter, as eager's kernel of the op does.
+  void commit_update_(bool counts_version = true);
   /// An in-place view op (t_, squeeze_, ...): extend the chain with `step`, replay it on the
   /// value, and remember `mutation` for the input epilogue.
   void mutate_view_meta_(std::shared_ptr<const ViewMeta> step, MetadataMutation mutation);
@@ -110,9 +111,10 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
 
  private:
   const char* tensorimpl_type_name() const override;
-  bool views_kept_() const;                        // the remove mode of this wrapper's layer
-  void detach_();                                  // See Note [Wrapper: .data is a detached alias]
-  void set_value_(const at::Tensor& value);        // value_ + mirrored metadata
+  bool views_kept_() const;  // the remove mode of this wrapper's layer
+  void detach_();            // See Note [Wrapper: .data is a detached alias]
+  void count_metadata_write_(const MetadataMutation& mutation);  // eager's version bump
+  void set_value_(const at::Tensor& value);                      // value_ + mirrored metadata
   void mirror_autograd_(const at::Tensor& value);  // See Note [Wrapper: autograd mirrored]
   void adopt_requires_grad_();  // See Note [Wrapper: requires_grad_ set on a wrapper]
   // See Note [Wrapper: values in eager's stride order without views].

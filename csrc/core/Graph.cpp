@@ -43,20 +43,23 @@ size_t num_positional_shown(const GraphNode& node) {
 // overwritten. A node stays if one of its results reaches an output or a kept node, or if it has
 // an effect of its own: it writes an argument (the input epilogue's copy_, as_strided_, resize_)
 // or draws from a random generator (removing a dead `rand` would hand its numbers to the next
-// random op, and the graph would no longer replay eager's stream), or has no result at all (a
-// guard). Rejected: FX's
+// random op, and the graph would no longer replay eager's stream), or is a guard
+// (Note [Capture: guards on values read]). Other ops without results (the profiler's
+// record_function markers of an optimizer step) go with the dead. Rejected: FX's
 // eliminate_dead_code, which only knows the first rule; and doing it in Python, which would leave
 // C++ users with the fat graph.
+bool is_guard(const c10::OperatorHandle& op) {
+  return op.operator_name().name.rfind("tfz::_guard_", 0) == 0;
+}
+
 void eliminate_dead_nodes(Graph& graph) {
   std::vector<char> live(graph.values.size(), 0);
   for (const auto& out : graph.outputs) for_each_value(out, [&](int64_t id) { live[id] = 1; });
   std::vector<char> keep(graph.nodes.size(), 0);
   for (size_t n = graph.nodes.size(); n-- > 0;) {
     const GraphNode& node = graph.nodes[n];
-    // A node without results (a guard, Note [Capture: guards on values read]) is there for its
-    // effect.
     bool needed = writes_an_argument(node.op) || node.op.hasTag(at::Tag::nondeterministic_seeded) ||
-                  node.op.schema().returns().empty();
+                  is_guard(node.op);
     for (const auto& r : node.returns) {
       for_each_value(r, [&](int64_t id) { needed = needed || live[id] != 0; });
     }

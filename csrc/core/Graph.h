@@ -64,6 +64,9 @@ size_t num_positional_shown(const GraphNode& node);
 /// keep views (remove="mutations"). See Note [Capture: region-precise epilogue].
 void narrow_epilogue_copies(Graph& graph);
 
+/// Whether `op` is one of the guard ops the recorder adds (Note [Capture: guards on values read]).
+bool is_guard(const c10::OperatorHandle& op);
+
 /// Removes every node no output needs, except nodes that write an argument (the epilogue's
 /// copy_, as_strided_, resize_) or draw random numbers (dropping one would shift the generator
 /// for the random ops after it). See Note [Capture: dead nodes].

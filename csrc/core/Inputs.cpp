@@ -281,12 +281,47 @@ namespace {
 // storage; sized so the storage has eager's byte count), then as_strided_(sizes, strides, offset)
 // when the result differs from what the input has. A sequence that nets to nothing (t_ then t_)
 // emits nothing, and a graph's epilogue speaks only copy_, as_strided_ and resize_.
-// detach_ (autograd metadata, not geometry) is applied as called. Inputs with symbolic sizes
-// replay every op as called instead (a meta probe would need the symbols' values).
+// detach_ (autograd metadata, not geometry) is applied as called, to an input that requires grad
+// (on any other it changes nothing). Inputs with symbolic sizes get the same from a probe of their
+// symbolic geometry; sequences that may grow the storage (resize_, set_) replay as called there.
 // Rejected: replaying every metadata op as called (what we did first): exact as well, but graphs
 // then carry every in-place view op for a backend to implement, no-op sequences included; and
 // as_strided_ with the wrapper's current metadata (torch.func): a *_copy value's strides are not
 // eager's.
+// detach_ changes autograd metadata, not geometry: replayed as called after the geometry. It
+// changes nothing of an input without autograd history, so a graph gets it only for one with
+// history (HistogramObserver's histogram.detach_().resize_(..) of a plain buffer left a mutable
+// op in the graph for no effect).
+void replay_detach(const at::Tensor& original, const FunctionalTensorImpl& impl) {
+  if (!original.requires_grad()) return;
+  static const c10::OperatorName detach_name("aten::detach_", "");
+  for (const auto& m : impl.metadata_mutations()) {
+    if (m.op.operator_name() == detach_name) original.detach_();
+  }
+}
+
+// With symbolic sizes a probe would compute with symbols, which a symbolic tracer records; the
+// wrapper already reports eager's final geometry (Note [Kernel: eager strides without views]), so
+// the input gets it by one as_strided_ with symbolic arguments, as with static sizes (make_fx's
+// symbolic graphs of x.t_() kept aten.t_). Sequences that may grow the storage (resize_, set_)
+// replay as called: their growth is a comparison of symbols.
+template <class Replay>
+void apply_symbolic_metadata_mutations(const at::Tensor& original, const FunctionalTensorImpl& impl,
+                                       const Replay& replay_on) {
+  static const c10::OperatorName resize{"aten::resize_", ""};
+  const bool may_grow = std::any_of(impl.metadata_mutations().begin(),
+                                    impl.metadata_mutations().end(), [](const MetadataMutation& m) {
+                                      return m.op.operator_name() == resize ||
+                                             m.op.operator_name().name == "aten::set_";
+                                    });
+  if (may_grow) {
+    replay_on(original, /*geometry_only=*/false);
+    return;
+  }
+  original.as_strided__symint(impl.sym_sizes(), impl.sym_strides(), impl.sym_storage_offset());
+  replay_detach(original, impl);
+}
+
 void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensorImpl& impl) {
   const auto& mutations = impl.metadata_mutations();
   if (mutations.empty()) return;
@@ -302,7 +337,7 @@ void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensor
     }
   };
   if (original.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
-    replay_on(original, /*geometry_only=*/false);
+    apply_symbolic_metadata_mutations(original, impl, replay_on);
     return;
   }
   const auto item = static_cast<int64_t>(original.itemsize());
@@ -333,9 +368,7 @@ void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensor
       original.storage_offset() != probe.storage_offset()) {
     original.as_strided_(probe.sizes(), probe.strides(), probe.storage_offset());
   }
-  for (const auto& m : mutations) {
-    if (m.op.operator_name() == detach_name) original.detach_();
-  }
+  replay_detach(original, impl);
 }
 
 // Note [Inputs: writes before a metadata change]
@@ -452,11 +485,21 @@ void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
   }
   // See written_unseen. Every other write-back records the copy, so gradients flow through
   // written inputs as through eager's in-place op.
-  if (written_unseen(original, value)) {
-    at::AutoGradMode no_grad(false);
-    // Eagerly through x.data, which bumps no version: the wrapper counted eager's writes, and a
-    // write through x.data counts none (Note [Inputs: version counters]).
-    (epilogue_is_recorded() ? original : original.variable_data()).copy_(value);
+  const bool unseen = written_unseen(original, value);
+  if (unseen || (!original.requires_grad() && !value.requires_grad())) {
+    // No history to record. Eagerly through x.data, which bumps no version: the wrapper counted
+    // eager's writes, and a write through x.data counts none (Note [Inputs: version counters]).
+    // Grad mode changes only where it matters, so a graph switches it only for such inputs.
+    at::AutoGradMode no_grad(!unseen && c10::GradMode::is_enabled());
+    // (A sparse tensor's shallow copy holds its own indices and values, an inference tensor
+    // keeps eager's error, and a torch.func or subclass wrapper has no .data to give: those are
+    // written as they are.)
+    static const auto wrapped_keys =
+        c10::python_ks | c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
+                                              c10::DispatchKey::FuncTorchGradWrapper});
+    const bool through_data = !epilogue_is_recorded() && original.layout() == c10::kStrided &&
+                              !original.is_inference() && !original.key_set().has_any(wrapped_keys);
+    (through_data ? original.variable_data() : original).copy_(value);
     return;
   }
   original.copy_(value);

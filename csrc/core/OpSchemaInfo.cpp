@@ -383,6 +383,8 @@ OpInfo classify(const c10::OperatorHandle& op) {
   info.name = c10::toString(op.operator_name());
   info.wraps_plain_outputs = !has_tensor_arguments(schema);  // a factory (Note [Kernel: factories])
   info.seeded = op.hasTag(at::Tag::nondeterministic_seeded);
+  info.bumps_versions = op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView) ||
+                        info.name.rfind("aten::_foreach_", 0) == 0;
 
   bool writes = false;
   for (const auto& a : schema.arguments()) writes |= is_written(a);
@@ -425,6 +427,11 @@ OpInfo classify(const c10::OperatorHandle& op) {
                           schema.name().compare(schema.name().size() - 5, 5, "_like") == 0 &&
                           !args.empty() && args[0].name() == "self" &&
                           args[0].type()->kind() == c10::TypeKind::TensorType;
+  // A *_like op is a factory whose self only gives metadata: inside a layer its result is a
+  // wrapper even for a plain self (a saved tensor autograd hands a backward formula: silu's
+  // `1 - sigmoid` is empty_like(sigmoid).fill_(1).sub_(sigmoid), whose writes a tracer recorded
+  // as mutations). See Note [Kernel: factories].
+  info.wraps_plain_outputs = info.wraps_plain_outputs || info.self_is_template;
   static const std::array<std::string_view, 5> copies_storage{
       "aten::select_scatter", "aten::slice_scatter", "aten::diagonal_scatter",
       "aten::as_strided_scatter", "aten::copy"};

@@ -100,6 +100,11 @@ struct OpInfo {
   // Functional: the result is a copy of self's whole storage at self's geometry (the *_scatter
   // ops and copy). See Note [Alias: writes to a value that is not its whole storage].
   bool copies_self_storage = false;
+  // Mutable: eager's kernel bumps the written tensors' version counters (an ADInplaceOrView
+  // kernel, or _foreach_ ops, whose kernels bump them); fused optimizer kernels and ops that
+  // write arguments their schema hides (native_batch_norm) do not. See
+  // Note [Inputs: version counters].
+  bool bumps_versions = true;
 };
 
 /// Computes the OpInfo of `op` from its schema (slow: schema analysis and a table lookup; cache

@@ -3,6 +3,7 @@
 // the functional-op handler. Views and mutations have their own files.
 #include "kernels/Registration.h"
 
+#include "core/AutogradHistory.h"
 #include "core/Conversions.h"
 #include "core/DispatchKey.h"
 #include "core/Layout.h"
@@ -198,7 +199,8 @@ void in_reported_strides_for_seeded(const at::Tensor& wrapper, c10::IValue& inne
   const at::Tensor& value = inner.toTensor();
   if (same_sizes_other_strides(wrapper, value) &&
       !may_self_overlap(wrapper.sizes(), wrapper.strides())) {
-    inner = at::copy(at::empty_strided(wrapper.sizes(), wrapper.strides(), value.options()), value);
+    inner = restrided_copy(at::empty_strided(wrapper.sizes(), wrapper.strides(), value.options()),
+                           value);
   }
 }
 

@@ -72,7 +72,7 @@ void check_read_of_written(const c10::OperatorName& op, const at::Tensor& writte
 void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t);
 /// The written wrapper now holds `value`: replace, commit to its alias storage, sync. An out=
 /// wrapper of another shape is first resized as eager's resize_output does (resize_functional).
-void write_back(const at::Tensor& wrapper, const at::Tensor& value);
+void write_back(const at::Tensor& wrapper, const at::Tensor& value, bool counts_version = true);
 /// resize_ of a wrapper (Note [Kernel: resize_]); `layer` is the layer the wrapper belongs to.
 /// With `then_strides`, the resized wrapper is then restrided to them in place (as_strided_ at its
 /// offset), as a structured out= kernel restrides the output it resized
@@ -96,7 +96,7 @@ at::Tensor fresh_out_like(const at::Tensor& wrapper, const at::Tensor& out);
 /// writes take the boxed path (Note [Kernel: in-place writes to a bool view of other bytes]).
 bool is_bool_view_of_wider_bytes(const at::Tensor& wrapper);
 /// After such a write: the inner value is the storage's new base.
-void commit_written_in_place(const at::Tensor& wrapper);
+void commit_written_in_place(const at::Tensor& wrapper, bool counts_version = true);
 /// Whether self's inner value is the caller's memory with grad mode on: an in-place op on it
 /// then reads a clone when any argument requires grad.
 /// See Note [Kernel: writes to inputs under autograd].

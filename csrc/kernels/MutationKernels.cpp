@@ -2,6 +2,7 @@
 // replace each written wrapper's value, commit it to its alias storage and sync it.
 #include "kernels/Handlers.h"
 
+#include "core/AutogradHistory.h"
 #include "core/Conversions.h"
 #include "core/FunctorchInterop.h"
 #include "core/Layout.h"
@@ -453,7 +454,7 @@ void out_results_in_eager_strides(const OpInfo& info, const c10::OperatorHandle&
     const at::Tensor& e = eager[k].toTensor();
     if (value.layout() == c10::kStrided && value.is_non_overlapping_and_dense() &&
         e.is_non_overlapping_and_dense() && same_sizes_other_strides(value, e)) {
-      v = at::copy(at::empty_strided(value.sizes(), e.strides(), value.options()), value);
+      v = restrided_copy(at::empty_strided(value.sizes(), e.strides(), value.options()), value);
     }
   }
 }
@@ -574,8 +575,8 @@ bool can_write_inner_in_place(const at::Tensor& wrapper) {
          value.use_count() == 2 && value.has_storage() && value.storage().use_count() == 1;
 }
 
-void commit_written_in_place(const at::Tensor& wrapper) {
-  unsafe_get_impl(wrapper)->commit_update_();
+void commit_written_in_place(const at::Tensor& wrapper, bool counts_version) {
+  unsafe_get_impl(wrapper)->commit_update_(counts_version);
 }
 
 // Note [Kernel: writes to inputs under autograd]
@@ -637,7 +638,7 @@ bool reads_input_under_autograd(const at::Tensor& wrapper, const at::Tensor& sel
 // changes nothing in eager. Committed like any write, its view inverse still ran: expand's sums
 // the written view over the expanded dimension, so an empty write through x.expand(3) tripled x
 // (fuzzer program 100622). Such a write is dropped: no commit, no generation, no epilogue copy.
-void write_back(const at::Tensor& wrapper, const at::Tensor& value_in) {
+void write_back(const at::Tensor& wrapper, const at::Tensor& value_in, bool counts_version) {
   auto* impl = unsafe_get_impl(wrapper);
   if (!wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() && wrapper.numel() == 0 &&
       wrapper.sym_sizes() == value_in.sym_sizes()) {
@@ -658,15 +659,15 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value_in) {
                       /*overwritten=*/true);
   }
   if (impl->chain().empty() && same_sizes_other_strides(wrapper, value)) {
-    value = at::copy(at::empty_strided(wrapper.sizes(), wrapper.strides(),
-                                       value.options().dtype(wrapper.scalar_type())),
-                     value);
+    value = restrided_copy(at::empty_strided(wrapper.sizes(), wrapper.strides(),
+                                             value.options().dtype(wrapper.scalar_type())),
+                           value);
   } else if (impl->chain().empty() && suspended_layer() != nullptr &&
              suspended_layer()->reapply_views) {
     value = with_size_one_strides_of(wrapper, value);
   }
   impl->replace_(value);
-  impl->commit_update_();
+  impl->commit_update_(counts_version);
   impl->sync_();
 }
 
@@ -930,7 +931,9 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
   // After the functional call, so that eager's own errors (list lengths, shapes) come first.
   check_no_read_of_written_memory(info, schema, args);
   for (const auto& w : info.written) {
-    zip_written(args[w.index], fstack[w.functional_return], write_back);
+    zip_written(
+        args[w.index], fstack[w.functional_return],
+        [&](const at::Tensor& t, const at::Tensor& v) { write_back(t, v, info.bumps_versions); });
   }
 
   for (size_t i = 0; i < num_returns; ++i) {

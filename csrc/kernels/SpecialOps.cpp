@@ -4,6 +4,7 @@
 // See Note [Kernel: special ops].
 #include "kernels/SpecialOps.h"
 
+#include "core/AutogradHistory.h"
 #include "core/Conversions.h"
 #include "core/Layout.h"
 #include "core/Recorder.h"
@@ -224,7 +225,7 @@ void batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch:
   for (const auto& [wrapper, index] : {std::pair{mean_wrapper, 3}, std::pair{var_wrapper, 4}}) {
     auto* impl = unsafe_get_impl(wrapper);
     impl->replace_(fstack[index].toTensor());
-    impl->commit_update_();
+    impl->commit_update_(/*counts_version=*/false);  // eager's kernel writes them unseen
     impl->sync_();
   }
   for (size_t i = 0; i < 3; ++i) {
@@ -535,7 +536,7 @@ void unsafe_split_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stac
   if (inner.is_conj() || inner.is_neg()) {
     self = at::resolve_neg(at::resolve_conj(inner));
   } else if (!copy_strides.empty()) {
-    self = at::copy(at::empty_strided(inner.sizes(), copy_strides, inner.options()), inner);
+    self = restrided_copy(at::empty_strided(inner.sizes(), copy_strides, inner.options()), inner);
   } else {
     self = at::clone(inner);
   }

@@ -2,6 +2,7 @@
 // value and record a ViewMeta so the view can be regenerated from, and written back to, its base.
 #include "kernels/Handlers.h"
 
+#include "core/AutogradHistory.h"
 #include "core/Conversions.h"
 #include "core/Layout.h"
 #include "core/Recorder.h"
@@ -173,7 +174,7 @@ void base_in_eager_strides(FunctionalTensorImpl& impl) {
   at::Tensor restrided;
   {
     InnerCallGuard guard;
-    restrided = at::copy(at::empty_strided(base.sizes(), *strides, base.options()), base);
+    restrided = restrided_copy(at::empty_strided(base.sizes(), *strides, base.options()), base);
   }
   storage.set_base_(restrided);
   impl.sync_();

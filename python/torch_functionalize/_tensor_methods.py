@@ -1,6 +1,6 @@
 """Tensor methods that torch implements outside the dispatcher and that cannot work on our
 wrappers as they are: replaced, for wrappers only, by their dispatcher-level equivalents.
-See Note [API: Tensor.new_tensor on wrappers]."""
+See Note [API: Tensor.new_tensor on wrappers] and Note [API: Tensor.tolist on wrappers]."""
 import torch
 
 from . import _C
@@ -33,5 +33,26 @@ def _new_tensor(self, data, *args, **kwargs):
 _new_tensor.__doc__ = _torch_new_tensor.__doc__
 
 
+# Note [API: Tensor.tolist on wrappers]
+# `t.tolist()` reads t's memory directly in torch's binding, and a wrapper has none of its own, so
+# it raised "tolist() shouldn't be called on a tensor with unallocated storage". For wrappers it
+# is item() of each element (unbind along the first dimension, recursively), so every value read
+# goes through the dispatcher: a capture guards each one (Note [Capture: guards on values read]).
+# Rejected: reading the inner value directly (no tracer or capture would see the read).
+_torch_tolist = torch.Tensor.tolist
+
+
+def _tolist(self):
+    if not _C._is_functional(self):
+        return _torch_tolist(self)
+    if self.dim() == 0:
+        return self.item()
+    return [_tolist(t) for t in self.unbind(0)]
+
+
+_tolist.__doc__ = _torch_tolist.__doc__
+
+
 def install() -> None:
     torch.Tensor.new_tensor = _new_tensor
+    torch.Tensor.tolist = _tolist

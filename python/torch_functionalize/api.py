@@ -51,10 +51,6 @@ def sync(t: torch.Tensor) -> None:
     _C._sync(t)
 
 
-def _tracing() -> bool:
-    return _proxy_tracer() is not None
-
-
 def functionalize(func: F, *, remove: Remove = "mutations") -> F:
     """Returns ``func`` transformed to run without mutations (``remove="mutations"``) or without
     mutations and views (``remove="mutations_and_views"``), with the contract of
@@ -120,14 +116,45 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
 
         # Outputs alias inputs only outside tracers: graph outputs never alias graph inputs
         # (Note [Inputs: outputs that alias inputs]).
-        alias = remove == "mutations" and not _tracing()
+        tracer = _proxy_tracer()
+        alias = remove == "mutations" and tracer is None
+        last_node = tracer.graph._root.prev if tracer is not None else None
         outputs = _C._call(inputs, remove, alias, run)
+        if tracer is not None and not any(t.requires_grad for t in outputs):
+            _erase_dead_detaches(tracer, last_node, outputs)
         out = result[0](outputs)
         if traced_subclass_inputs:
             _trace_subclass_outputs(out)
         return out
 
     return wrapped  # type: ignore[return-value]
+
+
+# Note [API: autograd's detach of saved outputs]
+# Autograd saves an op's output for its backward (tanh, relu, exp) as a shallow copy of it, and
+# with a dispatch mode on the thread torch makes that copy through the mode as aten.detach. Our
+# autograd runs on inner values, below our key, so make_fx recorded one dead aten.detach per
+# saved output (a view op in remove="mutations_and_views" graphs of every training step; the
+# backward reads the traced output itself, Note [Autograd: saved outputs under a tracer]). So
+# under make_fx the call erases the aten.detach nodes it added that nothing reads, when no output
+# requires grad: then no backward can run through those saved copies after the call. With an
+# output that requires grad they stay (a backward traced later may unpack them).
+# Rejected: hiding the mode from autograd's saved copies (the same TLS shows it the op).
+def _erase_dead_detaches(tracer: Any, last_node: "torch.fx.Node", outputs: list) -> None:
+    from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
+
+    # The call's outputs are read by what comes after it: their nodes stay.
+    kept = {get_proxy_slot(t, tracer).proxy.node for t in outputs
+            if isinstance(t, torch.Tensor) and has_proxy_slot(t, tracer)}
+    detach = torch.ops.aten.detach.default
+    graph = tracer.graph
+    node = graph._root.prev
+    while node is not last_node and node is not graph._root:
+        prev = node.prev
+        if (node.op == "call_function" and node.target is detach and not node.users
+                and node not in kept):
+            graph.erase_node(node)
+        node = prev
 
 
 # Note [API: arguments without a pytree]

@@ -182,7 +182,10 @@ def _graph_module(captured: Any, func: Callable[..., Any], args: tuple, kwargs: 
                   for x in out_leaves])
     in_spec = pytree.tree_flatten((tuple(args), kwargs) if kwargs else tuple(args))[1]
     graph._codegen = _CaptureCodeGen(_PyTreeInfo(orig_args, in_spec, out_spec))
-    return _LazyGraphModule(root, graph)  # See Note [Capture: code generated on first use]
+    # See Note [Capture: code generated on first use]; a graph that switches grad mode gives it
+    # back to the caller even when it raises (Note [Capture: grad mode]).
+    module_type = _GradModeRestoringModule if ambient is not None else _LazyGraphModule
+    return module_type(root, graph)
 
 
 # Note [Capture: grad mode]
@@ -194,8 +197,18 @@ def _graph_module(captured: Any, func: Callable[..., Any], args: tuple, kwargs: 
 # (torch._C._set_grad_enabled, as make_fx's pre-dispatch graphs do), relative to the caller's:
 # an op recorded in the mode the capture started under runs in the caller's mode (the graph
 # reads it once, torch.is_grad_enabled()), any other in its recorded mode, and the graph ends in
-# the caller's mode. tfz::CapturedGraph replays the same way. Rejected: absolute modes (a graph
+# the caller's mode, also when it raises (the module restores it; FX code has no finally).
+# tfz::CapturedGraph replays the same way. Rejected: absolute modes (a graph
 # called under no_grad would turn grad mode on for the ops f ran in its caller's mode).
+
+
+class _GradModeRestoringModule(_LazyGraphModule):
+    """A captured graph that switches grad mode: the caller's mode is restored however the call
+    ends (a guard that raises inside a no_grad region of f would otherwise leave grad mode off)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.set_grad_enabled(torch.is_grad_enabled()):
+            return super().__call__(*args, **kwargs)
 
 
 # Note [Capture: overloads named by a keyword]

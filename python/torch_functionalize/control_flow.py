@@ -47,8 +47,7 @@ def _records() -> bool:
 def _hop_compile_and_call(fn: Callable[..., Any], args: tuple, kwargs: "dict | None" = None) -> Any:
     if _C._layer_active():
         return fn(*args, **(kwargs or {}))
-    assert _original_compile_and_call is not None
-    return _original_compile_and_call(fn, args, kwargs)
+    return _original_compile_and_call(fn, args, kwargs)  # type: ignore[misc]
 
 
 def _kernel(op: Any, dense: Callable[..., Any]) -> Callable[..., Any]:
@@ -75,8 +74,12 @@ def install() -> None:
 
     if _original_compile_and_call is not None:
         return
-    _original_compile_and_call = utils._hop_compile_and_call
-    utils._hop_compile_and_call = _hop_compile_and_call
+    # A torch without the shared eager entry compiles each operator in its own function: there
+    # the operators still fail in dynamo inside functionalize (docs/compat.md).
+    original = getattr(utils, "_hop_compile_and_call", None)
+    if original is not None:
+        _original_compile_and_call = original
+        utils._hop_compile_and_call = _hop_compile_and_call
     for op in list(_higher_order_ops.values()):
         dense = op.py_kernels.get(DispatchKey.CompositeExplicitAutograd)
         if dense is None:

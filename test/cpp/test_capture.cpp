@@ -152,3 +152,23 @@ TEST(Capture, ExceptionLeavesDispatchStateAsItWas) {
 }
 
 }  // namespace
+
+// A value read out of a tensor in C++ (item<float>()) is guarded in the graph: the graph replays
+// on an input that gives the same value and refuses one that gives another, naming the read.
+// See Note [Capture: guards on values read].
+TEST(Capture, ValueReadOutOfATensorIsGuarded) {
+  auto scale_by_sum = [](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
+    const float s = in[0].sum().item<float>();
+    return {in[0] * s};
+  };
+  const auto graph = tfz::capture(scale_by_sum, {at::ones({3})});
+  EXPECT_NE(graph.str().find("tfz::_guard_value"), std::string::npos) << graph.str();
+  const at::Tensor same = at::full({3}, 1.0);
+  EXPECT_TRUE(at::allclose(graph({same})[0], scale_by_sum({same})[0]));
+  try {
+    graph({at::full({3}, 2.0)});
+    FAIL() << "the guard did not raise";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("specialized on it"), std::string::npos) << e.what();
+  }
+}

@@ -1,0 +1,198 @@
+"""Modules and utilities that write state eager's user never sees written, called inside the
+functionalized function as client code calls them: norms with running statistics (cumulative
+averages included), Embedding(max_norm=), spectral norm in both forms, quantization observers and
+FakeQuantize, in-place activations and dropout, clip_grad_norm_, nn.init fills with eager's random
+draws, a torch.export-ed module called through functional_call, and a Hugging Face GPT-2 trained
+two steps. Each against eager (reference.assert_client_matches_eager): outputs, written inputs and
+their autograd state, and make_fx / capture graphs replayed."""
+import pytest
+import torch
+import torch.nn as nn
+from torch.func import functional_call
+
+from reference import REMOVE_MODES, assert_client_matches_eager
+
+
+def _state(module):
+    """The module's parameters (leaves that require grad) and buffers, as fresh tensors."""
+    return {k: v.detach().clone().requires_grad_(v.requires_grad)
+            for k, v in {**dict(module.named_parameters()), **dict(module.named_buffers())}.items()}
+
+
+def module_step(make_module, make_x, train=True, backward=True):
+    """f(state, x): functional_call of the module (training mode), a backward through the output
+    that leaves .grad on the parameters, and the output. The state dict's buffers are written by
+    the module as in eager."""
+    torch.manual_seed(0)
+    module = make_module()
+    module.train(train)
+
+    def make_inputs():
+        return (_state(module), make_x())
+
+    def f(state, x):
+        out = functional_call(module, state, (x,))
+        if backward:
+            out.float().square().sum().backward()
+        return out.detach()
+
+    return f, make_inputs
+
+
+def bn_cumulative():
+    return nn.BatchNorm1d(4, momentum=None)
+
+
+def spectral_parametrized():
+    return nn.utils.parametrizations.spectral_norm(nn.Linear(4, 3))
+
+
+def spectral_hook():
+    return nn.utils.spectral_norm(nn.Linear(4, 3))
+
+
+def embedding_max_norm():
+    return nn.Embedding(10, 4, max_norm=1.0)
+
+
+def inplace_activations():
+    # Each in-place activation after a Linear: two in a row can be refused by eager's own
+    # autograd (LeakyReLU then SiLU in place modifies what LeakyReLU's backward saved).
+    return nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.3, inplace=True), nn.ReLU(inplace=True),
+                         nn.Linear(4, 4), nn.Hardtanh(inplace=True), nn.Linear(4, 4),
+                         nn.SiLU(inplace=True), nn.Linear(4, 4), nn.LeakyReLU(inplace=True),
+                         nn.Linear(4, 4), nn.ELU(inplace=True))
+
+
+def fake_quant():
+    return nn.Sequential(nn.Linear(4, 4), torch.ao.quantization.FakeQuantize())
+
+
+def observers():
+    from torch.ao.quantization import HistogramObserver, MinMaxObserver, \
+        MovingAverageMinMaxObserver, PerChannelMinMaxObserver
+    return nn.Sequential(MinMaxObserver(), MovingAverageMinMaxObserver(),
+                         PerChannelMinMaxObserver(ch_axis=1), HistogramObserver(bins=16))
+
+
+MODULES = {
+    "batch_norm": (lambda: nn.BatchNorm1d(4), lambda: torch.randn(6, 4)),
+    "batch_norm_cumulative_average": (bn_cumulative, lambda: torch.randn(6, 4)),
+    "batch_norm_2d": (lambda: nn.BatchNorm2d(3), lambda: torch.randn(2, 3, 4, 4)),
+    "instance_norm_running_stats": (lambda: nn.InstanceNorm1d(3, affine=True,
+                                                              track_running_stats=True),
+                                    lambda: torch.randn(2, 3, 5)),
+    "sync_free_group_norm": (lambda: nn.GroupNorm(2, 4), lambda: torch.randn(3, 4, 5)),
+    "embedding_max_norm": (embedding_max_norm, lambda: torch.tensor([[1, 2, 2], [7, 1, 9]])),
+    "spectral_norm_parametrization": (spectral_parametrized, lambda: torch.randn(5, 4)),
+    "spectral_norm_hook": (spectral_hook, lambda: torch.randn(5, 4)),
+    "inplace_activations_and_dropout": (inplace_activations, lambda: torch.randn(5, 4)),
+    "fake_quantize": (fake_quant, lambda: torch.randn(5, 4)),
+}
+
+
+# Modules whose forward reads a value out of a tensor (FakeQuantize tests its enable flags with
+# `if self.observer_enabled[0] == 1`; BatchNorm with momentum=None divides by
+# float(num_batches_tracked)): make_fx refuses the read, capture guards it.
+READS_VALUES = {"fake_quantize", "batch_norm_cumulative_average"}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_with_hidden_state_matches_eager(name, remove):
+    make_module, make_x = MODULES[name]
+    f, make_inputs = module_step(make_module, make_x)
+    graphs = ("capture",) if name in READS_VALUES else ("make_fx", "capture")
+    assert_client_matches_eager(f, make_inputs, remove=remove, graphs=graphs)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_quantization_observers_match_eager(remove):
+    # Observers write their min/max (and histogram) buffers; no parameters, no backward.
+    f, make_inputs = module_step(observers, lambda: torch.randn(5, 4), backward=False)
+    # HistogramObserver reads its min/max with .item() to pick bins: make_fx refuses the read.
+    assert_client_matches_eager(f, make_inputs, remove=remove, graphs=("capture",))
+
+
+def clip_and_init(w1, w2, x):
+    loss = (x @ w1 @ w2).square().sum()
+    loss.backward()
+    norm = nn.utils.clip_grad_norm_([w1, w2], max_norm=0.5)
+    nn.utils.clip_grad_value_([w1, w2], clip_value=0.01)
+    with torch.no_grad():
+        fresh = torch.empty(4, 4)
+        nn.init.kaiming_uniform_(fresh, a=5 ** 0.5)
+        nn.init.orthogonal_(w2)
+        nn.init.trunc_normal_(w1, std=0.02)
+        nn.init.zeros_(fresh[0])
+    return norm, fresh
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_clip_grad_norm_and_init_fills_match_eager(remove):
+    make = lambda: (torch.randn(3, 4).requires_grad_(), torch.randn(4, 4).requires_grad_(),  # noqa: E731
+                    torch.randn(5, 3))
+    # trunc_normal_ resamples until no draw lies outside its bounds (`if not mask.any()`): a
+    # read of a value, which make_fx refuses and capture guards.
+    assert_client_matches_eager(clip_and_init, make, remove=remove, graphs=("capture",))
+
+
+class Cache(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(2, 8, 4))
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x, pos):
+        self.cache.index_copy_(1, pos, self.proj(x))
+        return self.cache.sum(1)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_exported_module_through_functional_call_matches_eager(remove):
+    # torch.export's module of a KV-cache write, called with its state as functional_call inputs.
+    torch.manual_seed(0)
+    ep = torch.export.export(Cache(), (torch.randn(2, 1, 4), torch.tensor([3])))
+    exported = ep.module()
+
+    def make_inputs():
+        state = {k: v.detach().clone() for k, v in
+                 {**dict(exported.named_parameters()), **dict(exported.named_buffers())}.items()}
+        return state, torch.randn(2, 1, 4), torch.tensor([5])
+
+    def f(state, x, pos):
+        return functional_call(exported, state, (x, pos))
+
+    assert_client_matches_eager(f, make_inputs, remove=remove, check_version=False)
+
+
+def _gpt2():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=50, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_gpt2_two_training_steps_with_adamw_match_eager(remove):
+    # The issue's program: functional_call, loss.backward(), AdamW(foreach=True).step(), twice.
+    model = _gpt2()
+    names = [n for n, _ in model.named_parameters()]
+
+    def make_inputs():
+        params = [p.detach().clone().requires_grad_() for p in model.parameters()]
+        return params, torch.randint(0, 50, (2, 8))
+
+    def f(params, ids):
+        opt = torch.optim.AdamW(params, lr=1e-2, foreach=True)
+        losses = []
+        for _ in range(2):
+            opt.zero_grad()
+            out = functional_call(model, dict(zip(names, params)), (ids,), {"labels": ids})
+            out.loss.backward()
+            opt.step()
+            losses.append(out.loss.detach())
+        return losses
+
+    assert_client_matches_eager(f, make_inputs, remove=remove, graphs=("capture",))

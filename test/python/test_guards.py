@@ -1,0 +1,114 @@
+"""Values a captured program reads out of tensors (Note [Capture: guards on values read]): the
+graph guards each read, so a replay on inputs that give another value raises, naming the read
+and both values, instead of computing with the captured value."""
+import pytest
+import torch
+
+from reference import REMOVE_MODES, assert_functional_graph, assert_trees_match
+from torch_functionalize import capture
+
+
+def branch_on_a_value(x):
+    if x.sum() > 0:          # bool(tensor)
+        return x * 2
+    return x - 1
+
+
+def shift_by_a_read_value(x):
+    x.sub_(x.mean().item())  # .item()
+    return x * 1
+
+
+def count_from_int(x):
+    n = int(x.max())         # int(tensor)
+    return x.new_zeros(3) + n
+
+
+def sizes_from_a_mask(x):
+    return x[x > 0].sum() + torch.nonzero(x).shape[0]
+
+
+def list_of_values(x):
+    return torch.tensor(x[:2].tolist()) + x[2]
+
+
+def equal_tensors(x, y):
+    return x + 1 if torch.equal(x, y) else x - 1
+
+
+CASES = {
+    "branch_on_a_value": (branch_on_a_value, lambda: (torch.ones(3),), lambda: (-torch.ones(3),)),
+    "shift_by_a_read_value": (shift_by_a_read_value, lambda: (torch.arange(3.0),),
+                              lambda: (torch.arange(3.0) + 5,)),
+    "count_from_int": (count_from_int, lambda: (torch.tensor([1.0, 4.0]),),
+                       lambda: (torch.tensor([1.0, 7.0]),)),
+    "sizes_from_a_mask": (sizes_from_a_mask, lambda: (torch.tensor([1.0, -2.0, 3.0]),),
+                          lambda: (torch.tensor([1.0, 2.0, 3.0]),)),
+    "list_of_values": (list_of_values, lambda: (torch.arange(3.0),),
+                       lambda: (torch.arange(3.0) * 2,)),
+    "equal_tensors": (equal_tensors, lambda: (torch.ones(2), torch.ones(2)),
+                      lambda: (torch.ones(2), torch.zeros(2))),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_replay_on_the_captured_value_matches_eager_and_another_value_raises(name, remove):
+    f, same, other = CASES[name]
+    gm = capture(f, *same(), remove=remove)
+    assert_functional_graph(gm, remove)
+    # Inputs that give the captured values: eager's result, and inputs written as eager's.
+    e_in, g_in = same(), same()
+    assert_trees_match(gm(*g_in), f(*e_in), "replay output")
+    assert_trees_match(g_in, e_in, "replay inputs")
+    with pytest.raises(RuntimeError, match="functionalize: the captured graph .*specialized"):
+        gm(*other())
+
+
+def test_guard_message_names_the_read_and_both_values():
+    gm = capture(shift_by_a_read_value, torch.arange(3.0))
+    with pytest.raises(RuntimeError, match=r"_local_scalar_dense.*it was 1(\.0)? when captured "
+                                           r"and is 6(\.0)? now"):
+        gm(torch.arange(3.0) + 5)
+
+
+def test_guards_check_sizes_only_on_meta():
+    # A replay on meta tensors has no values to compare; sizes still are.
+    gm = capture(branch_on_a_value, torch.ones(3))
+    out = gm(torch.empty(3, device="meta"))
+    assert out.shape == (3,) and out.device.type == "meta"
+
+
+def test_values_read_from_constants_made_inside_f_are_guarded_and_hold():
+    # An optimizer's step count made inside f reads the same value on every call: the guard
+    # holds on any input.
+    def f(w, x):
+        opt = torch.optim.Adam([w], lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            (x @ w).square().sum().backward()
+            opt.step()
+        return w * 1
+
+    make = lambda: (torch.randn(3, 2).requires_grad_(), torch.randn(4, 3))  # noqa: E731
+    torch.manual_seed(0)
+    gm = capture(f, *make())
+    torch.manual_seed(5)
+    e_in = make()
+    torch.manual_seed(5)
+    g_in = make()
+    assert_trees_match(gm(*g_in), f(*e_in), "replay on other inputs")
+
+
+def test_a_guard_that_raises_under_no_grad_gives_grad_mode_back():
+    # The read happens in a no_grad block of f: the graph switches grad mode off around it, and a
+    # failing guard there must not leave the caller's thread in no_grad.
+    def f(x):
+        with torch.no_grad():
+            scale = x.sum().item()
+        return x * scale
+
+    gm = capture(f, torch.ones(3))
+    with pytest.raises(RuntimeError, match="specialized on it"):
+        gm(torch.zeros(3))
+    assert torch.is_grad_enabled()
