@@ -37,6 +37,17 @@ class PyGuard {
   std::unique_ptr<tfz::FunctionalizeGuard> guard_;
 };
 
+// Python's scope for running an operator on inner tensors with the layer suspended (a
+// higher-order operator traced with its branch subgraphs, control_flow.py).
+class PyInnerCall {
+ public:
+  PyInnerCall() : guard_(std::make_unique<tfz::detail::InnerCallGuard>()) {}
+  void close() { guard_.reset(); }
+
+ private:
+  std::unique_ptr<tfz::detail::InnerCallGuard> guard_;
+};
+
 std::vector<at::Tensor> call(const std::vector<at::Tensor>& inputs, const std::string& remove,
                              bool alias_outputs, const tfz::detail::FlatFn& fn) {
   torch::PyWarningHandler warnings;  // TORCH_WARN (aliased inputs) -> Python warnings
@@ -183,6 +194,11 @@ PYBIND11_MODULE(_C, m) {
   py::class_<PyGuard>(m, "_Guard")
       .def(py::init<const std::string&>(), py::arg("remove"))
       .def("close", &PyGuard::close);
+  py::class_<PyInnerCall>(m, "_InnerCall").def(py::init<>()).def("close", &PyInnerCall::close);
+  m.def("_layer_removes_views", [] {
+    const auto* layer = tfz::detail::current_layer();
+    return layer != nullptr && !layer->reapply_views;
+  });
   m.def("_call", &call, py::arg("inputs"), py::arg("remove"), py::arg("alias_outputs"),
         py::arg("fn"));
   py::class_<ValueRef>(m, "_ValueRef").def_readonly("id", &ValueRef::id);

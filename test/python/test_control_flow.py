@@ -1,13 +1,15 @@
 """Higher-order control-flow operators inside the functionalized function (Note [Control flow:
 higher-order operators]): torch.cond, while_loop, scan, map and associative_scan run eagerly on
-the wrappers, whatever their branches mutate; under a tracer they are refused by name."""
+the wrappers, whatever their branches mutate; make_fx keeps cond, while_loop, map and
+associative_scan with functional subgraphs; what is not supported under a tracer is refused by
+name."""
 import pytest
 import torch
 from torch._higher_order_ops import associative_scan, scan, while_loop
 from torch._higher_order_ops.map import map as hop_map
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from reference import REMOVE_MODES, assert_trees_match
+from reference import REMOVE_MODES, assert_functional_graph, assert_trees_match
 from torch_functionalize import capture, functionalize
 
 
@@ -122,16 +124,67 @@ def test_loop_operators_match_eager(name, remove):
     assert_trees_match(a_in, e_in, "inputs")
 
 
-@pytest.mark.parametrize("tracer", ["make_fx", "capture"])
-def test_control_flow_under_a_tracer_is_refused_by_name(tracer):
-    # A graph that inlined the taken branch would be wrong for inputs that take the other.
-    f = cond_with_functional_branches
-    args = (torch.randn(4, 3), torch.randn(3, 2).requires_grad_())
-    with pytest.raises(NotImplementedError, match="cond .*higher-order operator.* under a tracer"):
-        if tracer == "make_fx":
-            make_fx(functionalize(f))(*args)
-        else:
-            capture(f, *args)
+def cond_of_branches_that_write_intermediates(x, y):
+    def true_fn(a, b):
+        c = a.clone()
+        c.mul_(2)
+        return c + b
+
+    def false_fn(a, b):
+        d = a.view(-1).clone()
+        d.add_(1)
+        return d.view(a.shape) - b
+
+    return torch.cond(x.sum() > 0, true_fn, false_fn, (x, y))
+
+
+TRACED_PROGRAMS = {
+    "cond": (cond_of_branches_that_write_intermediates,
+             lambda s: (s * torch.arange(3.0), torch.ones(3))),
+    "while_loop": (loop, lambda s: (s * torch.ones(3),)),
+    "map": (mapped, lambda s: (s * torch.ones(4, 3), torch.arange(3.0))),
+    "associative_scan": (prefix_sums, lambda s: (s * torch.arange(15.0).view(5, 3),)),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(TRACED_PROGRAMS))
+def test_make_fx_keeps_the_operator_with_functional_subgraphs(name, remove):
+    # The graph holds the operator itself (both branches of cond), each subgraph is functional
+    # (no mutation; no view without views), and the graph replays eager on inputs that take
+    # either branch.
+    f, make = TRACED_PROGRAMS[name]
+    gm = make_fx(functionalize(f, remove=remove))(*make(1.0))
+    # associative_scan's generic mode is ops in Python, not the operator: the graph holds them.
+    has_operator = any(isinstance(n.target, torch._ops.HigherOrderOperator)
+                       for n in gm.graph.nodes)
+    assert has_operator == (name != "associative_scan"), gm.code
+    assert_functional_graph(gm, remove)
+    for sub in gm.children():
+        assert_functional_graph(sub, remove)
+    for sign in (1.0, -1.0):
+        assert_trees_match(gm(*make(sign)), f(*make(sign)), f"replay, sign {sign}")
+
+
+def test_branch_closing_over_the_function_s_tensors_is_refused_by_name_under_make_fx():
+    args = (torch.ones(3), torch.arange(3.0))
+    with pytest.raises(NotImplementedError, match="cond under make_fx: a branch uses tensors of"):
+        make_fx(functionalize(cond_writing_intermediates_closures_and_operands))(*args)
+
+
+@pytest.mark.parametrize("f, args", [
+    (cond_with_functional_branches, lambda: (torch.randn(4, 3), torch.randn(3, 2).requires_grad_())),
+    (cumulative, lambda: (torch.randn(4, 3),)),
+], ids=["cond_with_autograd", "scan"])
+def test_untested_tracing_is_refused_by_name_under_make_fx(f, args):
+    with pytest.raises(NotImplementedError, match="higher-order operator.* under make_fx is"):
+        make_fx(functionalize(f))(*args())
+
+
+def test_control_flow_under_capture_is_refused_by_name():
+    # capture records dispatcher ops: a graph of the taken branch would be wrong for the other.
+    with pytest.raises(NotImplementedError, match="cond .*under capture is not supported"):
+        capture(cond_of_branches_that_write_intermediates, torch.ones(3), torch.ones(3))
 
 
 def test_torch_cond_outside_functionalize_is_torch_s_own():
