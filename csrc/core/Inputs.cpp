@@ -384,33 +384,40 @@ void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensor
 // storage write_whole_bytes writes whole instead).
 // Rejected: copying the whole flat storage back for aliased inputs (a view of the caller's
 // tensor in the epilogue, which speaks only copy_, as_strided_ and resize_).
-void write_entry_elements(const at::Tensor& original, const at::Tensor& wrapper) {
+// Returns whether that write also wrote every element the input has at the end (a dense entry
+// whose storage span holds the final one: x.as_strided_((2, 2), (1, 2), 1) of a written x), so
+// that the final copy would write the same values again.
+bool write_entry_elements(const at::Tensor& original, const at::Tensor& wrapper) {
   const FunctionalTensorImpl& impl = *unsafe_get_impl(wrapper);
   const AliasStorage& storage = impl.alias_storage();
   const at::Tensor& base = storage.base();
   if (storage.generation() == 0 || base.scalar_type() != original.scalar_type() ||
       original.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
       wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
-    return;
+    return false;
   }
   const Span entry = span_of(original), final = span_of(wrapper);
   if (wrapper.is_non_overlapping_and_dense() && final.begin <= entry.begin &&
       entry.end <= final.end) {
-    return;
+    return false;
   }
+  const bool covers_final = original.is_non_overlapping_and_dense() && entry.begin <= final.begin &&
+                            final.end <= entry.end && !storage.grown_start();
   if (storage.flat()) {
-    if (base.is_conj() != original.is_conj() || base.is_neg() != original.is_neg()) return;
+    if (base.is_conj() != original.is_conj() || base.is_neg() != original.is_neg()) return false;
     // An input whose elements share memory (x.expand(3, 3)) cannot be copied into; the whole
     // storage is written instead where it can be (write_whole_storage), else refused by name.
-    if (at::has_internal_overlap(original) == at::MemOverlap::Yes) return;
+    if (at::has_internal_overlap(original) == at::MemOverlap::Yes) return false;
     const auto needed = static_cast<int64_t>(at::detail::computeStorageNbytes(
         original.sizes(), original.strides(), 1, original.storage_offset()));
-    if (needed > base.numel()) return;
+    if (needed > base.numel()) return false;
     original.copy_(
         at::as_strided_copy(base, original.sizes(), original.strides(), original.storage_offset()));
-    return;
+    return covers_final;
   }
-  if (base.sizes() == original.sizes()) original.copy_(base);
+  if (base.sizes() != original.sizes()) return false;
+  original.copy_(base);
+  return covers_final;
 }
 
 // A tracer or a capture records the epilogue: it must speak the graph's vocabulary.
@@ -687,11 +694,15 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
       }
     }
   }
+  // Inputs whose entry write already wrote their final elements: their final copy would write
+  // the same values twice. See Note [Inputs: writes before a metadata change].
+  std::unordered_set<size_t> final_written;
   for (const auto* storage : order) {
     for (size_t i : groups[storage]) {
       auto* impl = unsafe_get_impl(wrappers[i]);
-      if (impl->has_metadata_mutation() && written_whole.count(storage) == 0) {
-        write_entry_elements(originals[i], wrappers[i]);
+      if (impl->has_metadata_mutation() && written_whole.count(storage) == 0 &&
+          write_entry_elements(originals[i], wrappers[i])) {
+        final_written.insert(i);
       }
       apply_metadata_mutations(originals[i], *impl);
       write_grown_storage(originals[i], *impl);
@@ -731,7 +742,9 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
       write_data(originals[members[cover]], *unsafe_get_impl(wrappers[members[cover]]));
       continue;
     }
-    for (size_t i : members) write_data(originals[i], *unsafe_get_impl(wrappers[i]));
+    for (size_t i : members) {
+      if (final_written.count(i) == 0) write_data(originals[i], *unsafe_get_impl(wrappers[i]));
+    }
   }
   // See Note [Inputs: version counters].
   for (size_t i = 0; i < wrappers.size(); ++i) {
