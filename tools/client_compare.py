@@ -47,7 +47,9 @@ def run_case(f, make_inputs, impl, remove):
             return "wrong: " + problem[:90]
         if (a.requires_grad, a.is_leaf) != (e.requires_grad, e.is_leaf):
             return "wrong autograd state of an input"
-        if (a.grad is None) != (e.grad is None) or (e.grad is not None and compare(a.grad, e.grad)):
+        a_grad = a.grad if a.is_leaf else None
+        e_grad = e.grad if e.is_leaf else None
+        if (a_grad is None) != (e_grad is None) or (e_grad is not None and compare(a_grad, e_grad)):
             return "wrong .grad of an input"
     return "OK"
 
