@@ -112,3 +112,22 @@ def test_a_guard_that_raises_under_no_grad_gives_grad_mode_back():
     with pytest.raises(RuntimeError, match="specialized on it"):
         gm(torch.zeros(3))
     assert torch.is_grad_enabled()
+
+
+def test_functionalize_graph_guards_a_value_its_graph_reads():
+    # An FX graph that reads a value (symbolic_trace keeps x.sum().item() as a node) goes through
+    # capture in functionalize_graph (Note [Graph: capture first]), so its read is guarded too.
+    from torch_functionalize import functionalize_graph
+
+    class ShiftBySum(torch.nn.Module):
+        def forward(self, x):
+            x.add_(x.sum().item())
+            return x * 2
+
+    gm = functionalize_graph(torch.fx.symbolic_trace(ShiftBySum()), torch.ones(3))
+    assert gm.meta["tfz_traced_by"] == "capture"
+    e_in, g_in = torch.ones(3), torch.ones(3)
+    assert_trees_match(gm(g_in), ShiftBySum()(e_in), "replay output")
+    assert_trees_match(g_in, e_in, "replay input")
+    with pytest.raises(RuntimeError, match="specialized on it"):
+        gm(torch.zeros(3))
