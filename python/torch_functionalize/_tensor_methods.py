@@ -1,6 +1,7 @@
 """Tensor methods that torch implements outside the dispatcher and that cannot work on our
 wrappers as they are: replaced, for wrappers only, by their dispatcher-level equivalents.
-See Note [API: Tensor.new_tensor on wrappers] and Note [API: Tensor.tolist on wrappers]."""
+See Note [API: Tensor.new_tensor on wrappers], Note [API: Tensor.tolist on wrappers] and
+Note [API: Tensor.numpy on wrappers]."""
 import torch
 
 from . import _C
@@ -53,6 +54,37 @@ def _tolist(self):
 _tolist.__doc__ = _torch_tolist.__doc__
 
 
+# Note [API: Tensor.numpy on wrappers]
+# `t.numpy()` (and np.asarray(t)) hands out t's memory by its data pointer, which a wrapper does
+# not have: the array read whatever lay at that address, silently wrong numbers. For a wrapper it
+# is a read-only copy of its value, with eager's checks (CPU, no grad): values are eager's, and
+# eager's aliasing (a write through the array changing the tensor) fails loudly instead of being
+# lost. Under a tracer or a capture the read would bypass the graph (nothing could guard it), so
+# it is refused by name there. Rejected: a writable copy (writes through it would be lost
+# silently).
+_torch_numpy = torch.Tensor.numpy
+
+
+def _numpy(self, *, force=False):
+    if not _C._is_functional(self):
+        return _torch_numpy(self, force=force)
+    if _C._ops_are_recorded() or torch._C._len_torch_dispatch_stack() > 0:
+        raise NotImplementedError(
+            "functionalize: Tensor.numpy() inside a traced or captured function reads memory no "
+            "graph records. Read values with .tolist() or .item() (guarded in captures), or "
+            "convert after the call.")
+    value = _C._from_functional(self)
+    if force:
+        value = value.detach().cpu().resolve_conj().resolve_neg()
+    array = _torch_numpy(value, force=force).copy()
+    array.setflags(write=False)
+    return array
+
+
+_numpy.__doc__ = _torch_numpy.__doc__
+
+
 def install() -> None:
     torch.Tensor.new_tensor = _new_tensor
     torch.Tensor.tolist = _tolist
+    torch.Tensor.numpy = _numpy

@@ -131,3 +131,32 @@ def test_functionalize_graph_guards_a_value_its_graph_reads():
     assert_trees_match(g_in, e_in, "replay input")
     with pytest.raises(RuntimeError, match="specialized on it"):
         gm(torch.zeros(3))
+
+
+def _scale_by_numpy(x):
+    return x * float(x.numpy()[0])
+
+
+def test_numpy_of_a_wrapper_is_a_read_only_copy_of_its_value():
+    # Eager's values (the array used to read unrelated memory), eager's refusal for a tensor that
+    # requires grad, and a write through the array fails instead of being lost
+    # (Note [API: Tensor.numpy on wrappers]).
+    from torch_functionalize import functionalize
+
+    x = torch.arange(1.0, 4.0)
+    assert_trees_match(functionalize(_scale_by_numpy)(x.clone()), _scale_by_numpy(x.clone()),
+                       "output")
+
+    def write_through_array(t):
+        t.numpy()[0] = 5.0
+        return t
+
+    with pytest.raises(ValueError, match="read-only"):
+        functionalize(write_through_array)(torch.ones(3))
+    with pytest.raises(RuntimeError, match="requires grad"):
+        functionalize(lambda t: t.numpy())(torch.ones(2, requires_grad=True))
+
+
+def test_numpy_of_a_wrapper_is_refused_by_name_when_captured():
+    with pytest.raises(NotImplementedError, match="Tensor.numpy\\(\\) inside a traced"):
+        capture(_scale_by_numpy, torch.ones(3))
