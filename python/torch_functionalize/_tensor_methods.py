@@ -3,6 +3,7 @@ wrappers as they are: replaced, for wrappers only, by their dispatcher-level equ
 See Note [API: Tensor.new_tensor on wrappers], Note [API: Tensor.tolist on wrappers] and
 Note [API: Tensor.numpy on wrappers]."""
 import torch
+import torch.utils.dlpack
 
 from . import _C
 
@@ -84,7 +85,36 @@ def _numpy(self, *, force=False):
 _numpy.__doc__ = _torch_numpy.__doc__
 
 
+# DLPack hands out the data pointer too, and a consumer of a wrapper's crashed the process when it
+# read it: refused by name for wrappers (a copy would break DLPack's promise of shared memory).
+_torch_dlpack = torch.Tensor.__dlpack__
+_torch_to_dlpack = torch.utils.dlpack.to_dlpack
+
+
+def _refuse_dlpack(t: torch.Tensor) -> None:
+    if isinstance(t, torch.Tensor) and _C._is_functional(t):
+        raise NotImplementedError(
+            "functionalize: DLPack export of a tensor inside the functionalized function: it has "
+            "no memory of its own to share. Return the tensor and export it after the call.")
+
+
+def _dlpack(self, *args, **kwargs):
+    _refuse_dlpack(self)
+    return _torch_dlpack(self, *args, **kwargs)
+
+
+def _to_dlpack(tensor, *args, **kwargs):
+    _refuse_dlpack(tensor)
+    return _torch_to_dlpack(tensor, *args, **kwargs)
+
+
+_dlpack.__doc__ = _torch_dlpack.__doc__
+_to_dlpack.__doc__ = _torch_to_dlpack.__doc__
+
+
 def install() -> None:
     torch.Tensor.new_tensor = _new_tensor
     torch.Tensor.tolist = _tolist
     torch.Tensor.numpy = _numpy
+    torch.Tensor.__dlpack__ = _dlpack
+    torch.utils.dlpack.to_dlpack = _to_dlpack

@@ -320,3 +320,16 @@ def test_functionalize_graph_mutations_and_views_has_no_views():
     fgm = tfz.functionalize_graph(make_fx(f)(x), x, remove="mutations_and_views")
     assert_functional_graph(fgm, "mutations_and_views")
     torch.testing.assert_close(fgm(x), f(x))
+
+
+def test_dlpack_export_of_a_wrapper_is_refused_by_name():
+    # A DLPack consumer of a wrapper's data pointer crashed the process; outside the function
+    # torch's own export is untouched.
+    def export(x):
+        return torch.from_dlpack(x) + 0
+
+    with pytest.raises(NotImplementedError, match="DLPack export of a tensor inside"):
+        tfz.functionalize(export)(torch.ones(3))
+    with pytest.raises(NotImplementedError, match="DLPack export of a tensor inside"):
+        tfz.functionalize(lambda x: torch.utils.dlpack.to_dlpack(x))(torch.ones(3))
+    assert torch.equal(export(torch.ones(3)), torch.ones(3))
