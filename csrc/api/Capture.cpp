@@ -57,6 +57,7 @@ void check_capturable() {
 CapturedGraph capture(const TensorFn& fn, const std::vector<at::Tensor>& inputs, Remove remove) {
   detail::ensure_record_kernel();
   check_capturable();
+  auto guards = detail::record_input_guards(inputs);
   detail::Recorder recorder(inputs);
   std::vector<at::Tensor> outputs;
   {
@@ -65,6 +66,7 @@ CapturedGraph capture(const TensorFn& fn, const std::vector<at::Tensor>& inputs,
     outputs = detail::call_functionalized(inputs, remove, /*alias_outputs=*/false, fn);
   }
   auto graph = std::make_shared<detail::Graph>(recorder.take(outputs));
+  graph->input_guards = std::move(guards);
   if (remove == Remove::Mutations) detail::narrow_epilogue_copies(*graph);
   detail::eliminate_dead_nodes(*graph);
   return CapturedGraph(std::move(graph));

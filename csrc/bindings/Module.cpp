@@ -4,6 +4,7 @@
 #include <torch_functionalize/functionalize.h>
 
 #include "api/Call.h"
+#include "core/Conversions.h"
 #include "core/DispatchKey.h"
 #include "core/Graph.h"
 #include "core/Layer.h"
@@ -171,6 +172,14 @@ py::tuple export_graph(const tfz::CapturedGraph& captured) {
   return py::make_tuple(g.inputs, constants, nodes, outputs, g.grad_enabled);
 }
 
+// A captured graph's input guards, held by the FX module capture returns.
+struct InputGuards {
+  std::vector<tfz::detail::InputGuard> guards;
+  void check(const std::vector<at::Tensor>& inputs, const std::vector<std::string>& names) const {
+    tfz::detail::check_input_guards(guards, inputs, names);
+  }
+};
+
 tfz::CapturedGraph capture(const std::vector<at::Tensor>& inputs, const std::string& remove,
                            const tfz::TensorFn& fn) {
   torch::PyWarningHandler warnings;
@@ -206,11 +215,23 @@ PYBIND11_MODULE(_C, m) {
       .def("__call__", &tfz::CapturedGraph::operator())
       .def("__str__", &tfz::CapturedGraph::str)
       .def("num_nodes", &tfz::CapturedGraph::num_nodes)
-      .def("export", &export_graph);
+      .def("export", &export_graph)
+      .def("input_guards",
+           [](const tfz::CapturedGraph& c) { return InputGuards{c.graph().input_guards}; });
+  py::class_<InputGuards>(m, "_InputGuards").def("check", &InputGuards::check);
   m.def("_capture", &capture, py::arg("inputs"), py::arg("remove"), py::arg("fn"));
   m.def("_parse_remove", [](const std::string& r) { tfz::parse_remove(r); });
   m.def("_is_functional", &tfz::is_functional);
   m.def("_layer_active", [] { return tfz::detail::current_layer() != nullptr; });
+  // See Note [Control flow: closures].
+  m.def("_lift_closures", &tfz::detail::lift_closures);
+  m.def("_is_layer_wrapper", &tfz::detail::is_current_layer_wrapper);
+  m.def("_note_foreign_wrapper", &tfz::detail::note_foreign_wrapper);
+  m.def("_take_foreign_wrapper", []() -> std::optional<at::Tensor> {
+    at::Tensor t = tfz::detail::take_foreign_wrapper();
+    if (!t.defined()) return std::nullopt;
+    return t;
+  });
   m.def("_ops_are_recorded", &tfz::detail::ops_are_recorded);
   m.def("_dispatch_keys", [] {
     using tfz::detail::kAutogradKey, tfz::detail::kBackendKey, tfz::detail::kFactoryKey;

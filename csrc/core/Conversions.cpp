@@ -1,6 +1,7 @@
 // Wrapper construction and the sync-and-unwrap conversion.
 #include "core/Conversions.h"
 
+#include "core/Layer.h"
 #include "core/LayerAutograd.h"
 
 namespace tfz::detail {
@@ -13,6 +14,12 @@ at::Tensor make_view_wrapper(const at::Tensor& view_value, const at::Tensor& bas
                              std::shared_ptr<const ViewMeta> step) {
   return at::detail::make_tensor<FunctionalTensorImpl>(view_value, *unsafe_get_impl(base),
                                                        std::move(step));
+}
+
+bool is_current_layer_wrapper(const at::Tensor& t) {
+  const Layer* layer = current_layer();
+  const auto* impl = maybe_get_impl(t);
+  return layer != nullptr && impl != nullptr && impl->layer_id() == layer->id;
 }
 
 at::Tensor sync_and_unwrap(const at::Tensor& t) {

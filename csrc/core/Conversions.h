@@ -78,4 +78,7 @@ at::Tensor make_view_wrapper(const at::Tensor& view_value, const at::Tensor& bas
 /// Plain tensors pass through; wrappers are synced and their inner value returned.
 at::Tensor sync_and_unwrap(const at::Tensor& t);
 
+/// Whether `t` is a wrapper of the layer user code runs under on this thread.
+bool is_current_layer_wrapper(const at::Tensor& t);
+
 }  // namespace tfz::detail

@@ -350,6 +350,7 @@ std::string to_string(const Graph& graph) {
 std::vector<at::Tensor> run_graph(const Graph& graph, const std::vector<at::Tensor>& inputs) {
   TORCH_CHECK(inputs.size() == graph.inputs.size(), "tfz::capture: the graph takes ",
               graph.inputs.size(), " tensors, got ", inputs.size(), ".");
+  if (!graph.input_guards.empty()) check_input_guards(graph.input_guards, inputs);
   std::vector<at::Tensor> env(graph.values.size());
   for (size_t i = 0; i < inputs.size(); ++i) env[graph.inputs[i]] = inputs[i];
   for (size_t id = 0; id < graph.values.size(); ++id) {

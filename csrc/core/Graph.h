@@ -3,6 +3,8 @@
 // run through the dispatcher; knows nothing of registration or of Python.
 #pragma once
 
+#include "core/InputGuards.h"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -49,6 +51,8 @@ struct Graph {
   std::vector<GraphNode> nodes;
   std::vector<GraphArg> outputs;  // kValue, or kConstant for an undefined output
   bool grad_enabled = true;       // the grad mode the recording started under
+  // What the program specialized on in its inputs (Note [Capture: guards on inputs]).
+  std::vector<InputGuard> input_guards;
 };
 
 /// True if `arg` is a constant equal to its schema default.
@@ -76,7 +80,8 @@ void eliminate_dead_nodes(Graph& graph);
 std::string to_string(const Graph& graph);
 
 /// Runs the graph's nodes through the dispatcher on `inputs` and returns its outputs. Inputs the
-/// program mutated are written by the graph's epilogue, as by the functionalized call.
+/// program mutated are written by the graph's epilogue, as by the functionalized call. Raises
+/// first unless the inputs pass the graph's input guards.
 std::vector<at::Tensor> run_graph(const Graph& graph, const std::vector<at::Tensor>& inputs);
 
 }  // namespace tfz::detail

@@ -113,6 +113,36 @@ Layer* suspended_layer() {
   return tls_state.suspended;
 }
 
+const at::Tensor* substitute_for(const Layer& layer, const c10::TensorImpl* foreign) {
+  for (const auto& [impl, wrapper] : layer.substitutes) {
+    if (impl == foreign) return &wrapper;
+  }
+  return nullptr;
+}
+
+void lift_closures(const std::vector<at::Tensor>& outer, const std::vector<at::Tensor>& inner) {
+  Layer* layer = current_layer();
+  TORCH_CHECK(layer != nullptr && outer.size() == inner.size(),
+              "lift_closures: called outside a layer, or with unpaired tensors");
+  layer->lifts_closures = true;
+  layer->substitutes.clear();
+  for (size_t i = 0; i < outer.size(); ++i) {
+    layer->substitutes.emplace_back(outer[i].unsafeGetTensorImpl(), inner[i]);
+  }
+}
+
+namespace {
+thread_local at::Tensor tls_foreign_wrapper;
+}  // namespace
+
+void note_foreign_wrapper(at::Tensor foreign) {
+  tls_foreign_wrapper = std::move(foreign);
+}
+
+at::Tensor take_foreign_wrapper() {
+  return std::exchange(tls_foreign_wrapper, at::Tensor());
+}
+
 // Note [Layer: torch's untraced regions]
 // torch.tensor(data) builds its tensor in a scope that hides it from every transform: it excludes
 // the Python key (so make_fx's mode does not see it) and functorch's FuncTorchDynamicLayerFrontMode

@@ -8,7 +8,11 @@
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace tfz::detail {
 
@@ -28,7 +32,24 @@ struct Layer {
   // Created on the first wrapper value with autograd history; removes its hooks on exit.
   // See Note [Autograd: .backward() inside the function].
   std::unique_ptr<LayerAutograd> autograd;
+  // A layer that runs a control-flow branch under a tracer: wrappers of enclosing layers it meets
+  // are reported for lifting (note_foreign_wrapper), and those already lifted stand for the
+  // wrappers of this layer they were passed in as. See Note [Control flow: closures].
+  bool lifts_closures = false;
+  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> substitutes;
 };
+
+/// The wrapper of `layer` that stands for `foreign` (a wrapper of an enclosing layer a branch
+/// closes over), or nullptr.
+const at::Tensor* substitute_for(const Layer& layer, const c10::TensorImpl* foreign);
+
+/// Makes the current layer lift closures, with `inner[i]` standing for `outer[i]`.
+void lift_closures(const std::vector<at::Tensor>& outer, const std::vector<at::Tensor>& inner);
+
+/// Remembers `foreign`, a wrapper of another layer met inside a layer that lifts closures, for
+/// the caller that retries with it lifted (take_foreign_wrapper hands it over once).
+void note_foreign_wrapper(at::Tensor foreign);
+at::Tensor take_foreign_wrapper();
 
 /// The layer user code is running under on this thread, or nullptr (no layer, or we are inside
 /// an inner call).

@@ -31,8 +31,45 @@ void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id) {
   }
 }
 
+// Note [Control flow: closures]
+// A branch of a higher-order operator traced under make_fx runs in a layer of its own
+// (Note [Control flow: higher-order operators]), so a tensor of the enclosing function that the
+// branch closes over is a wrapper of another layer there. Such a layer lifts closures: the first
+// op that meets an enclosing wrapper records it (note_foreign_wrapper) and raises; the operator's
+// kernel (control_flow.py) catches that, passes the wrapper's value to the operator as one more
+// trailing operand, and traces again, with the branch layer's wrapper of that operand standing
+// in for the enclosing wrapper in every op the branch runs (Layer::substitutes, applied here on
+// the boxed stack; the unboxed kernels send such calls here). The graph then reads the closure as
+// a subgraph input, as dynamo's lifting gives plain make_fx. Rejected: a constant in the
+// subgraph (what make_fx's own reentrant tracing does with a closure: the value of the trace,
+// silently wrong on other inputs); finding closures by inspecting the branch's Python closure
+// cells and globals (misses tensors reached through objects, and dynamo's bytecode analysis is
+// not ours to run on wrappers).
+bool lifts_closures(const Layer* layer) {
+  return layer != nullptr && layer->lifts_closures;
+}
+
+void substitute_closures(const Layer& layer, torch::jit::Stack* stack, size_t num_args) {
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end(); ++it) {
+    transform_tensors(*it, [&](const at::Tensor& t) {
+      const auto* impl = maybe_get_impl(t);
+      if (impl == nullptr || impl->layer_id() == layer.id) return t;
+      const at::Tensor* s = substitute_for(layer, impl);
+      return s != nullptr ? *s : t;
+    });
+  }
+}
+
 void report_foreign_wrapper(std::string_view op_name, const FunctionalTensorImpl& impl,
                             const Layer* layer) {
+  if (lifts_closures(layer)) {
+    note_foreign_wrapper(at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(
+        const_cast<FunctionalTensorImpl*>(&impl))));
+    TORCH_CHECK(false, "functionalize: ", op_name,
+                ": a branch of a higher-order operator traced under make_fx uses a tensor of an "
+                "enclosing functionalized function (a closure) that could not be passed to the "
+                "operator as an operand. Pass it as an operand.");
+  }
   const Layer* suspended = suspended_layer();
   TORCH_CHECK(!(layer == nullptr && suspended != nullptr && impl.layer_id() == suspended->id),
               "functionalize: ", op_name,
@@ -100,6 +137,9 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
   const size_t num_args = op.schema().arguments().size();
   Layer* layer = current_layer();
   const int64_t layer_id = layer != nullptr ? layer->id : 0;
+  if (C10_UNLIKELY(lifts_closures(layer) && !layer->substitutes.empty())) {
+    substitute_closures(*layer, stack, num_args);
+  }
   // One pass over the arguments: are any ours, and are they all of the current layer?
   bool any_functional = false;
   bool any_subclass = false;

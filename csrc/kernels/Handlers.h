@@ -55,6 +55,9 @@ void generic_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::ji
 void mutable_kernel_on_wrappers(const OpInfo& info, const c10::OperatorHandle& op,
                                 torch::jit::Stack* stack, const Layer& layer);
 
+/// Whether `layer` runs a control-flow branch that lifts closures (Note [Control flow: closures]).
+bool lifts_closures(const Layer* layer);
+
 /// A wrapper of another layer (or of none) reached op `op_name`'s kernel: throws the error that
 /// says why (a torch.func transform inside the function, or an escaped wrapper).
 [[noreturn]] void report_foreign_wrapper(std::string_view op_name, const FunctionalTensorImpl& impl,

@@ -213,6 +213,10 @@ struct Unboxed<Op, Ret(Args...)> {
     Call<kTensors> call(current_layer());
     (call.scan(args), ...);
     if (call.foreign() != nullptr) {
+      if (lifts_closures(current_layer())) {  // See Note [Control flow: closures]
+        torch::jit::Stack stack = run_on_boxed_kernel<Op>(ks, args...);
+        return c10::impl::PopResult<Ret>::call(stack);
+      }
       report_foreign_wrapper(c10::toString(c10::OperatorName(Op::name, Op::overload_name)),
                              *call.foreign(), current_layer());
     }
@@ -337,6 +341,10 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     Call<kTensors> call(current_layer());
     (call.scan(args), ...);
     if (call.foreign() != nullptr) {
+      if (lifts_closures(current_layer())) {  // See Note [Control flow: closures]
+        run_on_boxed_kernel<MutOp>(ks, args...);
+        return written;
+      }
       report_foreign_wrapper(name(), *call.foreign(), current_layer());
     }
     if (C10_UNLIKELY(call.subclass())) {

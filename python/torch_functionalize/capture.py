@@ -33,13 +33,18 @@ def _resolve(qualified: str, overload: str) -> tuple[Any, str]:
 
 
 def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
-            **kwargs: Any) -> fx.GraphModule:
+            dynamic: bool = False, **kwargs: Any) -> fx.GraphModule:
     """Runs ``functionalize(func, remove=remove)(*args, **kwargs)`` once and returns the functional
     program it ran as an ``fx.GraphModule`` of ATen ops (called with the same pytrees as ``func``),
     recorded in C++ as it runs: the program ``make_fx(functionalize(func))`` records, without the
     cost of Python tracing, minus the nodes nothing uses, and with remove="mutations" an epilogue
     that writes back only the regions of an input the program wrote. Inputs may be ``meta`` tensors (nothing is computed). As with make_fx on
     real tensors, the inputs are written as the functionalized call writes them.
+
+    The graph checks, before it runs, that its arguments are what it was captured for (sizes,
+    strides, dtype, device, requires_grad, aliasing, non-tensor arguments) and raises naming the
+    argument otherwise (Note [Capture: guards on inputs]). With ``dynamic=True`` the sizes are
+    symbolic: see Note [Capture: dynamic sizes].
 
     Raises NotImplementedError, naming ``make_fx(functionalize(func))`` as the alternative, for
     wrapper subclasses (DTensor), symbolic shapes, active torch.func transforms, autocast and
@@ -49,6 +54,8 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
     check_remove(remove)
     flat, spec = pytree.tree_flatten((args, kwargs))
     positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+    if dynamic:
+        return _capture_dynamic(func, args, kwargs, flat, spec, positions, remove)
     inputs = [flat[i] for i in positions]
     for t in inputs:
         if _is_wrapper_subclass(t):
@@ -70,6 +77,124 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
     captured = _C._capture(inputs, remove, run)
     out_leaves, out_spec = result[0]
     return _graph_module(captured, func, args, kwargs, flat, positions, out_leaves, out_spec)
+
+
+# Note [Capture: dynamic sizes]
+# capture(f, ..., dynamic=True) returns a graph of symbolic sizes that replays on inputs of other
+# sizes. The C++ recorder names concrete values only (its graphs hold sizes as constants, guarded
+# by Note [Capture: guards on inputs]), so this mode traces make_fx(functionalize(f),
+# tracing_mode="symbolic") on fake copies of the inputs (which are therefore not written) and
+# gives the result capture's calling convention (f's pytrees in and out, its argument names) and
+# guards: every shape condition the trace relied on, a size of 0 or 1 it specialized on, a branch
+# on a size (`if x.shape[0] > 2`), static strides, becomes part of one guard expression from the
+# trace's ShapeEnv, evaluated on each call with the ranks, dtypes, devices, requires_grad,
+# aliasing and non-tensor arguments; a call that fails it raises naming the expression. A read of
+# a value (.item()) fails the trace as it does in make_fx (a size that depends on values cannot
+# be guarded by shapes). Rejected: symbolic sizes in the C++ recorder (each recorded size would
+# need the ShapeEnv's symbols, i.e. a second tracer), and re-capturing on each new size (the
+# cache and its invalidation are torch.compile's job).
+def _capture_dynamic(func: Callable[..., Any], args: tuple, kwargs: dict, flat: list, spec: Any,
+                     positions: list, remove: Remove) -> fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .api import functionalize
+
+    out_specs: list = []
+
+    def flat_fn(*tensors: torch.Tensor) -> list:
+        leaves = list(flat)
+        for i, t in zip(positions, tensors):
+            leaves[i] = t
+        f_args, f_kwargs = pytree.tree_unflatten(leaves, spec)
+        out_leaves, out_spec = pytree.tree_flatten(func(*f_args, **f_kwargs))
+        out_specs.append(out_spec)
+        return out_leaves
+
+    inputs = [flat[i] for i in positions]
+    traced = make_fx(functionalize(flat_fn, remove=remove), tracing_mode="symbolic")(*inputs)
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    orig_args = _argument_names(func, len(args)) + list(kwargs)
+    leaf_names = _leaf_names(orig_args, args, kwargs)
+    graph = fx.Graph()
+    env: dict = {}
+    it = iter(placeholders)
+    for i, name in enumerate(leaf_names):
+        node = graph.placeholder(name)
+        if i in positions:
+            source = next(it)
+            node.meta = dict(source.meta)
+            env[source] = node
+    graph.output(graph.graph_copy(traced.graph, env))
+    in_spec = pytree.tree_flatten((tuple(args), kwargs) if kwargs else tuple(args))[1]
+    graph._codegen = _CaptureCodeGen(_PyTreeInfo(orig_args, in_spec, out_specs[0]))
+    gm = _CapturedModule(traced, graph)
+    fakes = [p.meta["val"] for p in placeholders]
+    guards = _ShapeGuards(fakes, inputs)
+    constants = {i: leaf for i, leaf in enumerate(flat) if i not in set(positions)}
+    gm._tfz_inputs = _InputCheck(guards, orig_args, len(args), kwargs, in_spec, positions,
+                                 leaf_names, constants)
+    return gm
+
+
+class _ShapeGuards:
+    """The guards of a graph traced with symbolic sizes (Note [Capture: dynamic sizes]): ranks,
+    dtypes, devices, requires_grad and aliasing as captured, and the ShapeEnv's expression."""
+
+    def __init__(self, fakes: list, inputs: list) -> None:
+        self.shape_env = fakes[0].fake_mode.shape_env if fakes else None
+        self.expression = (self.shape_env.produce_guards_expression(fakes, ignore_static=False)
+                           if self.shape_env is not None else None)
+        self.meta = [_tensor_meta(t) for t in inputs]
+        self.aliasing = _alias_groups(inputs)
+
+    def check(self, tensors: list, names: list) -> None:
+        for t, meta, name in zip(tensors, self.meta, names):
+            for what, then, now in zip(("rank", "dtype", "device", "requires_grad"), meta,
+                                       _tensor_meta(t)):
+                if then != now and not (what == "device" and "meta" in (then.type, now.type)):
+                    raise RuntimeError(
+                        f"capture: the graph was captured for {name} with {what} {then} and is "
+                        f"called with {now}; capture again for these inputs.")
+        if _alias_groups(tensors) != self.aliasing:
+            raise RuntimeError(
+                "capture: the graph was captured for inputs that share memory as "
+                f"{self.aliasing} (input i: the first input sharing its memory) and is called "
+                f"with {_alias_groups(tensors)}; capture again for these inputs.")
+        if self.expression and not self.shape_env.evaluate_guards_expression(self.expression,
+                                                                              tensors):
+            readable = self.expression
+            for i, name in reversed(list(enumerate(names))):
+                readable = readable.replace(f"L['t{i}']", name)
+            sizes = ", ".join(f"{n}: {tuple(t.shape)}" for n, t in zip(names, tensors))
+            raise RuntimeError(
+                f"capture: the graph was captured with dynamic=True under the shape guards "
+                f"`{readable}`, which inputs of sizes {sizes} (and their strides) do not meet; "
+                "capture again for these inputs (Note [Capture: dynamic sizes]).")
+
+
+def _tensor_meta(t: torch.Tensor) -> tuple:
+    return (t.dim(), t.dtype, t.device, t.requires_grad)
+
+
+def _alias_groups(tensors: list) -> list:
+    first: dict = {}
+    groups = []
+    for i, t in enumerate(tensors):
+        try:
+            key = t.untyped_storage()._cdata
+        except (RuntimeError, NotImplementedError):
+            groups.append(-1)
+            continue
+        groups.append(first.setdefault(key, i))
+    return groups
+
+
+def _leaf_names(orig_args: list, args: tuple, kwargs: dict) -> list:
+    names = []
+    for name, count in zip(orig_args, [len(pytree.tree_leaves(a)) for a in args] +
+                           [len(pytree.tree_leaves(v)) for v in kwargs.values()]):
+        names += [f"{name}_{k + 1}" for k in range(count)]
+    return names
 
 
 def graph_module_of(captured: Any) -> fx.GraphModule:
@@ -107,10 +232,7 @@ def _graph_module(captured: Any, func: Callable[..., Any], args: tuple, kwargs: 
     env: dict[int, Any] = {}  # value id -> fx.Node, or (node, path) for a result not yet read
     input_of = dict(zip(positions, input_ids))
     orig_args = _argument_names(func, len(args)) + list(kwargs)
-    leaf_names = []
-    for name, leaf_count in zip(orig_args, [len(pytree.tree_leaves(a)) for a in args] +
-                                [len(pytree.tree_leaves(v)) for v in kwargs.values()]):
-        leaf_names += [f"{name}_{k + 1}" for k in range(leaf_count)]
+    leaf_names = _leaf_names(orig_args, args, kwargs)
     # Names passed explicitly throughout: FX derives a missing one with a regex (~4 us a node).
     for i in range(len(flat)):
         ph = graph.create_node("placeholder", leaf_names[i], name=leaf_names[i])
@@ -184,8 +306,88 @@ def _graph_module(captured: Any, func: Callable[..., Any], args: tuple, kwargs: 
     graph._codegen = _CaptureCodeGen(_PyTreeInfo(orig_args, in_spec, out_spec))
     # See Note [Capture: code generated on first use]; a graph that switches grad mode gives it
     # back to the caller even when it raises (Note [Capture: grad mode]).
-    module_type = _GradModeRestoringModule if ambient is not None else _LazyGraphModule
-    return module_type(root, graph)
+    gm = _CapturedModule(root, graph)
+    gm._tfz_restores_grad = ambient is not None
+    # See Note [Capture: guards on inputs].
+    constants = {} if func is None else {
+        i: leaf for i, leaf in enumerate(flat) if i not in input_of}
+    gm._tfz_inputs = _InputCheck(captured.input_guards(), orig_args, len(args), kwargs, in_spec,
+                                 positions, leaf_names, constants)
+    return gm
+
+
+class _InputCheck:
+    """What a captured graph specialized on in its call's arguments: the pytree structure, the
+    non-tensor leaves (constants in the graph) and the tensors' metadata and aliasing (checked
+    in C++). See Note [Capture: guards on inputs]."""
+
+    def __init__(self, guards: Any, names: list, num_positional: int, kwargs: dict, spec: Any,
+                 positions: list, leaf_names: list, constants: dict) -> None:
+        self.guards, self.names, self.num_positional = guards, names, num_positional
+        self.keywords = tuple(kwargs)
+        self.spec, self.positions, self.leaf_names = spec, positions, leaf_names
+        self.tensor_names = [leaf_names[i] for i in positions]
+        self.constants = constants
+
+    def check(self, args: tuple, kwargs: dict) -> None:
+        if tuple(kwargs) != self.keywords or len(args) != self.num_positional:
+            args, kwargs = self._rebind(args, kwargs)
+        flat, spec = pytree.tree_flatten((tuple(args), kwargs) if kwargs else tuple(args))
+        if spec != self.spec:
+            raise TypeError(
+                "capture: the graph was captured for arguments of structure "
+                f"{self.spec} and is called with {spec}; capture again for these arguments.")
+        for i, expected in self.constants.items():
+            if not _same_constant(flat[i], expected):
+                raise ValueError(
+                    f"capture: the graph was captured with {self.leaf_names[i]} = {expected!r}, a "
+                    f"constant in the graph, and is called with {flat[i]!r}; pass it as a tensor "
+                    "or capture again for this value (Note [Capture: guards on inputs]).")
+        self.guards.check([flat[i] for i in self.positions], self.tensor_names)
+
+    def _rebind(self, args: tuple, kwargs: dict) -> tuple:
+        """The call's arguments in the form the graph was captured with (positional names bound
+        from keywords and the reverse), as Python binds them to the captured function."""
+        given = dict(zip(self.names, args))
+        for k, v in kwargs.items():
+            if k in given:
+                raise TypeError(f"capture: the graph got multiple values for argument '{k}'.")
+            given[k] = v
+        if len(args) > len(self.names) or set(given) != set(self.names):
+            raise TypeError(
+                f"capture: the graph takes the arguments ({', '.join(self.names)}) it was captured "
+                f"with; got {len(args)} positional and keywords {sorted(kwargs)}.")
+        positional = tuple(given[n] for n in self.names[:self.num_positional])
+        return positional, {k: given[k] for k in self.keywords}
+
+
+def _same_constant(actual: Any, expected: Any) -> bool:
+    if type(actual) is not type(expected):
+        return False
+    if isinstance(expected, float) and expected != expected:
+        return actual != actual
+    try:
+        return bool(actual == expected)
+    except Exception:
+        return actual is expected
+
+
+class _CapturedModule(_LazyGraphModule):
+    """A captured graph: checks its arguments against what it was captured with, then runs
+    (Note [Capture: guards on inputs]); one that switches grad mode restores the caller's however
+    the call ends (a guard that raises inside a no_grad region of f would otherwise leave grad
+    mode off; Note [Capture: grad mode])."""
+
+    _tfz_restores_grad = False
+    _tfz_inputs: "_InputCheck | None" = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._tfz_inputs is not None:
+            self._tfz_inputs.check(args, kwargs)
+        if self._tfz_restores_grad:
+            with torch.set_grad_enabled(torch.is_grad_enabled()):
+                return super().__call__(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
 
 
 # Note [Capture: grad mode]
@@ -200,15 +402,6 @@ def _graph_module(captured: Any, func: Callable[..., Any], args: tuple, kwargs: 
 # the caller's mode, also when it raises (the module restores it; FX code has no finally).
 # tfz::CapturedGraph replays the same way. Rejected: absolute modes (a graph
 # called under no_grad would turn grad mode on for the ops f ran in its caller's mode).
-
-
-class _GradModeRestoringModule(_LazyGraphModule):
-    """A captured graph that switches grad mode: the caller's mode is restored however the call
-    ends (a guard that raises inside a no_grad region of f would otherwise leave grad mode off)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with torch.set_grad_enabled(torch.is_grad_enabled()):
-            return super().__call__(*args, **kwargs)
 
 
 # Note [Capture: overloads named by a keyword]

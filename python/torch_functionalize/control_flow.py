@@ -30,10 +30,10 @@ from . import _C
 # arguments are synced and unwrapped, each branch becomes `functionalize(branch)` (a layer of its
 # own, entered while ours is suspended), and the operator runs on the inner tensors in an inner
 # call, where make_fx's mode traces each branch into a subgraph; the results are wrapped again.
-# What torch's tracing of the operator refuses (a branch writing its operands, outputs aliasing
-# inputs) it refuses here too, and a branch that uses tensors of the enclosing function
-# (closures over its wrappers) is refused by name: lifting them needs the discovery pass dynamo
-# does. capture records dispatcher ops only, so it refuses the operator by name (a graph that
+# Tensors of the enclosing function a branch uses are lifted into operands
+# (Note [Control flow: closures]), and what cond's branches write (operands, closures) comes
+# back as outputs written by the enclosing layer (Note [Control flow: branches that write]).
+# capture records dispatcher ops only, so it refuses the operator by name (a graph that
 # inlined the taken branch would be wrong for inputs that take the other). Rejected: routing
 # operands through dynamo (it would need a fake form of our TensorImpl), and patching torch.cond
 # & co. one by one (user code that imported them earlier keeps the originals; the eager entry is
@@ -76,32 +76,110 @@ _TRACED = {"cond", "while_loop", "map_impl", "associative_scan"}
 
 def _traced(op: Any, args: tuple, kwargs: dict) -> Any:
     """The operator on inner tensors in an inner call, each callable functionalized: the tracer
-    below records it with functional subgraphs (Note [Control flow: higher-order operators])."""
-    from .api import functionalize
-
-    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    if op.name() not in _TRACED or (torch.is_grad_enabled() and
-                                    any(t.requires_grad for t in tensors)):
+    below records it with functional subgraphs (Note [Control flow: higher-order operators]).
+    Tensors of this function that a branch closes over are found by tracing, each becomes one
+    more trailing operand, and the operator is traced again (Note [Control flow: closures])."""
+    if op.name() not in _TRACED:
         raise NotImplementedError(
             f"functionalize: {op.name()} (a higher-order operator) under make_fx is supported "
-            f"for {', '.join(sorted(_TRACED))} on operands that do not require grad. Call the "
-            "function without tracing (it then runs eagerly, autograd included), or trace it "
-            "without functionalize.")
+            f"for {', '.join(sorted(_TRACED))}. Call the function without tracing (it then runs "
+            "eagerly, autograd included), or trace it without functionalize.")
+    # (the tensor a branch met, this layer's wrapper that is or stands for it) per closure.
+    lifted: list[tuple[torch.Tensor, torch.Tensor]] = []
+    written: set[int] = set()  # trailing operands (then closures) some branch writes
+    while True:
+        _C._take_foreign_wrapper()  # nothing left over from an earlier error
+        try:
+            return _traced_with(op, args, kwargs, lifted, written)
+        except _BranchWrites as more:
+            written |= more.indices
+        except RuntimeError:
+            foreign = _C._take_foreign_wrapper()
+            if foreign is None:
+                raise
+            own = _lifted_here(foreign)
+            if own is None or any(own is w for _, w in lifted):
+                _C._note_foreign_wrapper(foreign)  # for an enclosing operator to lift
+                raise
+            lifted.append((foreign, own))
+
+
+class _BranchWrites(Exception):
+    """A branch wrote trailing operands or closures that are not yet returned: trace again."""
+
+    def __init__(self, indices: set) -> None:
+        super().__init__(f"branch writes operands {sorted(indices)}")
+        self.indices = indices
+
+
+# The closures lifted into the branch running on this thread (id of the tensor user code holds
+# -> the branch layer's wrapper standing for it), innermost last: a nested operator lifts
+# through it.
+_substitutes: list[dict[int, torch.Tensor]] = []
+
+
+def _lifted_here(foreign: torch.Tensor) -> "torch.Tensor | None":
+    """The wrapper of the current layer (the one running the operator) that `foreign` is, or that
+    stands for it in the branch being traced; None if it is neither."""
+    if _substitutes and id(foreign) in _substitutes[-1]:
+        return _substitutes[-1][id(foreign)]
+    return foreign if _C._is_layer_wrapper(foreign) else None
+
+
+def _traced_with(op: Any, args: tuple, kwargs: dict, lifted: list, written: set) -> Any:
+    from .api import functionalize
+
+    seen = [t for t, _ in lifted]
+    closures = [w for _, w in lifted]
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors + closures):
+        raise NotImplementedError(
+            f"functionalize: {op.name()} (a higher-order operator) under make_fx is supported "
+            "on operands (and closure tensors) that do not require grad: autograd through it "
+            "builds backward subgraphs with AOTAutograd's joint tracing, which does not meet our "
+            "wrappers. Call the function without tracing, or under torch.no_grad().")
     remove = "mutations_and_views" if _C._layer_removes_views() else "mutations"
+    trailing = list(args[-1]) + closures  # what each callable gets after its own arguments
+    extra = len(closures)
+    out_spec: list = []
 
     def functional(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def branch(*xs: Any) -> Any:
+        def run(*xs: Any) -> Any:
+            first = len(xs) - len(trailing)  # the callable's own arguments come first
+            before = [x._version if isinstance(x, torch.Tensor) else None for x in xs]
+            # See Note [Control flow: branches that write]: what a branch writes it writes to a
+            # copy, which it returns.
+            ys = [x.clone() if i - first in written else x for i, x in enumerate(xs)]
+            _C._lift_closures(seen, ys[len(ys) - extra:] if extra else [])
+            _substitutes.append({id(t): s for t, s in zip(seen, ys[len(ys) - extra:])})
             try:
-                return functionalize(fn, remove=remove)(*xs)
-            except RuntimeError as error:
-                if "escaped" not in str(error) and "another functionalize call" not in str(error):
-                    raise
-                raise NotImplementedError(
-                    f"functionalize: {op.name()} under make_fx: a branch uses tensors of the "
-                    "enclosing functionalized function (a closure); pass them to the operator "
-                    "as operands.") from error
+                out = fn(*ys[:len(ys) - extra])
+            finally:
+                _substitutes.pop()
+            # A branch that returns a closure tensor itself returns a copy of the operand standing
+            # for it (torch's tracing refuses outputs that alias operands).
+            stand_in = {id(t): s for t, s in zip(seen, ys[len(ys) - extra:])}
+            out = pytree.tree_map_only(
+                torch.Tensor, lambda t: stand_in[id(t)].clone() if id(t) in stand_in else t, out)
+            more = {i - first for i, (x, v) in enumerate(zip(xs, before))
+                    if v is not None and x._version != v and i >= first}
+            if more:
+                if op.name() != "cond":
+                    raise NotImplementedError(
+                        f"functionalize: {op.name()} under make_fx: its function writes a tensor "
+                        "it is given or closes over, which only torch.cond's branches may do "
+                        "here. Return the new value instead.")
+                raise _BranchWrites(more)
+            if not written:
+                return out
+            leaves, spec = pytree.tree_flatten(out)
+            out_spec[:] = [spec]
+            return (*leaves, *[ys[first + i] for i in sorted(written)])
 
+        def branch(*xs: Any) -> Any:  # not functools.wraps: tracers read the signature
+            return functionalize(run, remove=remove)(*xs)
+
+        branch.__name__ = getattr(fn, "__name__", "branch")
         return branch
 
     def inner(a: Any) -> Any:
@@ -109,14 +187,42 @@ def _traced(op: Any, args: tuple, kwargs: dict) -> Any:
             return _C._from_functional(a) if _C._is_functional(a) else a
         return functional(a) if callable(a) else a
 
-    inner_args = pytree.tree_map(inner, args)
+    inner_args = list(pytree.tree_map(inner, args))
     inner_kwargs = pytree.tree_map(inner, kwargs)
+    if closures:
+        # Every traced operator takes its trailing operands (cond's operands, while_loop's and
+        # associative_scan's additional_inputs, map_impl's pos_args) last, passed to each
+        # callable after its own arguments.
+        inner_args[-1] = (*inner_args[-1], *[_C._from_functional(w) for w in closures])
     scope = _C._InnerCall()
     try:
         out = op(*inner_args, **inner_kwargs)
     finally:
         scope.close()
-    return pytree.tree_map_only(torch.Tensor, _C._to_functional, out)
+    out = pytree.tree_map_only(torch.Tensor, _C._to_functional, out)
+    if not written:
+        return out
+    leaves = list(out)
+    new_values = leaves[len(leaves) - len(written):]
+    for i, value in zip(sorted(written), new_values):
+        trailing[i].copy_(value)  # the write, in this layer (functionalized like any other)
+    return pytree.tree_unflatten(leaves[:len(leaves) - len(written)], out_spec[0])
+
+
+# Note [Control flow: branches that write]
+# torch.cond's tracing refuses branches that write their operands or closure tensors (a
+# subgraph with a copy_ into its input is not functional, and which branch ran is known only at
+# run time). Under make_fx each branch runs in a layer of its own, whose epilogue would put
+# exactly that copy_ in the subgraph. Instead, a branch that writes trailing operand i (an
+# operand, or a closure lifted as one: Note [Control flow: closures]) is found by its version
+# counter, and the operator is traced again with every branch writing a copy of operand i and
+# returning the copy's final value as one more output (the branch that does not write returns
+# the unchanged copy); the enclosing layer then writes each returned value into its operand with
+# copy_, functionalized like any write. The subgraphs stay functional and the program means what
+# the branch taken did. Loops (while_loop, map, associative_scan) that write what they are given
+# are refused by name: their bodies' outputs are fixed by the operator (the carried values).
+# Rejected: returning every operand from every branch (a copy per operand in each subgraph for
+# the rare branch that writes).
 
 
 def install() -> None:

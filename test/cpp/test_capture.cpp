@@ -172,3 +172,30 @@ TEST(Capture, ValueReadOutOfATensorIsGuarded) {
     EXPECT_NE(std::string(e.what()).find("specialized on it"), std::string::npos) << e.what();
   }
 }
+
+// The graph is specialized on its inputs' metadata and aliasing: a replay on inputs of other
+// sizes or dtype, or that share memory where the captured ones did not, raises naming the input
+// instead of computing numbers of the captured shapes. See Note [Capture: guards on inputs].
+TEST(Capture, InputsOfOtherSizesDtypeOrAliasingAreRefused) {
+  auto sized_like_input = [](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
+    in[1].add_(in[0]);
+    return {at::zeros({in[0].size(0)}).add_(in[0].sum())};
+  };
+  const auto graph = tfz::capture(sized_like_input, {at::ones({3}), at::ones({3})});
+  std::vector<at::Tensor> same = {at::ones({3}), at::ones({3})};
+  EXPECT_TRUE(at::allclose(graph(same)[0], at::full({3}, 3.0)));
+  const at::Tensor shared = at::ones({3});
+  const std::vector<std::pair<std::string, std::vector<at::Tensor>>> refused = {
+      {"sizes", {at::ones({5}), at::ones({3})}},
+      {"dtype", {at::ones({3}, at::kDouble), at::ones({3})}},
+      {"memory shared with", {shared, shared}},
+  };
+  for (const auto& [what, inputs] : refused) {
+    try {
+      graph(inputs);
+      ADD_FAILURE() << "no error for other " << what;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("with " + what), std::string::npos) << e.what();
+    }
+  }
+}

@@ -7,6 +7,8 @@ pytrees and keyword arguments, constants, meta inputs, aliased inputs, errors, a
 visible as strict xfails.
 """
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -126,12 +128,16 @@ def test_meta_inputs_compute_nothing_and_the_graph_runs_on_real_ones():
         return cache.sum(1)
 
     big = torch.empty(1 << 20, 1 << 20, device="meta")  # 4 TiB if it were real
-    gm = capture(f, torch.empty(1 << 20, device="meta"), big)
+    gm_big = capture(f, torch.empty(1 << 20, device="meta"), big)
     assert big.device.type == "meta"
+    gm = capture(f, torch.empty(5, device="meta"), torch.empty(5, 6, device="meta"))
     x, cache = torch.randn(5), torch.zeros(5, 6)
     x_e, cache_e = x.clone(), cache.clone()
     torch.testing.assert_close(gm(x, cache), f(x_e, cache_e))
     torch.testing.assert_close(cache, cache_e)
+    # Sizes are constants of a captured graph: other sizes are refused, not computed wrongly.
+    with pytest.raises(RuntimeError, match=r"captured for x_1 with sizes \[1048576\]"):
+        gm_big(x, cache)
 
 
 def test_aliased_inputs_share_their_storage_in_the_graph():
@@ -434,3 +440,62 @@ def test_capture_of_an_overload_named_by_a_keyword_compiles(remove):
     expected = f(eager_x)
     assert torch.equal(got, expected) and torch.equal(got_x, eager_x)
     assert "getattr(torch.ops.aten.random, 'from')" in gm.code
+
+
+# Note [Capture: guards on inputs]: a captured graph holds its inputs' sizes (and dtype, strides,
+# device, aliasing, non-tensor arguments) as constants; on other ones it raises, naming the input.
+def new_zeros_sized_like_input(x, y, k):
+    y.add_(x)
+    return x.new_zeros(x.shape[0]).add_(x.sum() * k)
+
+
+@pytest.mark.parametrize("what, args", [
+    ("sizes", lambda: (torch.ones(5), torch.ones(5), 2)),
+    ("dtype", lambda: (torch.ones(3, dtype=torch.float64), torch.ones(3), 2)),
+    ("strides", lambda: (torch.ones(6)[::2], torch.ones(3), 2)),
+    ("requires_grad", lambda: (torch.ones(3, requires_grad=True), torch.ones(3), 2)),
+    ("memory shared with", lambda: (lambda t: (t, t, 2))(torch.ones(3))),
+    ("k_1 = 2", lambda: (torch.ones(3), torch.ones(3), 3)),
+], ids=["sizes", "dtype", "strides", "requires_grad", "aliasing", "non_tensor"])
+def test_graph_refuses_inputs_other_than_the_captured_ones(what, args, remove):
+    gm = capture(new_zeros_sized_like_input, torch.ones(3), torch.ones(3), 2, remove=remove)
+    a, e = (torch.full((3,), 2.0), torch.ones(3), 2), (torch.full((3,), 2.0), torch.ones(3), 2)
+    assert_trees_match(gm(*a), new_zeros_sized_like_input(*e), "same metadata")
+    assert_trees_match(a, e, "inputs")
+    with pytest.raises((RuntimeError, ValueError), match=re.escape(what)):
+        gm(*args())
+
+
+def test_graph_takes_its_arguments_by_keyword_as_the_function_does():
+    gm = capture(new_zeros_sized_like_input, torch.ones(3), torch.ones(3), 2)
+    assert_trees_match(gm(torch.ones(3), k=2, y=torch.ones(3)),
+                       new_zeros_sized_like_input(torch.ones(3), torch.ones(3), 2), "output")
+    with pytest.raises(TypeError, match="takes the arguments"):
+        gm(torch.ones(3), torch.ones(3))
+
+
+# Note [Capture: dynamic sizes]: one graph for every size its shape guards accept, the inputs'
+# writes and the outputs' pytree as eager's; sizes outside the guards are refused by name.
+def branch_on_a_size(x, y, k=2):
+    y.add_(x)
+    z = x.new_zeros(x.shape[0]).add_(x.sum())
+    if x.shape[0] > 2:
+        return {"scaled": z * k, "flat": y.view(-1)}
+    return {"scaled": z, "flat": y}
+
+
+def test_dynamic_graph_replays_other_sizes_and_guards_what_it_specialized_on(remove):
+    gm = capture(branch_on_a_size, torch.ones(4, 1), torch.ones(4, 1), dynamic=True, remove=remove)
+    assert_functional_graph(gm, remove)
+    for n in (3, 7, 50):
+        a_in = (torch.randn(n, 1), torch.randn(n, 1))
+        e_in = tuple(t.clone() for t in a_in)
+        assert_trees_match(gm(*a_in), branch_on_a_size(*e_in), f"output, size {n}")
+        assert_trees_match(a_in, e_in, f"inputs, size {n}")
+    for args in [(torch.ones(2, 1), torch.ones(2, 1)),       # the other branch of the size test
+                 (torch.ones(3, 1), torch.ones(4, 1)),       # sizes the trace unified
+                 (torch.ones(3, 2), torch.ones(3, 2))]:      # a size 1 it specialized on
+        with pytest.raises(RuntimeError, match="under the shape guards"):
+            gm(*args)
+    with pytest.raises(RuntimeError, match="with dtype"):
+        gm(torch.ones(3, 1, dtype=torch.float64), torch.ones(3, 1))

@@ -1,8 +1,8 @@
 """Higher-order control-flow operators inside the functionalized function (Note [Control flow:
 higher-order operators]): torch.cond, while_loop, scan, map and associative_scan run eagerly on
 the wrappers, whatever their branches mutate; make_fx keeps cond, while_loop, map and
-associative_scan with functional subgraphs; what is not supported under a tracer is refused by
-name."""
+associative_scan with functional subgraphs, closures lifted into operands and cond's writes
+returned; what is not supported under a tracer is refused by name."""
 import pytest
 import torch
 from torch._higher_order_ops import associative_scan, scan, while_loop
@@ -166,10 +166,141 @@ def test_make_fx_keeps_the_operator_with_functional_subgraphs(name, remove):
         assert_trees_match(gm(*make(sign)), f(*make(sign)), f"replay, sign {sign}")
 
 
-def test_branch_closing_over_the_function_s_tensors_is_refused_by_name_under_make_fx():
-    args = (torch.ones(3), torch.arange(3.0))
-    with pytest.raises(NotImplementedError, match="cond under make_fx: a branch uses tensors of"):
-        make_fx(functionalize(cond_writing_intermediates_closures_and_operands))(*args)
+# Closures and writes under make_fx (Note [Control flow: closures],
+# Note [Control flow: branches that write]): each program with its oracle, eager's torch.cond where it accepts the program,
+# a Python if where it refuses it (closure writes, operand writes, a closure returned).
+def cond_closing_over_an_intermediate(x, y):
+    z = y * 2
+    z.add_(1)
+    return torch.cond(x.sum() > 0, lambda a: a + z, lambda a: a - z.sum(), (x,))
+
+
+def loop_closing_over_an_intermediate(x, y):
+    w = y.clone()
+    w.add_(1)
+
+    def body_fn(i, a):
+        b = a.clone()
+        b.mul_(w)
+        return i + 1, b
+
+    return while_loop(lambda i, a: i < 3, body_fn, (torch.tensor(0), x))
+
+
+def map_closing_over_an_intermediate(x, y):
+    w = y.clone()
+    w.add_(1)
+
+    def body(row):
+        z = row.clone()
+        z.add_(w)
+        return z
+
+    return hop_map(body, x.view(3, 1).expand(3, 3).contiguous())
+
+
+def nested_conds_closing_over_the_outer_function(x, y):
+    z = y * 2
+
+    def true_fn(a):
+        return torch.cond(a.sum() > 1, lambda b: b * z, lambda b: b + z, (a,))
+
+    return torch.cond(x.sum() > 0, true_fn, lambda a: a - z, (x,))
+
+
+def cond_returning_a_closure(x, y):
+    z = y * 2
+    return torch.cond(x.sum() > 0, lambda a: z, lambda a: a.clone(), (x,))
+
+
+def if_returning_a_closure(x, y):
+    z = y * 2
+    return z if x.sum() > 0 else x.clone()
+
+
+def cond_writing_a_closure_read_afterwards(x, y):
+    z = y * 2
+
+    def true_fn(a):
+        z.add_(1)
+        return a + z
+
+    return torch.cond(x.sum() > 0, true_fn, lambda a: a - 1, (x,)), z * 3
+
+
+def if_writing_a_closure_read_afterwards(x, y):
+    z = y * 2
+    if x.sum() > 0:
+        z.add_(1)
+        return x + z, z * 3
+    return x - 1, z * 3
+
+
+def cond_writing_its_operands(x, y):
+    def true_fn(a, b):
+        b.add_(1)
+        a[0] = 5
+        return a + b
+
+    return torch.cond(x.sum() > 0, true_fn, lambda a, b: a - 1, (x, y))
+
+
+def if_writing_its_operands(x, y):
+    if x.sum() > 0:
+        y.add_(1)
+        x[0] = 5
+        return x + y
+    return x - 1
+
+
+CLOSURE_PROGRAMS = {
+    "cond_reads_closure": (cond_closing_over_an_intermediate, cond_closing_over_an_intermediate),
+    "while_loop_reads_closure": (loop_closing_over_an_intermediate,
+                                 loop_closing_over_an_intermediate),
+    "map_reads_closure": (map_closing_over_an_intermediate, map_closing_over_an_intermediate),
+    "nested_cond_reads_outer_closure": (nested_conds_closing_over_the_outer_function,
+                                        nested_conds_closing_over_the_outer_function),
+    "cond_returns_closure": (cond_returning_a_closure, if_returning_a_closure),
+    "cond_writes_closure": (cond_writing_a_closure_read_afterwards,
+                            if_writing_a_closure_read_afterwards),
+    "cond_writes_operands": (cond_writing_its_operands, if_writing_its_operands),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(CLOSURE_PROGRAMS))
+def test_closures_and_writes_under_make_fx_are_lifted_into_functional_subgraphs(name, remove):
+    f, oracle = CLOSURE_PROGRAMS[name]
+    make = lambda s: (s * torch.ones(3), torch.arange(3.0))  # noqa: E731
+    gm = make_fx(functionalize(f, remove=remove))(*make(1.0))
+    assert any(isinstance(n.target, torch._ops.HigherOrderOperator) for n in gm.graph.nodes)
+    assert_functional_graph(gm, remove)
+    for sub in gm.modules():
+        assert_functional_graph(sub, remove)
+    # 1.0 and 0.2 take the nested cond's two inner branches, -1.0 the outer false branch.
+    for sign in (1.0, 0.2, -1.0):
+        a_in, e_in = make(sign), make(sign)
+        assert_trees_match(gm(*a_in), oracle(*e_in), f"replay, sign {sign}")
+        assert_trees_match(a_in, e_in, f"inputs after replay, sign {sign}")
+        a_in, e_in = make(sign), make(sign)
+        assert_trees_match(functionalize(f, remove=remove)(*a_in), oracle(*e_in),
+                           f"eager, sign {sign}")
+        assert_trees_match(a_in, e_in, f"inputs after eager, sign {sign}")
+
+
+def loop_writing_a_closure(x):
+    w = x.clone()
+
+    def body_fn(i, a):
+        w.add_(1)
+        return i + 1, a + w
+
+    return while_loop(lambda i, a: i < 3, body_fn, (torch.tensor(0), x))
+
+
+def test_loop_writing_what_it_is_given_is_refused_by_name_under_make_fx():
+    with pytest.raises(NotImplementedError, match="while_loop under make_fx: its function writes"):
+        make_fx(functionalize(loop_writing_a_closure))(torch.ones(3))
 
 
 @pytest.mark.parametrize("f, args", [

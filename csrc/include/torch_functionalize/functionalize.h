@@ -104,8 +104,8 @@ class CapturedGraph {
  public:
   explicit CapturedGraph(std::shared_ptr<const detail::Graph> graph);
   /// Runs the graph through the dispatcher; inputs are written as the functionalized call writes
-  /// them. `inputs` must match the captured ones in number (and, for the numbers to mean
-  /// anything, in shape, dtype and device).
+  /// them. `inputs` must match the captured ones in number, sizes, strides, dtype, device,
+  /// requires_grad and memory sharing, else it raises (Note [Capture: guards on inputs]).
   std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs) const;
   /// One line per op: `%3 = aten::add.Tensor(%0, 1)`.
   std::string str() const;
