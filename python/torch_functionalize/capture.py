@@ -55,7 +55,7 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
     flat, spec = pytree.tree_flatten((args, kwargs))
     positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
     if dynamic:
-        return _capture_dynamic(func, args, kwargs, flat, spec, positions, remove)
+        return _capture_traced(func, args, kwargs, flat, spec, positions, remove, "symbolic")
     inputs = [flat[i] for i in positions]
     for t in inputs:
         if _is_wrapper_subclass(t):
@@ -74,7 +74,13 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
         result.append((out_leaves, out_spec))
         return [x for x in out_leaves if isinstance(x, torch.Tensor)]
 
-    captured = _C._capture(inputs, remove, run)
+    try:
+        captured = _C._capture(inputs, remove, run)
+    except NotImplementedError as error:
+        if "(a higher-order operator) under capture" not in str(error):
+            raise
+        # See Note [Capture: control flow]. The failed recording wrote nothing.
+        return _capture_traced(func, args, kwargs, flat, spec, positions, remove, "real")
     out_leaves, out_spec = result[0]
     return _graph_module(captured, func, args, kwargs, flat, positions, out_leaves, out_spec)
 
@@ -93,8 +99,20 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
 # be guarded by shapes). Rejected: symbolic sizes in the C++ recorder (each recorded size would
 # need the ShapeEnv's symbols, i.e. a second tracer), and re-capturing on each new size (the
 # cache and its invalidation are torch.compile's job).
-def _capture_dynamic(func: Callable[..., Any], args: tuple, kwargs: dict, flat: list, spec: Any,
-                     positions: list, remove: Remove) -> fx.GraphModule:
+# Note [Capture: control flow]
+# The recorder sees dispatcher ops only, so a higher-order operator (torch.cond, while_loop, map)
+# would reach it as the ops of the branch taken: a graph right only for inputs that take that
+# branch. capture therefore records such a program with make_fx(functionalize(f)) instead, which
+# keeps the operator with functional subgraphs (Note [Control flow: higher-order operators]), on
+# the real inputs (written as by the functionalized call, as capture writes them), and gives the
+# graph capture's calling convention and input guards (exact sizes, as capture's own). The
+# engine refuses the operator before running any of it, and the failed recording has written
+# nothing (writes to inputs happen in the epilogue), so the fallback starts from the same inputs.
+# Rejected: recording operators as nodes in C++ (their subgraphs need a tracer anyway).
+def _capture_traced(func: Callable[..., Any], args: tuple, kwargs: dict, flat: list, spec: Any,
+                    positions: list, remove: Remove, tracing_mode: str) -> fx.GraphModule:
+    """capture through make_fx(functionalize(func)): symbolic sizes (Note [Capture: dynamic
+    sizes]) or control flow (Note [Capture: control flow])."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from .api import functionalize
@@ -111,7 +129,7 @@ def _capture_dynamic(func: Callable[..., Any], args: tuple, kwargs: dict, flat: 
         return out_leaves
 
     inputs = [flat[i] for i in positions]
-    traced = make_fx(functionalize(flat_fn, remove=remove), tracing_mode="symbolic")(*inputs)
+    traced = make_fx(functionalize(flat_fn, remove=remove), tracing_mode=tracing_mode)(*inputs)
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     orig_args = _argument_names(func, len(args)) + list(kwargs)
     leaf_names = _leaf_names(orig_args, args, kwargs)
@@ -128,8 +146,8 @@ def _capture_dynamic(func: Callable[..., Any], args: tuple, kwargs: dict, flat: 
     in_spec = pytree.tree_flatten((tuple(args), kwargs) if kwargs else tuple(args))[1]
     graph._codegen = _CaptureCodeGen(_PyTreeInfo(orig_args, in_spec, out_specs[0]))
     gm = _CapturedModule(traced, graph)
-    fakes = [p.meta["val"] for p in placeholders]
-    guards = _ShapeGuards(fakes, inputs)
+    guards: Any = (_ShapeGuards([p.meta["val"] for p in placeholders], inputs)
+                   if tracing_mode == "symbolic" else StaticGuards(inputs))
     constants = {i: leaf for i, leaf in enumerate(flat) if i not in set(positions)}
     gm._tfz_inputs = _InputCheck(guards, orig_args, len(args), kwargs, in_spec, positions,
                                  leaf_names, constants)
@@ -170,6 +188,37 @@ class _ShapeGuards:
                 f"capture: the graph was captured with dynamic=True under the shape guards "
                 f"`{readable}`, which inputs of sizes {sizes} (and their strides) do not meet; "
                 "capture again for these inputs (Note [Capture: dynamic sizes]).")
+
+
+class StaticGuards:
+    """Exact input guards checked in Python, for graphs the C++ recorder did not make (traced
+    by make_fx on real inputs): Note [Capture: guards on inputs]."""
+
+    _FIELDS = ("sizes", "strides", "storage offset", "dtype", "device", "requires_grad")
+
+    def __init__(self, inputs: list) -> None:
+        self.meta = [self._meta(t) for t in inputs]
+        self.aliasing = _alias_groups(inputs)
+
+    @staticmethod
+    def _meta(t: torch.Tensor) -> tuple:
+        strided = t.layout == torch.strided
+        return (list(t.shape), list(t.stride()) if strided else None,
+                t.storage_offset() if strided else None, t.dtype, t.device, t.requires_grad)
+
+    def check(self, tensors: list, names: list) -> None:
+        for t, meta, name in zip(tensors, self.meta, names):
+            for what, then, now in zip(self._FIELDS, meta, self._meta(t)):
+                if then != now and not (what == "device" and "meta" in (then.type, now.type)):
+                    raise RuntimeError(
+                        f"capture: the graph was captured for {name} with {what} {then} and is "
+                        f"called with {now}. A captured graph is specialized on its inputs "
+                        "(Note [Capture: guards on inputs]): capture again for these inputs.")
+        if _alias_groups(tensors) != self.aliasing:
+            raise RuntimeError(
+                "capture: the graph was captured for inputs that share memory as "
+                f"{self.aliasing} (input i: the first input sharing its memory) and is called "
+                f"with {_alias_groups(tensors)}; capture again for these inputs.")
 
 
 def _tensor_meta(t: torch.Tensor) -> tuple:

@@ -88,6 +88,8 @@ def functionalize_graph(
                 *traced_state, *args
             )
     result = _lifted_state_to_attributes(traced, [names[0] for names in targets], state, args)
+    if tracing_mode == "real":
+        result = _guarded(result, args)
     result.meta["tfz_traced_by"] = traced_by
     return result.train(module.training)
 
@@ -260,6 +262,27 @@ def _assign_attr(root, target, value):
         root.register_buffer(field, value)
     else:
         setattr(root, field, value)
+
+
+def _guarded(result, args):
+    """The graph, checking on each call that its arguments are like the real example inputs it
+    was traced on (Note [Capture: guards on inputs]): its sizes are theirs."""
+    from .capture import StaticGuards, _CapturedModule, _InputCheck
+
+    guarded = _CapturedModule(result, result.graph)
+    guarded.meta.update(result.meta)
+    flat, spec = pytree.tree_flatten(tuple(args))
+    names = [n.name for n in result.graph.nodes if n.op == "placeholder"]
+    if len(names) != len(flat):
+        names = [f"arg{i}" for i in range(len(flat))]
+    positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+    constants = {i: a for i, a in enumerate(flat) if i not in set(positions)}
+    arg_names = (result.graph._codegen.pytree_info.orig_args
+                 if isinstance(result.graph._codegen, _PyTreeCodeGen) else names)
+    guarded._tfz_inputs = _InputCheck(StaticGuards([flat[i] for i in positions]),
+                                      list(arg_names), len(args), {}, spec, positions, names,
+                                      constants)
+    return guarded
 
 
 def _lifted_state_to_attributes(traced, state_targets, state, args):

@@ -312,10 +312,26 @@ def test_untested_tracing_is_refused_by_name_under_make_fx(f, args):
         make_fx(functionalize(f))(*args())
 
 
-def test_control_flow_under_capture_is_refused_by_name():
-    # capture records dispatcher ops: a graph of the taken branch would be wrong for the other.
-    with pytest.raises(NotImplementedError, match="cond .*under capture is not supported"):
-        capture(cond_of_branches_that_write_intermediates, torch.ones(3), torch.ones(3))
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", ["cond_writes_operands", "cond_writes_closure",
+                                  "while_loop_reads_closure"])
+def test_capture_keeps_the_operator_and_replays_either_branch(name, remove):
+    # Note [Capture: control flow]: a graph of the branch taken would be wrong for the other.
+    f, oracle = CLOSURE_PROGRAMS[name]
+    make = lambda s: (s * torch.ones(3), torch.arange(3.0))  # noqa: E731
+    a_in, e_in = make(1.0), make(1.0)
+    gm = capture(f, *a_in, remove=remove)
+    oracle(*e_in)
+    assert_trees_match(a_in, e_in, "inputs written by capture")
+    assert any(isinstance(n.target, torch._ops.HigherOrderOperator) for n in gm.graph.nodes)
+    for sub in gm.modules():
+        assert_functional_graph(sub, remove)
+    for sign in (1.0, -1.0):
+        a_in, e_in = make(sign), make(sign)
+        assert_trees_match(gm(*a_in), oracle(*e_in), f"replay, sign {sign}")
+        assert_trees_match(a_in, e_in, f"inputs after replay, sign {sign}")
+    with pytest.raises(RuntimeError, match="captured for x_1 with sizes"):
+        gm(torch.ones(4), torch.arange(4.0))
 
 
 def test_torch_cond_outside_functionalize_is_torch_s_own():

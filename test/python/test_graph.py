@@ -113,6 +113,17 @@ def test_symbolic_trace_module_with_example_inputs(remove):
     assert_matches_graph(gm, functional, (x,))
 
 
+def test_graph_traced_on_real_inputs_refuses_other_sizes():
+    # Its sizes are the example inputs' (Note [Capture: guards on inputs]).
+    def f(x):
+        return x.new_zeros(x.shape[0]).add_(x.sum())
+
+    functional = functionalize_graph(make_fx(f)(torch.ones(3)), torch.ones(3))
+    assert_trees_match(functional(torch.full((3,), 2.0)), f(torch.full((3,), 2.0)), "output")
+    with pytest.raises(RuntimeError, match="with sizes"):
+        functional(torch.ones(5))
+
+
 def test_functionalize_graph_does_not_mutate_example_inputs_or_state():
     # Tracing runs the program on copies: the caller's tensors keep their values.
     gm = torch.fx.symbolic_trace(MutatingModule())
