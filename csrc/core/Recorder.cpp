@@ -194,8 +194,10 @@ void Recorder::finish(GraphNode node, const torch::jit::Stack& stack) {
     node.returns.push_back(std::move(ret));
   }
   graph_.nodes.push_back(std::move(node));
-  if (C10_UNLIKELY(graph_.nodes.back().op.hasTag(at::Tag::data_dependent_output) ||
-                   graph_.nodes.back().op.hasTag(at::Tag::dynamic_output_shape))) {
+  static const c10::OperatorName allclose{"aten::allclose", ""};
+  const auto& op = graph_.nodes.back().op;
+  if (C10_UNLIKELY(op.hasTag(at::Tag::data_dependent_output) ||
+                   op.hasTag(at::Tag::dynamic_output_shape) || op.operator_name() == allclose)) {
     guard_(graph_.nodes.size() - 1, stack);
   }
 }
@@ -208,7 +210,9 @@ void Recorder::finish(GraphNode node, const torch::jit::Stack& stack) {
 // instead). Likewise a result whose sizes depend on values (nonzero, masked_select, boolean
 // indexing) fixes the sizes of every op after it. So the recorder follows each such read with a
 // guard node: tfz::_guard_value(x, value, what) after _local_scalar_dense,
-// tfz::_guard_equal(a, b, result, what) after equal, and tfz::_guard_sizes(result, sizes, what)
+// tfz::_guard_equal(a, b, result, what) after equal, tfz::_guard_allclose after allclose (the
+// one other ATen op that returns a Python value computed from tensor values; its kernel is not a
+// decomposition we see), and tfz::_guard_sizes(result, sizes, what)
 // after an op tagged dynamic_output_shape (index.Tensor only with a boolean index). On replay a
 // guard recomputes what was read and raises, naming the read and both values, when it differs:
 // the graph is right on every input it accepts. Guards have an effect of their own, so dead-node
@@ -220,7 +224,8 @@ void Recorder::finish(GraphNode node, const torch::jit::Stack& stack) {
 void Recorder::guard_(size_t index, const torch::jit::Stack& stack) {
   auto& d = c10::Dispatcher::singleton();
   static const c10::OperatorName local_scalar{"aten::_local_scalar_dense", ""},
-      equal{"aten::equal", ""}, index_tensor{"aten::index", "Tensor"};
+      equal{"aten::equal", ""}, allclose{"aten::allclose", ""},
+      index_tensor{"aten::index", "Tensor"};
   const GraphNode& read = graph_.nodes[index];
   const auto& name = read.op.operator_name();
   const std::string what = c10::toString(name);
@@ -240,6 +245,11 @@ void Recorder::guard_(size_t index, const torch::jit::Stack& stack) {
     static const auto op = d.findSchemaOrThrow("tfz::_guard_equal", "");
     guard.op = op;
     guard.args = {read.args[0], read.args[1], constant(stack.back()), constant(what)};
+  } else if (name == allclose) {
+    static const auto op = d.findSchemaOrThrow("tfz::_guard_allclose", "");
+    guard.op = op;
+    guard.args = {read.args[0], read.args[1],           read.args[2],  read.args[3],
+                  read.args[4], constant(stack.back()), constant(what)};
   } else {
     // index.Tensor's sizes depend on values only through a boolean (or uint8) mask.
     if (name == index_tensor && !index_had_mask_) return;

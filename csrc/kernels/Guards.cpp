@@ -1,9 +1,10 @@
 // The guard ops a captured graph holds where the program read a value out of a tensor
-// (tfz::_guard_value, tfz::_guard_equal) or took a size that depends on values
-// (tfz::_guard_sizes): each checks, on replay, that the value is the one the graph specialized
-// on, and raises naming the read otherwise. See Note [Capture: guards on values read].
+// (tfz::_guard_value, tfz::_guard_equal, tfz::_guard_allclose) or took a size that depends on
+// values (tfz::_guard_sizes): each checks, on replay, that the value is the one the graph
+// specialized on, and raises naming the read otherwise. See Note [Capture: guards on values read].
 #include <ATen/core/Formatting.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/allclose.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -36,14 +37,22 @@ void guard_value(const at::Tensor& self, const c10::Scalar& expected, c10::strin
               " now.", kRemedy);
 }
 
+// A comparison of two tensors read as a Python bool (torch.equal, torch.allclose).
+void check_comparison(bool actual, bool expected, c10::string_view what) {
+  TORCH_CHECK(actual == expected,
+              "functionalize: the captured graph read a value out of two tensors (", what,
+              ") and specialized on it: it was ", expected ? "True" : "False",
+              " when captured and is ", actual ? "True" : "False", " now.", kRemedy);
+}
+
 void guard_equal(const at::Tensor& self, const at::Tensor& other, bool expected,
                  c10::string_view what) {
-  const bool actual = self.equal(other);
-  TORCH_CHECK(actual == expected,
-              "functionalize: the captured graph read a value out of two "
-              "tensors (",
-              what, ") and specialized on it: it was ", expected, " when captured and is ", actual,
-              " now.", kRemedy);
+  check_comparison(self.equal(other), expected, what);
+}
+
+void guard_allclose(const at::Tensor& self, const at::Tensor& other, double rtol, double atol,
+                    bool equal_nan, bool expected, c10::string_view what) {
+  check_comparison(at::allclose(self, other, rtol, atol, equal_nan), expected, what);
 }
 
 void guard_sizes(const at::Tensor& self, c10::SymIntArrayRef expected, c10::string_view what) {
@@ -56,18 +65,24 @@ void guard_sizes(const at::Tensor& self, c10::SymIntArrayRef expected, c10::stri
 
 void no_check_on_meta(const at::Tensor&, const c10::Scalar&, c10::string_view) {}
 void no_equal_check_on_meta(const at::Tensor&, const at::Tensor&, bool, c10::string_view) {}
+void no_allclose_check_on_meta(const at::Tensor&, const at::Tensor&, double, double, bool, bool,
+                               c10::string_view) {}
 
 }  // namespace
 
 TORCH_LIBRARY(tfz, m) {
   m.def("_guard_value(Tensor self, Scalar expected, str what) -> ()");
   m.def("_guard_equal(Tensor self, Tensor other, bool expected, str what) -> ()");
+  m.def(
+      "_guard_allclose(Tensor self, Tensor other, float rtol, float atol, bool equal_nan, "
+      "bool expected, str what) -> ()");
   m.def("_guard_sizes(Tensor self, SymInt[] expected, str what) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tfz, CompositeExplicitAutograd, m) {
   m.impl("_guard_value", &guard_value);
   m.impl("_guard_equal", &guard_equal);
+  m.impl("_guard_allclose", &guard_allclose);
   m.impl("_guard_sizes", &guard_sizes);
 }
 
@@ -75,4 +90,5 @@ TORCH_LIBRARY_IMPL(tfz, CompositeExplicitAutograd, m) {
 TORCH_LIBRARY_IMPL(tfz, Meta, m) {
   m.impl("_guard_value", &no_check_on_meta);
   m.impl("_guard_equal", &no_equal_check_on_meta);
+  m.impl("_guard_allclose", &no_allclose_check_on_meta);
 }

@@ -29,12 +29,31 @@ namespace tfz::detail {
 
 namespace {
 
-// The view op applied to a meta tensor with `self`'s sizes, strides and storage offset; nullopt
-// for symbolic shapes (the copy's metadata is kept then).
+// A meta tensor with symbolic `t`'s sizes, strides and storage offset.
+at::Tensor symbolic_meta_twin(const at::Tensor& t) {
+  const c10::SymInt nbytes = at::detail::computeStorageNbytes(
+      t.sym_sizes(), t.sym_strides(), c10::SymInt(1), t.sym_storage_offset());
+  return at::empty_symint({nbytes}, t.options().device(c10::kMeta))
+      .as_strided_symint(t.sym_sizes(), t.sym_strides(), t.sym_storage_offset());
+}
+
+// The view op applied to a meta tensor with `self`'s sizes, strides and storage offset. With
+// symbolic sizes the meta tensor has the same symbols (make_fx's tracing_mode="symbolic": the
+// epilogue of an input x.t_() without views needs eager's symbolic strides); a view whose meta
+// kernel cannot take them (a rule that lives in Python) keeps the copy's metadata (nullopt).
 std::optional<c10::IValue> meta_reference(const c10::OperatorHandle& op, const at::Tensor& self,
                                           const std::vector<c10::IValue>& extra) {
-  if (self.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return std::nullopt;
   MetaComputeGuard guard;
+  if (self.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    try {
+      torch::jit::Stack stack{symbolic_meta_twin(self)};
+      stack.insert(stack.end(), extra.begin(), extra.end());
+      op.callBoxed(stack);
+      return std::move(stack[0]);
+    } catch (const c10::Error&) {
+      return std::nullopt;
+    }
+  }
   torch::jit::Stack stack{meta_twin(self)};
   stack.insert(stack.end(), extra.begin(), extra.end());
   op.callBoxed(stack);

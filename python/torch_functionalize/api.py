@@ -119,9 +119,11 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
         tracer = _proxy_tracer()
         alias = remove == "mutations" and tracer is None
         last_node = tracer.graph._root.prev if tracer is not None else None
+        leaves = _leaves_requiring_grad(tracer, inputs) if tracer is not None else set()
         outputs = _C._call(inputs, remove, alias, run)
-        if tracer is not None and not any(t.requires_grad for t in outputs):
-            _erase_dead_detaches(tracer, last_node, outputs)
+        if tracer is not None:
+            _tidy_autograd_detaches(tracer, last_node, outputs, remove != "mutations")
+            _epilogue_without_grad(tracer, last_node, leaves)
         out = result[0](outputs)
         if traced_subclass_inputs:
             _trace_subclass_outputs(out)
@@ -136,25 +138,75 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
 # autograd runs on inner values, below our key, so make_fx recorded one dead aten.detach per
 # saved output (a view op in remove="mutations_and_views" graphs of every training step; the
 # backward reads the traced output itself, Note [Autograd: saved outputs under a tracer]). So
-# under make_fx the call erases the aten.detach nodes it added that nothing reads, when no output
-# requires grad: then no backward can run through those saved copies after the call. With an
-# output that requires grad they stay (a backward traced later may unpack them).
+# under make_fx the call erases the aten.detach nodes it added that nothing reads and that no
+# backward can read later: all of them when no output requires grad, else those whose saved copy
+# is gone (the tracer tracks tensors weakly; a backward that ran inside f released them). One
+# whose copy is alive (the forward of an output that requires grad) may be unpacked by a backward
+# traced later, so it stays, as aten.detach_copy without views (the same value, no view).
 # Rejected: hiding the mode from autograd's saved copies (the same TLS shows it the op).
-def _erase_dead_detaches(tracer: Any, last_node: "torch.fx.Node", outputs: list) -> None:
+def _tidy_autograd_detaches(tracer: Any, last_node: "torch.fx.Node", outputs: list,
+                            removes_views: bool) -> None:
     from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
 
     # The call's outputs are read by what comes after it: their nodes stay.
     kept = {get_proxy_slot(t, tracer).proxy.node for t in outputs
             if isinstance(t, torch.Tensor) and has_proxy_slot(t, tracer)}
+    alive = set()
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in outputs):
+        alive = {slot.proxy.node for slot in list(tracer.tensor_tracker.values())}
     detach = torch.ops.aten.detach.default
     graph = tracer.graph
     node = graph._root.prev
     while node is not last_node and node is not graph._root:
         prev = node.prev
-        if (node.op == "call_function" and node.target is detach and not node.users
-                and node not in kept):
-            graph.erase_node(node)
+        if node.op == "call_function" and node.target is detach and node not in kept:
+            if not node.users and node not in alive:
+                graph.erase_node(node)
+            elif removes_views:
+                node.target = torch.ops.aten.detach_copy.default
         node = prev
+
+
+# Note [API: epilogue writes of leaves in graphs]
+# f may write an input that requires grad where autograd does not see it (an optimizer's update
+# of its parameters under no_grad); the epilogue then writes the leaf with grad mode off, as f
+# did. make_fx records no grad mode, so its graph held a bare copy_ into a leaf that requires
+# grad: a replay in grad mode raised "a leaf Variable that requires grad is being used in an
+# in-place operation", and a replay under no_grad changed what kernels that look at the grad mode
+# compute (the CPU LSTM kernel leaves out the workspace its traced backward reads). So where the
+# epilogue writes such a leaf, the call puts the epilogue between torch._C._set_grad_enabled
+# nodes (off, then back to the mode the graph runs in, read just before), as the capture recorder
+# does (Note [Capture: grad mode]) and pre-dispatch graphs do; a graph that writes no such leaf
+# is unchanged. Rejected: replaying such graphs under no_grad only (what AOTAutograd does for its
+# own graphs, but not what a caller of make_fx's module does).
+def _leaves_requiring_grad(tracer: Any, inputs: list) -> set:
+    """The graph nodes of the call's inputs that are leaves requiring grad (read before the call:
+    make_fx points a written tensor at the node that wrote it)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
+
+    return {get_proxy_slot(t, tracer).proxy.node for t in inputs
+            if isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad
+            and has_proxy_slot(t, tracer)}
+
+
+def _epilogue_without_grad(tracer: Any, last_node: "torch.fx.Node", leaves: set) -> None:
+    if not leaves:
+        return
+    copy_ = torch.ops.aten.copy_.default
+    graph = tracer.graph
+    writes = []
+    node = last_node.next
+    while node is not graph._root:
+        if node.op == "call_function" and node.target is copy_ and node.args[0] in leaves:
+            writes.append(node)
+        node = node.next
+    if not writes:
+        return
+    with graph.inserting_before(writes[0]):
+        mode = graph.call_function(torch.is_grad_enabled, ())
+        graph.call_function(torch._C._set_grad_enabled, (False,))
+    with graph.inserting_after(writes[-1]):
+        graph.call_function(torch._C._set_grad_enabled, (mode,))
 
 
 # Note [API: arguments without a pytree]

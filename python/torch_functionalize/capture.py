@@ -145,13 +145,33 @@ def _capture_traced(func: Callable[..., Any], args: tuple, kwargs: dict, flat: l
     graph.output(graph.graph_copy(traced.graph, env))
     in_spec = pytree.tree_flatten((tuple(args), kwargs) if kwargs else tuple(args))[1]
     graph._codegen = _CaptureCodeGen(_PyTreeInfo(orig_args, in_spec, out_specs[0]))
+    restores_grad = _epilogue_without_grad(graph)
     gm = _CapturedModule(traced, graph)
+    gm._tfz_restores_grad = restores_grad
     guards: Any = (_ShapeGuards([p.meta["val"] for p in placeholders], inputs)
                    if tracing_mode == "symbolic" else StaticGuards(inputs))
     constants = {i: leaf for i, leaf in enumerate(flat) if i not in set(positions)}
     gm._tfz_inputs = _InputCheck(guards, orig_args, len(args), kwargs, in_spec, positions,
                                  leaf_names, constants)
     return gm
+
+
+def _epilogue_without_grad(graph: fx.Graph) -> bool:
+    """Runs the writes into graph inputs (the epilogue) with grad mode off, as the functionalized
+    call does, so that a replay in grad mode may write leaves that require grad (parameters an
+    optimizer stepped); make_fx's graphs record no grad mode (Note [Capture: grad mode] is the
+    recorder's). Returns whether it changed the graph."""
+    copy_ = torch.ops.aten.copy_.default
+    writes = [n for n in graph.nodes if n.op == "call_function" and n.target is copy_
+              and isinstance(n.args[0], fx.Node) and n.args[0].op == "placeholder"]
+    if not writes:
+        return False
+    with graph.inserting_before(writes[0]):
+        mode = graph.call_function(torch.is_grad_enabled, ())
+        graph.call_function(torch._C._set_grad_enabled, (False,))
+    with graph.inserting_before(next(n for n in graph.nodes if n.op == "output")):
+        graph.call_function(torch._C._set_grad_enabled, (mode,))
+    return True
 
 
 class _ShapeGuards:

@@ -282,9 +282,9 @@ def assert_client_matches_eager(f, make_inputs, *, remove, graphs=("make_fx", "c
     grad_fn type, .grad, and the version counter). Then each graph in `graphs` (make_fx of the
     functionalized f, capture(f)) must be functional (assert_functional_graph) and, replayed on
     fresh inputs from the same generator state, give eager's outputs and input values (.grad is
-    not a graph's: a graph returns what f returns). A make_fx graph holds the backward ops it
-    traced, and its epilogue writes leaves that require grad, so it replays under no_grad, as
-    AOTAutograd runs such graphs; capture's GraphModule is called like f."""
+    not a graph's: a graph returns what f returns). Both graphs are called like f, in grad mode:
+    a make_fx graph holds the backward ops it traced, and writes leaves that require grad with
+    grad mode off (Note [API: epilogue writes of leaves in graphs])."""
     import torch_functionalize
 
     def run(fn):
@@ -315,11 +315,7 @@ def assert_client_matches_eager(f, make_inputs, *, remove, graphs=("make_fx", "c
     for name in graphs:
         gm = run(builders[name])[1]
         assert_functional_graph(gm, remove)
-        if name == "make_fx":
-            with torch.no_grad():
-                r_in, r_out, _ = run(gm)
-        else:
-            r_in, r_out, _ = run(gm)
+        r_in, r_out, _ = run(gm)
         assert_trees_match(r_out, e_out, f"{name} replay: output")
         r_leaves = [t for t in pytree.tree_leaves(r_in) if isinstance(t, torch.Tensor)]
         for i, (r, e) in enumerate(zip(r_leaves, e_leaves)):

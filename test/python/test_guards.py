@@ -36,6 +36,18 @@ def equal_tensors(x, y):
     return x + 1 if torch.equal(x, y) else x - 1
 
 
+def close_tensors(x):
+    return x * 2 if torch.allclose(x, torch.ones(3), atol=0.1) else x * 3
+
+
+def unique_values(x):
+    return torch.unique(x) * 2
+
+
+def counts_of_values(x):
+    return torch.bincount(x) + 1
+
+
 CASES = {
     "branch_on_a_value": (branch_on_a_value, lambda: (torch.ones(3),), lambda: (-torch.ones(3),)),
     "shift_by_a_read_value": (shift_by_a_read_value, lambda: (torch.arange(3.0),),
@@ -48,6 +60,11 @@ CASES = {
                        lambda: (torch.arange(3.0) * 2,)),
     "equal_tensors": (equal_tensors, lambda: (torch.ones(2), torch.ones(2)),
                       lambda: (torch.ones(2), torch.zeros(2))),
+    "close_tensors": (close_tensors, lambda: (torch.ones(3),), lambda: (2 * torch.ones(3),)),
+    "unique_values": (unique_values, lambda: (torch.tensor([1.0, 2.0, 2.0]),),
+                      lambda: (torch.tensor([1.0, 1.0, 1.0]),)),
+    "counts_of_values": (counts_of_values, lambda: (torch.tensor([0, 1, 1]),),
+                         lambda: (torch.tensor([0, 1, 4]),)),
 }
 
 

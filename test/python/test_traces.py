@@ -17,8 +17,8 @@ from torch_functionalize.cli.programs import clone_add as clone_then_add_
 from torch_functionalize.cli.programs import input_mutated_through_view, view_of_mutated_intermediate
 from torch_functionalize.cli.programs import slice_mutation as column_of_clone_mutated
 
-from reference import (assert_functional_graph, assert_matches_eager, assert_trees_match,
-                       call_targets, trace)
+from reference import (REMOVE_MODES, assert_functional_graph, assert_matches_eager,
+                       assert_trees_match, call_targets, trace)
 
 
 def several_aliases_mutated_and_read(x):
@@ -185,7 +185,13 @@ def test_trace_symbolic_matches_torch_func(remove):
         torch.func.functionalize(input_mutated_through_view, remove=remove),
         tracing_mode="symbolic",
     )(torch.randn(2, 3))
-    assert call_targets(ours) == call_targets(theirs), f"ours:\n{ours.code}\ntorch.func:\n{theirs.code}"
+    # Size reads (sym_size) are no ops: FX places each before its first use, and ours are used
+    # earlier (the meta run that gives a view wrapper eager's symbolic strides without views).
+    def ops(gm):
+        return [t for t in call_targets(gm) if not t.startswith("aten.sym_")]
+
+    assert ops(ours) == ops(theirs), f"ours:\n{ours.code}\ntorch.func:\n{theirs.code}"
+    assert sorted(call_targets(ours)) == sorted(call_targets(theirs))
 
 
 def _transposed_in_place(x):
@@ -193,13 +199,7 @@ def _transposed_in_place(x):
     return x + 1
 
 
-@pytest.mark.parametrize("remove", [
-    "mutations",
-    pytest.param("mutations_and_views", marks=pytest.mark.xfail(
-        strict=True, reason="symbolic as_strided_ epilogue without views takes the t_copy "
-        "value's contiguous strides, not eager's (1, rows): the views-removed wrapper reports its "
-        "value's strides under symbolic tracing (torch.func does the same)")),
-])
+@pytest.mark.parametrize("remove", REMOVE_MODES)
 def test_symbolic_trace_of_an_in_place_view_of_an_input_is_functional(remove):
     # x.t_() on an input: the epilogue is one as_strided_ with symbolic arguments (no aten.t_
     # left in the graph), and a replay on another size leaves the input as eager's t_ does.

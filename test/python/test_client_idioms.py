@@ -1,0 +1,219 @@
+"""Training-loop idioms of client code inside the functionalized function, beyond one optimizer
+step: gradient accumulation, learning-rate schedulers, gradient scaling and foreach clipping, EMA
+weights, zero_grad(set_to_none=False), recurrent and transformer layers, BatchNorm switching
+between train and eval, weight_norm, torch.cond inside a step, torch.amp.GradScaler. Each against
+eager, in both remove modes, eagerly, as a make_fx graph and as a capture, both replayed as f is
+called (reference.assert_client_matches_eager)."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.func import functional_call
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from reference import REMOVE_MODES, assert_client_matches_eager
+from torch_functionalize import functionalize
+
+torch.manual_seed(3)
+MLP = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+LSTM = nn.LSTM(4, 5, batch_first=True)
+ENCODER = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+NORMED = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU())
+
+
+def leaves_of(module):
+    return {k: v.detach().clone().requires_grad_() for k, v in module.named_parameters()}
+
+
+def mse(out, y):
+    return ((out - y) ** 2).mean()
+
+
+def mlp_inputs():
+    return leaves_of(MLP), torch.randn(6, 4), torch.randn(6, 3)
+
+
+def grad_accumulation(p, x, y):
+    opt = torch.optim.SGD(list(p.values()), lr=0.1, momentum=0.9)
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        for mb in (slice(0, 3), slice(3, 6)):
+            loss = mse(functional_call(MLP, p, (x[mb],)), y[mb]) / 2
+            loss.backward()
+            losses.append(loss.detach())
+        opt.step()
+    return losses
+
+
+def lr_scheduler(p, x, y):
+    opt = torch.optim.Adam(list(p.values()), lr=0.05, foreach=True)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        loss = mse(functional_call(MLP, p, (x,)), y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.detach())
+    return losses
+
+
+def scaled_and_clipped_gradients(p, x, y):
+    opt = torch.optim.SGD(list(p.values()), lr=0.1)
+    loss = mse(functional_call(MLP, p, (x,)), y)
+    loss.backward()
+    for q in p.values():
+        q.grad.mul_(0.5)
+    torch.nn.utils.clip_grad_norm_(list(p.values()), 0.1, foreach=True)
+    opt.step()
+    return loss.detach()
+
+
+def ema_weights(p, x, y):
+    ema = [q.detach().clone() for q in p.values()]
+    opt = torch.optim.SGD(list(p.values()), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        mse(functional_call(MLP, p, (x,)), y).backward()
+        opt.step()
+        with torch.no_grad():
+            torch._foreach_lerp_(ema, list(p.values()), 0.1)
+    return ema
+
+
+def zero_grad_keeping_tensors(p, x, y):
+    opt = torch.optim.SGD(list(p.values()), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad(set_to_none=False)
+        mse(functional_call(MLP, p, (x,)), y).backward()
+        opt.step()
+    return [q.grad.clone() for q in p.values()]
+
+
+def cond_inside_a_step(p, x, y):
+    opt = torch.optim.SGD(list(p.values()), lr=0.1)
+    out = functional_call(MLP, p, (x,))
+    with torch.no_grad():
+        scale = torch.cond(out.sum() > 0, lambda o: o.abs().mean(), lambda o: o.pow(2).mean(),
+                           (out,))
+    loss = mse(out, y) * scale
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def lstm_steps(p, x):
+    # The CPU LSTM kernel looks at the grad mode: the graph replays in f's modes
+    # (Note [API: epilogue writes of leaves in graphs]).
+    opt = torch.optim.Adam(list(p.values()), lr=0.05)
+    for _ in range(2):
+        opt.zero_grad()
+        out, _ = functional_call(LSTM, p, (x,))
+        out.pow(2).mean().backward()
+        opt.step()
+    return out.detach()
+
+
+def encoder_steps(p, x):
+    # SGD, not Adam: a few of the encoder's gradients are zero up to rounding (the key bias), and
+    # Adam turns rounding differences of 1e-8 between eager and a views-removed graph's layouts
+    # into steps of lr.
+    opt = torch.optim.SGD(list(p.values()), lr=0.1, momentum=0.9)
+    for _ in range(2):
+        opt.zero_grad()
+        functional_call(ENCODER, p, (x,)).pow(2).mean().backward()
+        opt.step()
+    return x
+
+
+def batch_norm_train_then_eval(state, x):
+    opt = torch.optim.SGD([v for v in state.values() if v.requires_grad], lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        functional_call(NORMED, state, (x,)).sum().backward()
+        opt.step()
+    NORMED.eval()
+    try:
+        return functional_call(NORMED, state, (x,))
+    finally:
+        NORMED.train()
+
+
+def normed_inputs():
+    state = leaves_of(NORMED)
+    state.update({k: v.detach().clone() for k, v in NORMED.named_buffers()})
+    return state, torch.randn(8, 4)
+
+
+def weight_norm_steps(g, v, x):
+    layer = nn.utils.parametrizations.weight_norm(nn.Linear(4, 3, bias=False))
+    params = {"parametrizations.weight.original0": g, "parametrizations.weight.original1": v}
+    opt = torch.optim.SGD([g, v], lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        functional_call(layer, params, (x,)).sum().backward()
+        opt.step()
+    return g, v
+
+
+def grad_scaler(p, x, y):
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    opt = torch.optim.SGD(list(p.values()), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        loss = mse(functional_call(MLP, p, (x,)), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)  # reads found_inf with .item()
+        scaler.update()
+    return loss.detach()
+
+
+CASES = {
+    "grad_accumulation": (grad_accumulation, mlp_inputs),
+    "lr_scheduler": (lr_scheduler, mlp_inputs),
+    "scaled_and_clipped_gradients": (scaled_and_clipped_gradients, mlp_inputs),
+    "ema_weights": (ema_weights, mlp_inputs),
+    "zero_grad_keeping_tensors": (zero_grad_keeping_tensors, mlp_inputs),
+    "cond_inside_a_step": (cond_inside_a_step, mlp_inputs),
+    "lstm_steps": (lstm_steps, lambda: (leaves_of(LSTM), torch.randn(2, 3, 4))),
+    "encoder_steps": (encoder_steps, lambda: (leaves_of(ENCODER), torch.randn(2, 5, 8))),
+    "batch_norm_train_then_eval": (batch_norm_train_then_eval, normed_inputs),
+    "weight_norm_steps": (weight_norm_steps, lambda: (torch.rand(3, 1).requires_grad_(),
+                                                      torch.randn(3, 4).requires_grad_(),
+                                                      torch.randn(5, 4))),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_training_idiom_matches_eager(name, remove):
+    f, make_inputs = CASES[name]
+    assert_client_matches_eager(f, make_inputs, remove=remove)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_grad_scaler_matches_eager_as_a_capture(remove):
+    # GradScaler reads whether a gradient is infinite (.item()): capture guards the read
+    # (Note [Capture: guards on values read]); make_fx refuses it, as plain make_fx does.
+    assert_client_matches_eager(grad_scaler, mlp_inputs, remove=remove, graphs=("capture",))
+    with pytest.raises(RuntimeError, match="value out of a tracing tensor"):
+        make_fx(functionalize(grad_scaler, remove=remove))(*mlp_inputs())
+
+
+def test_writing_a_copy_of_an_outside_module_is_refused_by_name():
+    # copy.deepcopy of a module that lives outside f clones its parameters with ops on plain
+    # tensors, which pass through (as in torch.func): the copies stay plain tensors, and writing
+    # functional values into them is refused by name, as writing the originals is.
+    def f(p, x, y):
+        averaged = torch.optim.swa_utils.AveragedModel(copy.deepcopy(MLP))
+        mse(functional_call(MLP, p, (x,)), y).backward()
+        with torch.no_grad():
+            for (k, v) in averaged.module.named_parameters():
+                v.copy_(p[k])
+        return x
+
+    with pytest.raises(RuntimeError, match="cannot write functional values into the plain"):
+        functionalize(f)(*mlp_inputs())
