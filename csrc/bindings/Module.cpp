@@ -8,6 +8,7 @@
 #include "core/DispatchKey.h"
 #include "core/Graph.h"
 #include "core/Layer.h"
+#include "core/MirroredLeaf.h"
 #include "core/Recorder.h"
 #include "kernels/Registration.h"
 #include "kernels/Subclasses.h"
@@ -226,6 +227,11 @@ PYBIND11_MODULE(_C, m) {
   // See Note [Control flow: closures].
   m.def("_lift_closures", &tfz::detail::lift_closures);
   m.def("_is_layer_wrapper", &tfz::detail::is_current_layer_wrapper);
+  m.def("_mirrored_leaf", [](const at::Tensor& t) -> std::optional<at::Tensor> {
+    at::Tensor leaf = tfz::detail::mirrored_leaf(t);
+    if (!leaf.defined()) return std::nullopt;
+    return leaf;
+  });
   m.def("_note_foreign_wrapper", &tfz::detail::note_foreign_wrapper);
   m.def("_take_foreign_wrapper", []() -> std::optional<at::Tensor> {
     at::Tensor t = tfz::detail::take_foreign_wrapper();

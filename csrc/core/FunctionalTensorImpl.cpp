@@ -6,6 +6,7 @@
 #include "core/Layer.h"
 #include "core/LayerAutograd.h"
 #include "core/Layout.h"
+#include "core/MirroredLeaf.h"
 #include "core/Recorder.h"
 
 #include <ATen/ExpandUtils.h>
@@ -79,6 +80,23 @@ struct MirroredLeafMeta final : torch::autograd::AutogradMeta {
   at::Tensor leaf_;
 };
 }  // namespace
+
+// Note [Autograd: hooks on leaf wrappers]
+// The autograd engine runs a leaf's hooks (Tensor.register_hook, before accumulation, and
+// register_post_accumulate_grad_hook) from the autograd metadata of the tensor its gradient
+// accumulator belongs to, which for a leaf wrapper is the leaf it mirrors, not the wrapper: hooks
+// registered on the wrapper were never called (gradient clipping hooks and per-parameter
+// optimizer hooks silently did nothing). So Python registers them on that leaf
+// (_tensor_methods.py), and a post-accumulate hook is called with the wrapper, whose .grad is the
+// leaf's. Hooks on non-leaf wrappers need nothing: they go to the grad_fn the wrapper shares with
+// its value. Rejected: copying hooks across at each backward (the engine reads them during the
+// backward, and a hook may be removed by its handle at any time).
+at::Tensor mirrored_leaf(const at::Tensor& t) {
+  auto* impl = maybe_get_impl(t);
+  if (impl == nullptr) return {};
+  const auto* meta = dynamic_cast<const MirroredLeafMeta*>(impl->autograd_meta());
+  return meta != nullptr ? meta->leaf_ : at::Tensor();
+}
 
 void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
   if (C10_LIKELY(!value.requires_grad())) {

@@ -6,6 +6,7 @@
 #include "core/DispatchKey.h"
 #include "core/Recorder.h"
 
+#include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -15,6 +16,15 @@ namespace tfz::detail {
 
 namespace {
 
+// Note [Capture: autocast inside the function]
+// Autocast casts at its own key, which applies to the inner (CPU, CUDA) tensors our kernels call
+// ops on, below the record key: a capture of f with torch.autocast inside recorded each op with
+// its arguments before the casts (an addmm in float32 where eager's ran in bfloat16) and the
+// casts autocast cached as constants, silently wrong on other inputs. The record kernel refuses
+// any op while autocast is enabled, and capture() records such programs through make_fx, whose
+// tracer sits below autocast (Note [Capture: control flow]). Rejected: recording below autocast
+// (the record key's place above the functorch keys is what lets torch.func transforms inside f
+// be recorded, Note [Capture: the record key]).
 void record_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                    torch::jit::Stack* stack) {
   const auto below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRecordKey);
@@ -33,6 +43,12 @@ void record_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   static const c10::OperatorName lift_fresh("aten::lift_fresh", "");
   static const auto lift_fresh_copy =
       c10::Dispatcher::singleton().findSchemaOrThrow("aten::lift_fresh_copy", "");
+  // See Note [Capture: autocast inside the function].
+  TORCH_CHECK_NOT_IMPLEMENTED(!at::autocast::is_autocast_enabled(c10::DeviceType::CPU) &&
+                                  !at::autocast::is_autocast_enabled(c10::DeviceType::CUDA),
+                              "capture: autocast is enabled inside the function (",
+                              op.operator_name(),
+                              "); its casts happen below the key capture records at.");
   GraphNode node = recorder->begin(op.operator_name() == lift_fresh ? lift_fresh_copy : op, *stack);
   {
     c10::impl::ExcludeDispatchKeyGuard implementation_not_recorded(kRecordKey);

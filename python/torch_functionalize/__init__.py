@@ -23,6 +23,9 @@ _tensor_methods.install()
 from . import control_flow as _control_flow  # noqa: E402
 
 _control_flow.install()
+from . import autograd_function as _autograd_function  # noqa: E402
+
+_autograd_function.install()
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
 from .capture import capture, graph_module_of
 from .dynamo import backend

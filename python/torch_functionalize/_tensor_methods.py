@@ -1,7 +1,7 @@
 """Tensor methods that torch implements outside the dispatcher and that cannot work on our
 wrappers as they are: replaced, for wrappers only, by their dispatcher-level equivalents.
-See Note [API: Tensor.new_tensor on wrappers], Note [API: Tensor.tolist on wrappers] and
-Note [API: Tensor.numpy on wrappers]."""
+See Note [API: Tensor.new_tensor on wrappers], Note [API: Tensor.tolist on wrappers],
+Note [API: Tensor.numpy on wrappers] and Note [Autograd: hooks on leaf wrappers]."""
 import torch
 import torch.utils.dlpack
 
@@ -112,9 +112,33 @@ _dlpack.__doc__ = _torch_dlpack.__doc__
 _to_dlpack.__doc__ = _torch_to_dlpack.__doc__
 
 
+# See Note [Autograd: hooks on leaf wrappers].
+_torch_register_hook = torch.Tensor.register_hook
+_torch_register_post_accumulate_grad_hook = torch.Tensor.register_post_accumulate_grad_hook
+
+
+def _register_hook(self, hook):
+    leaf = _C._mirrored_leaf(self) if _C._is_functional(self) else None
+    return _torch_register_hook(self if leaf is None else leaf, hook)
+
+
+def _register_post_accumulate_grad_hook(self, hook):
+    leaf = _C._mirrored_leaf(self) if _C._is_functional(self) else None
+    if leaf is None:
+        return _torch_register_post_accumulate_grad_hook(self, hook)
+    wrapper = self
+    return _torch_register_post_accumulate_grad_hook(leaf, lambda _leaf: hook(wrapper))
+
+
+_register_hook.__doc__ = _torch_register_hook.__doc__
+_register_post_accumulate_grad_hook.__doc__ = _torch_register_post_accumulate_grad_hook.__doc__
+
+
 def install() -> None:
     torch.Tensor.new_tensor = _new_tensor
     torch.Tensor.tolist = _tolist
     torch.Tensor.numpy = _numpy
     torch.Tensor.__dlpack__ = _dlpack
+    torch.Tensor.register_hook = _register_hook
+    torch.Tensor.register_post_accumulate_grad_hook = _register_post_accumulate_grad_hook
     torch.utils.dlpack.to_dlpack = _to_dlpack

@@ -5,6 +5,7 @@ out, closure tensors as ``get_attr`` constants, multi-output ops through ``opera
 """
 import inspect
 import keyword
+import warnings
 import operator
 import re
 from typing import Any, Callable
@@ -74,12 +75,18 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
         result.append((out_leaves, out_spec))
         return [x for x in out_leaves if isinstance(x, torch.Tensor)]
 
+    rng = _RandomState()
     try:
         captured = _C._capture(inputs, remove, run)
     except NotImplementedError as error:
-        if "(a higher-order operator) under capture" not in str(error):
+        if not any(m in str(error) for m in _THROUGH_MAKE_FX):
             raise
-        # See Note [Capture: control flow]. The failed recording wrote nothing.
+        # See Note [Capture: control flow]. The failed recording wrote no input.
+        rng.restore()
+        warnings.warn(
+            f"capture: {str(error).splitlines()[0]} Recorded with make_fx(functionalize(f)) "
+            "instead, which ran f a second time: Python side effects of f outside its tensors "
+            "(an optimizer or scheduler made outside f) happened twice.", stacklevel=2)
         return _capture_traced(func, args, kwargs, flat, spec, positions, remove, "real")
     out_leaves, out_spec = result[0]
     return _graph_module(captured, func, args, kwargs, flat, positions, out_leaves, out_spec)
@@ -99,6 +106,24 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
 # be guarded by shapes). Rejected: symbolic sizes in the C++ recorder (each recorded size would
 # need the ShapeEnv's symbols, i.e. a second tracer), and re-capturing on each new size (the
 # cache and its invalidation are torch.compile's job).
+# What the engine refuses under capture that make_fx records (Note [Capture: control flow]).
+_THROUGH_MAKE_FX = ("(a higher-order operator) under capture", "autocast is enabled inside")
+
+
+class _RandomState:
+    """The random generators' state at the start of a capture, restored before it records
+    again: the second run draws what the first drew, as one eager run does."""
+
+    def __init__(self) -> None:
+        self.cpu = torch.random.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        torch.random.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
 # Note [Capture: control flow]
 # The recorder sees dispatcher ops only, so a higher-order operator (torch.cond, while_loop, map)
 # would reach it as the ops of the branch taken: a graph right only for inputs that take that
@@ -106,9 +131,11 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
 # keeps the operator with functional subgraphs (Note [Control flow: higher-order operators]), on
 # the real inputs (written as by the functionalized call, as capture writes them), and gives the
 # graph capture's calling convention and input guards (exact sizes, as capture's own). The
-# engine refuses the operator before running any of it, and the failed recording has written
-# nothing (writes to inputs happen in the epilogue), so the fallback starts from the same inputs.
-# Rejected: recording operators as nodes in C++ (their subgraphs need a tracer anyway).
+# engine refuses the operator before running any of it, and the failed recording has written no
+# input (writes to inputs happen in the epilogue), so the fallback starts from the same inputs
+# and, with the random generators' state restored, draws the same numbers; Python side effects
+# of f outside its tensors happen twice, which a warning says. The same holds for autocast
+# inside f (Note [Capture: autocast inside the function]). Rejected: recording operators as nodes in C++ (their subgraphs need a tracer anyway).
 def _capture_traced(func: Callable[..., Any], args: tuple, kwargs: dict, flat: list, spec: Any,
                     positions: list, remove: Remove, tracing_mode: str) -> fx.GraphModule:
     """capture through make_fx(functionalize(func)): symbolic sizes (Note [Capture: dynamic
