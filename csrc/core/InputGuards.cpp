@@ -27,9 +27,42 @@ namespace tfz::detail {
 // only (a graph captured with two aliased inputs is wrong on distinct ones, and the reverse).
 // Graphs that replay on other sizes are make_fx(functionalize(f), tracing_mode="symbolic")'s.
 
+namespace {
+
+// For each input, the first input sharing its storage (itself if none; -1 without storage).
+std::vector<int64_t> alias_groups(const std::vector<at::Tensor>& inputs) {
+  std::vector<int64_t> groups(inputs.size(), -1);
+  const auto storage_of = [&](size_t i) -> const c10::StorageImpl* {
+    const at::Tensor& t = inputs[i];
+    return t.defined() && t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+  };
+  if (inputs.size() <= 8) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const auto* s = storage_of(i);
+      if (s == nullptr) continue;
+      groups[i] = static_cast<int64_t>(i);
+      for (size_t j = 0; j < i; ++j) {
+        if (storage_of(j) == s) {
+          groups[i] = groups[j];
+          break;
+        }
+      }
+    }
+    return groups;
+  }
+  std::unordered_map<const c10::StorageImpl*, int64_t> first_of;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto* s = storage_of(i);
+    if (s != nullptr) groups[i] = first_of.emplace(s, static_cast<int64_t>(i)).first->second;
+  }
+  return groups;
+}
+
+}  // namespace
+
 std::vector<InputGuard> record_input_guards(const std::vector<at::Tensor>& inputs) {
   std::vector<InputGuard> guards(inputs.size());
-  std::unordered_map<const c10::StorageImpl*, int64_t> first_of;
+  const auto groups = alias_groups(inputs);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
     InputGuard& g = guards[i];
@@ -45,9 +78,7 @@ std::vector<InputGuard> record_input_guards(const std::vector<at::Tensor>& input
       g.strides = t.strides().vec();
       g.storage_offset = t.storage_offset();
     }
-    if (!t.has_storage()) continue;
-    g.alias_group =
-        first_of.emplace(t.storage().unsafeGetStorageImpl(), static_cast<int64_t>(i)).first->second;
+    g.alias_group = groups[i];
   }
   return guards;
 }
@@ -110,16 +141,17 @@ void check_input_guards(const std::vector<InputGuard>& guards,
            str(t.is_conj()) + "/" + str(t.is_neg()));
     }
   }
-  // Alias groups: recomputed on the replay's inputs and compared.
-  const auto now = record_input_guards(inputs);
+  // Alias groups: recomputed on the replay's inputs and compared (one storage test per input
+  // pair when there are few, as for most graphs; a map otherwise).
+  const auto now = alias_groups(inputs);
   for (size_t i = 0; i < guards.size(); ++i) {
-    if (now[i].alias_group == guards[i].alias_group) continue;
+    if (now[i] == guards[i].alias_group) continue;
     const auto group = [&](int64_t g) {
       return g < 0 || g == static_cast<int64_t>(i)
                  ? std::string("no earlier input")
                  : (static_cast<size_t>(g) < names.size() ? names[g] : "input " + str(g));
     };
-    fail(i, "memory shared with", group(guards[i].alias_group), group(now[i].alias_group));
+    fail(i, "memory shared with", group(guards[i].alias_group), group(now[i]));
   }
 }
 
