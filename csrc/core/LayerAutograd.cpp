@@ -105,9 +105,14 @@ void LayerAutograd::note(const NodePtr& fn) {
 // output a wrapper takes (with a grad_fn) keyed by (grad_fn, output number), and the kernel hands
 // the tracer that traced tensor in place of a plain argument that has the same grad_fn, output
 // number, memory and geometry: the same values, by construction. Outputs are kept alive until
-// the layer exits, under a tracer only. Rejected: un-hiding the Python key while backward nodes
-// run (node hooks): an exception between the hooks would leave the TLS changed, and the mode then
-// sees autograd's bookkeeping (the detach of every unpacked output) as ops of the program.
+// the layer exits, under a tracer only. A saved-tensor hook may give back other memory for a
+// saved output: torch.utils.checkpoint(use_reentrant=False) stores the activations it recomputes
+// in the backward and hands them out for the forward's saved outputs, which made the graph hold
+// them as constants (silently wrong on other inputs); such an argument is matched by memory and
+// geometry to the recomputed output the tracer traced. Rejected: un-hiding the Python key while
+// backward nodes run (node hooks): an exception between the hooks would leave the TLS changed, and
+// the mode then sees autograd's bookkeeping (the detach of every unpacked output) as ops of the
+// program.
 namespace {
 Layer* this_threads_layer() {
   Layer* layer = current_layer();
@@ -130,7 +135,18 @@ void note_traced_output(int64_t layer_id, const at::Tensor& value) {
 
 void LayerAutograd::note_output(const at::Tensor& value) {
   outputs_[OutputKey{value.grad_fn().get(), static_cast<uint32_t>(value.output_nr())}] = value;
+  if (value.has_storage()) by_storage_[value.storage().unsafeGetStorageImpl()].push_back(value);
 }
+
+namespace {
+// `t` is a copy of `original`: the same memory and geometry, another TensorImpl.
+bool same_memory(const at::Tensor& original, const at::Tensor& t) {
+  return original.unsafeGetTensorImpl() != t.unsafeGetTensorImpl() && original.has_storage() &&
+         t.has_storage() && original.is_alias_of(t) && original.dtype() == t.dtype() &&
+         original.sym_sizes() == t.sym_sizes() && original.sym_strides() == t.sym_strides() &&
+         original.sym_storage_offset() == t.sym_storage_offset();
+}
+}  // namespace
 
 std::optional<at::Tensor> LayerAutograd::traced_output(const at::Tensor& t) const {
   if (outputs_.empty()) return std::nullopt;
@@ -138,14 +154,16 @@ std::optional<at::Tensor> LayerAutograd::traced_output(const at::Tensor& t) cons
   if (!fn) return std::nullopt;
   auto it = outputs_.find(OutputKey{fn.get(), static_cast<uint32_t>(t.output_nr())});
   if (it == outputs_.end()) return std::nullopt;
-  const at::Tensor& original = it->second;
-  if (original.unsafeGetTensorImpl() == t.unsafeGetTensorImpl() || !original.has_storage() ||
-      !t.has_storage() || !original.is_alias_of(t) || original.dtype() != t.dtype() ||
-      original.sym_sizes() != t.sym_sizes() || original.sym_strides() != t.sym_strides() ||
-      original.sym_storage_offset() != t.sym_storage_offset()) {
-    return std::nullopt;
+  if (same_memory(it->second, t)) return it->second;
+  // A saved-tensor hook gave back another output's memory for this node's output (checkpoint's
+  // recomputed activation): the traced output that holds that memory.
+  if (!t.has_storage()) return std::nullopt;
+  auto found = by_storage_.find(t.storage().unsafeGetStorageImpl());
+  if (found == by_storage_.end()) return std::nullopt;
+  for (const at::Tensor& candidate : found->second) {
+    if (same_memory(candidate, t)) return candidate;
   }
-  return original;
+  return std::nullopt;
 }
 
 std::optional<at::Tensor> traced_saved_output(const at::Tensor& plain) {

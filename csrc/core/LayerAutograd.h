@@ -79,6 +79,9 @@ class LayerAutograd {
   // Strong: the wrapper of an output is often gone by the time backward reads the output back,
   // and the tracer only knows the tensor while it is alive. Filled only under a tracer.
   std::unordered_map<OutputKey, at::Tensor, OutputKeyHash> outputs_;
+  // The same outputs by storage: an output a saved-tensor hook stored and gave back
+  // (torch.utils.checkpoint's recomputation) has its node but another output's memory.
+  std::unordered_map<const c10::StorageImpl*, std::vector<at::Tensor>> by_storage_;
 };
 
 /// A wrapper of layer `layer_id` took a value whose autograd node is `fn`: notes the graph on that

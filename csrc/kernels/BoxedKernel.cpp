@@ -175,6 +175,14 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
       check_plain_collective(op);  // See Note [Collectives: captured tensors]
     }
     const bool wrap = layer != nullptr && info.wraps_plain_outputs;
+    if (C10_UNLIKELY(layer != nullptr && ops_are_recorded())) {
+      // See Note [Autograd: saved outputs under a tracer]: a backward formula's op on its saved
+      // tensors alone (the t() of a saved weight) must read the traced tensors too.
+      for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end();
+           ++it) {
+        transform_tensors(*it, [](const at::Tensor& t) { return sync_and_unwrap(t); });
+      }
+    }
     {
       InnerCallGuard guard;
       op.callBoxed(stack);

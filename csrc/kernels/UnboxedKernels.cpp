@@ -235,7 +235,11 @@ struct Unboxed<Op, Ret(Args...)> {
       return c10::impl::PopResult<Ret>::call(stack);
     }
     InnerCallGuard guard;
-    if (!call.any()) return Op::call(args...);
+    if (!call.any()) {
+      // See the boxed kernel: saved tensors under a tracer read as the traced ones.
+      if (C10_UNLIKELY(ops_are_recorded())) return Op::call(call.unwrap(args)...);
+      return Op::call(args...);
+    }
     Ret out = Op::call(call.unwrap(args)...);
     return call.wrap(std::move(out));
   }
