@@ -92,6 +92,8 @@ def _traced(op: Any, args: tuple, kwargs: dict) -> Any:
         try:
             return _traced_with(op, args, kwargs, lifted, written)
         except _BranchWrites as more:
+            if more.indices <= written:  # written through a copy already: cannot happen twice
+                raise RuntimeError(f"functionalize: {op.name()}: {more}") from more
             written |= more.indices
         except RuntimeError:
             foreign = _C._take_foreign_wrapper()
