@@ -220,6 +220,9 @@ PYBIND11_MODULE(_C, m) {
       .def("input_guards",
            [](const tfz::CapturedGraph& c) { return InputGuards{c.graph().input_guards}; });
   py::class_<InputGuards>(m, "_InputGuards").def("check", &InputGuards::check);
+  m.def("_input_guards", [](const std::vector<at::Tensor>& inputs) {
+    return InputGuards{tfz::detail::record_input_guards(inputs)};
+  });
   m.def("_capture", &capture, py::arg("inputs"), py::arg("remove"), py::arg("fn"));
   m.def("_parse_remove", [](const std::string& r) { tfz::parse_remove(r); });
   m.def("_is_functional", &tfz::is_functional);

@@ -176,7 +176,7 @@ def _capture_traced(func: Callable[..., Any], args: tuple, kwargs: dict, flat: l
     gm = _CapturedModule(traced, graph)
     gm._tfz_restores_grad = restores_grad
     guards: Any = (_ShapeGuards([p.meta["val"] for p in placeholders], inputs)
-                   if tracing_mode == "symbolic" else StaticGuards(inputs))
+                   if tracing_mode == "symbolic" else _C._input_guards(inputs))
     constants = {i: leaf for i, leaf in enumerate(flat) if i not in set(positions)}
     gm._tfz_inputs = _InputCheck(guards, orig_args, len(args), kwargs, in_spec, positions,
                                  leaf_names, constants)
@@ -235,37 +235,6 @@ class _ShapeGuards:
                 f"capture: the graph was captured with dynamic=True under the shape guards "
                 f"`{readable}`, which inputs of sizes {sizes} (and their strides) do not meet; "
                 "capture again for these inputs (Note [Capture: dynamic sizes]).")
-
-
-class StaticGuards:
-    """Exact input guards checked in Python, for graphs the C++ recorder did not make (traced
-    by make_fx on real inputs): Note [Capture: guards on inputs]."""
-
-    _FIELDS = ("sizes", "strides", "storage offset", "dtype", "device", "requires_grad")
-
-    def __init__(self, inputs: list) -> None:
-        self.meta = [self._meta(t) for t in inputs]
-        self.aliasing = _alias_groups(inputs)
-
-    @staticmethod
-    def _meta(t: torch.Tensor) -> tuple:
-        strided = t.layout == torch.strided
-        return (list(t.shape), list(t.stride()) if strided else None,
-                t.storage_offset() if strided else None, t.dtype, t.device, t.requires_grad)
-
-    def check(self, tensors: list, names: list) -> None:
-        for t, meta, name in zip(tensors, self.meta, names):
-            for what, then, now in zip(self._FIELDS, meta, self._meta(t)):
-                if then != now and not (what == "device" and "meta" in (then.type, now.type)):
-                    raise RuntimeError(
-                        f"capture: the graph was captured for {name} with {what} {then} and is "
-                        f"called with {now}. A captured graph is specialized on its inputs "
-                        "(Note [Capture: guards on inputs]): capture again for these inputs.")
-        if _alias_groups(tensors) != self.aliasing:
-            raise RuntimeError(
-                "capture: the graph was captured for inputs that share memory as "
-                f"{self.aliasing} (input i: the first input sharing its memory) and is called "
-                f"with {_alias_groups(tensors)}; capture again for these inputs.")
 
 
 def _tensor_meta(t: torch.Tensor) -> tuple:

@@ -267,7 +267,8 @@ def _assign_attr(root, target, value):
 def _guarded(result, args):
     """The graph, checking on each call that its arguments are like the real example inputs it
     was traced on (Note [Capture: guards on inputs]): its sizes are theirs."""
-    from .capture import StaticGuards, _CapturedModule, _InputCheck
+    from . import _C
+    from .capture import _CapturedModule, _InputCheck
 
     guarded = _CapturedModule(result, result.graph)
     guarded.meta.update(result.meta)
@@ -279,7 +280,7 @@ def _guarded(result, args):
     constants = {i: a for i, a in enumerate(flat) if i not in set(positions)}
     arg_names = (result.graph._codegen.pytree_info.orig_args
                  if isinstance(result.graph._codegen, _PyTreeCodeGen) else names)
-    guarded._tfz_inputs = _InputCheck(StaticGuards([flat[i] for i in positions]),
+    guarded._tfz_inputs = _InputCheck(_C._input_guards([flat[i] for i in positions]),
                                       list(arg_names), len(args), {}, spec, positions, names,
                                       constants)
     return guarded
