@@ -221,8 +221,8 @@ def _call_function_nodes(gm: torch.fx.GraphModule) -> int:
     return sum(1 for n in gm.graph.nodes if n.op == "call_function")
 
 
-# Ops that write their arguments without saying so in their schema (docs/hidden_writes.md): a graph
-# that calls them is not functional, whatever its numbers.
+# Ops that write their arguments without saying so in their schema
+# (docs/reports/hidden_writes.md): a graph that calls them is not functional, whatever its numbers.
 HIDDEN_WRITE_OPS = {"aten.native_batch_norm.default", "aten.cudnn_batch_norm.default",
                     "aten.miopen_batch_norm.default"}
 

@@ -1,7 +1,7 @@
 """Builds and tests torch-functionalize against several torch releases, each in its own virtual
-environment, and writes the compatibility table (docs/compat.md).
+environment, and writes the compatibility table (docs/reports/compat.md).
 
-  python tools/compat.py --torch 2.13.0 2.14.1 [--envs /work/venvs/compat] [--out docs/compat.md]
+  python tools/compat.py --torch 2.13.0 2.14.1 [--envs /work/venvs/compat] [--out docs/reports/compat.md]
 
 For each version: a virtual environment <envs>/torch-<version> is created once and reused (torch
 wheels are several GB: keep --envs outside the repository), `pip install torch==<version>` plus
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--torch", nargs="+", default=["2.13.0", "2.14.1"])
     parser.add_argument("--envs", type=Path, default=Path("/work/venvs/compat"))
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "compat.md")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "reports" / "compat.md")
     parser.add_argument("--update", action="store_true",
                         help="keep the rows of other versions from the existing --out table")
     parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "tfz-compat.log")

@@ -4,7 +4,7 @@
     python tools/hidden_writes.py --ops nn.functional.batch_norm,add
     python tools/hidden_writes.py --device cuda            # the same on CUDA tensors
     python tools/hidden_writes.py --json hidden.json       # also keep the raw findings
-    python tools/hidden_writes.py --out docs/hidden_writes.md   # the report (what CI's doc holds)
+    python tools/hidden_writes.py --out docs/reports/hidden_writes.md   # the report (what CI's doc holds)
 
 The engine classifies every op from its schema (core/OpSchemaInfo.cpp): an argument is written
 only if its alias annotation says so (`Tensor(a!)`). An eager kernel that writes anything else
@@ -20,8 +20,8 @@ argument, is a finding: (op overload, argument name, what changed, the OpInfo sa
 Limits, stated so the list is read right: it sees the ATen ops that OpInfo samples reach on the
 given device (cudnn_batch_norm / miopen_batch_norm exist on CUDA / ROCm only, so a CPU run cannot
 see them: they are in SpecialOps.cpp's table by reading their schemas and kernels); values are
-compared, so a write of the value already there is invisible. docs/hidden_writes.md keeps the
-list with how each finding is handled; test/python/test_hidden_writes.py checks that each finding
+compared, so a write of the value already there is invisible. docs/reports/hidden_writes.md keeps
+the list with how each finding is handled; test/python/test_hidden_writes.py checks that each finding
 is handled (a row of the special-op table, csrc/kernels/SpecialOps.cpp) and repeats the search on
 the OpInfo entries that reach one.
 """
@@ -252,7 +252,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ops", help="comma-separated OpInfo keys (default: all)")
     parser.add_argument("--device", default=os.environ.get("TFZ_TEST_DEVICE", "cpu"))
     parser.add_argument("--json", help="write the findings here")
-    parser.add_argument("--out", help="write the markdown report here (docs/hidden_writes.md)")
+    parser.add_argument("--out",
+                        help="write the markdown report here (docs/reports/hidden_writes.md)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="worker processes, each searching every N-th OpInfo entry")
     parser.add_argument("--shard", help=argparse.SUPPRESS)  # "i/n": a worker's share

@@ -1,11 +1,11 @@
-"""OpInfo differential sweep: runs the cases of opinfo_cases.py and writes docs/coverage.md.
+"""OpInfo differential sweep: runs the cases of opinfo_cases.py and writes docs/reports/coverage.md.
 
-    python tools/opinfo_sweep.py --full --out docs/coverage.md     # every op, every sample
+    python tools/opinfo_sweep.py --full --out docs/reports/coverage.md     # every op, every sample
     python tools/opinfo_sweep.py --subset                          # the CI subset
     python tools/opinfo_sweep.py --ops add,view --out /tmp/c.md    # a few ops
     python tools/opinfo_sweep.py --full --json r.json              # also keep raw results
     python tools/opinfo_sweep.py --from-json r.json --out c.md     # re-render, run nothing
-    python tools/opinfo_sweep.py --full --device cuda --out docs/coverage-cuda.md   # on a GPU
+    python tools/opinfo_sweep.py --full --device cuda --out docs/reports/coverage-cuda.md   # on a GPU
 
 The ops are split into chunks; each chunk runs in its own process (`--jobs` at a time), which
 appends one JSON line per event to its own file. A process that dies (a crash) or stops making
@@ -39,7 +39,7 @@ sys.path.insert(0, CASES)
 
 import opinfo_cases as oc  # noqa: E402
 
-FULL_COMMAND = "python tools/opinfo_sweep.py --full --out docs/coverage.md"
+FULL_COMMAND = "python tools/opinfo_sweep.py --full --out docs/reports/coverage.md"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -565,7 +565,7 @@ def main(argv=None):
     if args.from_json:
         with open(args.from_json) as fh:
             saved = json.load(fh)
-        out = args.out or os.path.join(REPO, "docs", "coverage.md")
+        out = args.out or os.path.join(REPO, "docs", "reports", "coverage.md")
         write_report(saved["results"], saved["meta"], out)
         print(f"[sweep] wrote {out} from {args.from_json}", file=sys.stderr)
         return 0
@@ -588,7 +588,7 @@ def main(argv=None):
         keys = oc.subset_op_keys()
     else:
         keys = all_keys
-    out = args.out or (os.path.join(REPO, "docs", "coverage.md") if args.mode == "full"
+    out = args.out or (os.path.join(REPO, "docs", "reports", "coverage.md") if args.mode == "full"
                        and not args.ops else None)
     shown = list(argv if argv is not None else sys.argv[1:])
     if "--json" in shown:  # an extra output; the report does not depend on it

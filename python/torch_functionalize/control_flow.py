@@ -238,7 +238,7 @@ def install() -> None:
     if _original_compile_and_call is not None:
         return
     # A torch without the shared eager entry compiles each operator in its own function: there
-    # the operators still fail in dynamo inside functionalize (docs/compat.md).
+    # the operators still fail in dynamo inside functionalize (docs/reports/compat.md).
     original = getattr(utils, "_hop_compile_and_call", None)
     if original is not None:
         _original_compile_and_call = original

@@ -21,7 +21,7 @@ from torch_functionalize import _C, functionalize, is_functional
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
 import hidden_writes  # noqa: E402
 
-# Each op the search finds on CPU over every OpInfo entry (docs/coverage.md, "Hidden writes"),
+# Each op the search finds on CPU over every OpInfo entry (docs/reports/hidden_writes.md),
 # with the OpInfo entries that reach it. The full search runs in about two minutes; this test
 # repeats it on these entries only.
 KNOWN_HIDDEN_WRITES = {

@@ -6,7 +6,7 @@ collection), plus the cases of opinfo_cases.REGRESSION_CASES (their ids name the
 must match eager (outputs, final inputs, a functional make_fx graph that replays to the same
 values). Where ours fails, torch.func must fail as well, and ours must not fail worse (a clear
 error is better than a wrong number). The full sweep and its report are opinfo_sweep.py:
-`python tools/opinfo_sweep.py --full --out docs/coverage.md`.
+`python tools/opinfo_sweep.py --full --out docs/reports/coverage.md`.
 """
 
 import pytest
