@@ -175,30 +175,3 @@ def test_call_in_another_thread_leaves_this_thread_alone(remove):
     thread.join()
     assert results == {"ok": True}
     assert tls_state() == before
-
-
-def _lazy_bits_program(x):
-    c = torch.complex(x, x)
-    flags = [c.conj().is_conj(), c._neg_view().is_neg(), c.conj().resolve_conj().is_conj()]
-    v = c.conj()
-    v.mul_(2)  # a write through a conjugate view
-    flags += [c.is_conj(), v.is_conj()]
-    return c, torch.view_as_real(v.resolve_conj()), c.conj().imag, torch.tensor(flags)
-
-
-def test_conj_and_neg_bits_mirrored_as_eager():
-    # Wrappers report their value's lazy conjugate / negative bits (FunctionalTensorImpl.cpp):
-    # is_conj / is_neg read as eager and `imag` of a conjugate view works.
-    x = torch.randn(3)
-    expected = _lazy_bits_program(x.clone())
-    actual = tfz.functionalize(_lazy_bits_program)(x.clone())
-    for a, e in zip(actual, expected):
-        assert torch.equal(a.resolve_conj().resolve_neg(), e.resolve_conj().resolve_neg())
-
-
-def test_conj_imag_without_views_matches_eager():
-    # With views removed, conj() is _conj_copy (a materialized conjugate), as with torch.func.
-    x = torch.randn(3)
-    f = lambda t: torch.complex(t, t).conj().imag  # noqa: E731
-    actual = tfz.functionalize(f, remove="mutations_and_views")(x)
-    assert torch.equal(actual, f(x))
