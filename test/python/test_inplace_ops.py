@@ -1,4 +1,9 @@
-"""In-place, out= and metadata-mutating ops under functionalize, compared with eager."""
+"""In-place ops under functionalize, compared with eager: arithmetic, copy_ / fill_ / zero_,
+_foreach_ lists, and the ones that change metadata (t_, transpose_, squeeze_, unsqueeze_). Ops
+called with out=: test_out_arguments.py; indexed writes (index_put_, scatter_, masked_*):
+test_indexed_writes.py."""
+
+import warnings
 
 import pytest
 import torch
@@ -222,84 +227,6 @@ def test_foreach_mul_scalar_list(remove):
     assert_matches_eager(f, [torch.randn(4), torch.randn(4)], remove=remove)
 
 
-def test_out_add_into_input(remove):
-    # torch.add(..., out=o) with o an input of the right size writes o.
-    def f(a, b, o):
-        r = torch.add(a, b, alpha=3, out=o)
-        return r, o.sum()
-
-    assert_matches_eager(f, torch.randn(3, 4), torch.randn(3, 4), torch.empty(3, 4), remove=remove)
-
-
-def test_out_variant_resizes_output(remove):
-    # An out= tensor of the wrong size created in f is resized to the result's size.
-    def f(a, b):
-        o = torch.empty(0)
-        torch.add(a, b, out=o)
-        return o, o.shape[0]
-
-    assert_matches_eager(f, torch.randn(3, 4), torch.randn(4), remove=remove)
-
-
-@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
-def test_out_variant_resizes_wrong_sized_intermediate(remove):
-    # A wrongly sized (non-empty) out tensor is resized and fully overwritten.
-    def f(x):
-        o = torch.zeros(7)
-        torch.mul(x, 2, out=o)
-        return o + 1
-
-    assert_matches_eager(f, torch.randn(2, 3), remove=remove)
-
-
-def test_out_variant_into_empty_input_resizes_input(remove):
-    # An empty input used as out= ends with the result's shape and values.
-    def f(a, o):
-        torch.sin(a, out=o)
-        return o * 1
-
-    assert_matches_eager(f, torch.randn(2, 3), torch.empty(0), remove=remove)
-
-
-def test_out_variant_aliasing_input(remove):
-    # out= naming one of the op's own inputs behaves like an in-place op.
-    def f(a, b):
-        torch.mul(a, b, out=a)
-        return a
-
-    assert_matches_eager(f, torch.randn(5), torch.randn(5), remove=remove)
-
-
-def test_out_variant_wider_dtype(remove):
-    # An int64 out tensor receives an int32 result, cast as in eager.
-    def f(a, b, o):
-        torch.add(a, b, out=o)
-        return o
-
-    a = torch.arange(6, dtype=torch.int32)
-    assert_matches_eager(f, a, a, torch.empty(6, dtype=torch.int64), remove=remove)
-
-
-def test_out_variant_into_slice_of_intermediate(remove):
-    # out= into a view of an intermediate writes that slice of its base.
-    def f(x):
-        buf = torch.zeros(4, 3)
-        torch.exp(x, out=buf[1:3])
-        return buf
-
-    assert_matches_eager(f, torch.randn(2, 3), remove=remove)
-
-
-def test_out_cat(remove):
-    # A TensorList op with out= (cat) writes a preallocated output.
-    def f(a, b):
-        o = torch.empty(5, 2)
-        torch.cat([a, b], out=o)
-        return o
-
-    assert_matches_eager(f, torch.randn(2, 2), torch.randn(3, 2), remove=remove)
-
-
 def test_multi_output_aminmax(remove):
     # A multi-output op (aminmax) returns both results, and mutating one does not touch input.
     def f(x):
@@ -308,39 +235,6 @@ def test_multi_output_aminmax(remove):
         return lo, hi
 
     assert_matches_eager(f, torch.randn(3, 5), remove=remove)
-
-
-def test_multi_output_aminmax_out(remove):
-    # aminmax with out=(min, max) writes both out tensors, one of them an input.
-    def f(x, mx):
-        mn = torch.empty(0)
-        res = torch.aminmax(x, out=(mn, mx))
-        return res.min, res.max, mn, mx
-
-    assert_matches_eager(f, torch.randn(4, 3), torch.empty(()), remove=remove)
-
-
-def test_multi_output_max_dim_out(remove):
-    # torch.max(x, dim, out=(values, indices)) writes both outputs, indices as int64.
-    def f(x, values, indices):
-        torch.max(x, 1, keepdim=True, out=(values, indices))
-        return values * 2, indices + 1
-
-    x = torch.randn(3, 5)
-    assert_matches_eager(
-        f, x, torch.empty(3, 1), torch.empty(3, 1, dtype=torch.int64), remove=remove
-    )
-
-
-@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
-def test_multi_output_max_dim_out_resized(remove):
-    # torch.max with wrongly sized out tensors resizes both.
-    def f(x):
-        values, indices = torch.empty(1), torch.empty(1, dtype=torch.long)
-        torch.max(x, 0, out=(values, indices))
-        return values, indices
-
-    assert_matches_eager(f, torch.randn(4, 6), remove=remove)
 
 
 def test_metadata_mutation_t_on_input(remove):
@@ -424,3 +318,66 @@ def test_metadata_mutation_of_intermediate(remove):
 )
 def test_in_place_writes_on_fresh_values_match_eager(program, remove):
     assert_matches_eager(program, torch.randn(2, 3), remove=remove)
+
+
+def test_copy_broadcast_and_dtype_conversion_into_views(remove):
+    # copy_ broadcasts a float64 row into a row view, a bool scalar into a column, and converts a
+    # transposed float view into an int8 input.
+    def f(x, row, out_int8):
+        x[1].copy_(row)
+        x[:, 0].copy_(torch.tensor(True))
+        out_int8.copy_(x.t()[:2, :2] * 10)
+        return x, out_int8
+
+    assert_matches_eager(
+        f,
+        torch.randn(3, 4),
+        torch.randn(4, dtype=torch.float64),
+        torch.zeros(2, 2, dtype=torch.int8),
+        remove=remove,
+    )
+
+
+def test_copy_broadcast_into_intermediate_then_mutated(remove):
+    # copy_ broadcasts a (3, 1) input into an empty (2, 3, 4) tensor, which is then filled in parts.
+    def f(x):
+        t = torch.empty(2, 3, 4)
+        t.copy_(x)
+        t[0].fill_(torch.tensor(2, dtype=torch.int32))
+        t[1, :, ::2].zero_()
+        return t
+
+    assert_matches_eager(f, torch.randn(3, 1), remove=remove)
+
+
+def test_copy_complex_into_real_discards_imaginary(remove):
+    # copy_ from complex into a real input keeps the real part, like eager (which warns).
+    def f(x, z):
+        return x.copy_(z)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_matches_eager(f, torch.zeros(3), torch.randn(3, dtype=torch.cfloat), remove=remove)
+
+
+def test_fill_and_zero_on_strided_views(remove):
+    # fill_ with an int64 tensor value on every other row, zero_ on the diagonal, fill_(True) on int.
+    def f(x, value, ints):
+        x[::2].fill_(value)
+        x.diagonal().zero_()
+        ints.fill_(True)
+        return x
+
+    assert_matches_eager(
+        f, torch.randn(4, 4), torch.tensor(7), torch.zeros(3, dtype=torch.int32), remove=remove
+    )
+
+
+def test_polygamma_inplace_whose_functional_variant_orders_arguments_differently(remove):
+    # polygamma_(self, n) against polygamma(n, self): paired by argument names; torch.func refuses
+    # it. See Note [Schema: functional variants matched by argument names].
+    def f(x):
+        x[1:].polygamma_(1)
+        return x.polygamma(2)
+
+    assert_matches_eager(f, torch.rand(4) + 0.5, remove=remove)
