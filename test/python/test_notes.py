@@ -1,5 +1,5 @@
-"""Every `Note [...]` referenced anywhere in the repository is defined in the sources, the README's
-Notes index lists every defined Note, and the file the index names for a Note holds its
+"""Every `Note [...]` referenced anywhere in the repository is defined in the sources, the Notes
+index (docs/notes.md) lists every defined Note, and the file the index names for a Note holds its
 definition (so neither the references nor the index go stale)."""
 import pathlib
 import re
@@ -10,6 +10,7 @@ SUFFIXES = {".h", ".cpp", ".py", ".cmake"}
 DEFINITION = re.compile(r"^\s*(?://|#) Note \[([^\]]+)\]\s*$", re.M)
 REFERENCE = re.compile(r"Note \[([^\]]+)\]")
 INDEX_ROW = re.compile(r"^\| `\[([^\]]+)\]` \| `([^`]+)` \|$", re.M)
+INDEX = ROOT / "docs" / "notes.md"
 
 
 def _files(dirs, suffixes):
@@ -26,7 +27,8 @@ def _definitions():
 
 
 def _index():
-    return dict(INDEX_ROW.findall((ROOT / "README.md").read_text()))
+    """{title: file} from the index's rows."""
+    return dict(INDEX_ROW.findall(INDEX.read_text()))
 
 
 def test_sources_define_notes():
@@ -42,7 +44,7 @@ def test_every_reference_resolves():
     defined = _definitions()
     places = _files(("csrc", "python", "test", "tools", "benchmarks", "docs", "examples"),
                     SUFFIXES | {".md", ".sh", ".txt"}) + [ROOT / "README.md"]
-    placeholders = {"...", "Title"}  # how this file and the README describe the syntax
+    placeholders = {"...", "Title"}  # how this file and docs/notes.md describe the syntax
     dangling = {
         (p.relative_to(ROOT).as_posix(), title)
         for p in places
@@ -52,12 +54,12 @@ def test_every_reference_resolves():
     assert dangling == set()
 
 
-def test_readme_indexes_every_note():
+def test_index_lists_every_note():
     index = _index()
     assert set(_definitions()) - set(index) == set()
 
 
-def test_readme_index_names_the_defining_file():
+def test_index_names_the_defining_file():
     defined = _definitions()
     wrong = {t: (f, defined.get(t)) for t, f in _index().items() if f not in defined.get(t, [])}
     assert wrong == {}
