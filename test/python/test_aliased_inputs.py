@@ -147,3 +147,67 @@ def test_returned_view_of_aliased_input_aliases_the_caller_storage():
     out = tfz.functionalize(f)(b, b.view(-1))
     assert out.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
     assert torch.equal(out, torch.ones(3))
+
+
+@pytest.mark.parametrize(
+    "name, f",
+    [
+        ("swapaxes_ then read", lambda x0, x1, x2: (x1.swapaxes_(1, -2), x0.tril())[1]),
+        ("t_ then write", lambda x0, x1, x2: (x1.t_(), x0[0].add_(1), x2.clone())[1:]),
+        ("resize_ then read", lambda x0, x1, x2: (x1.resize_(2, 3), x0 * 2)[1]),
+        ("squeeze_ twice", lambda x0, x1, x2: (x0.unsqueeze_(0), x1.squeeze_(0), x0.sum(0))[2]),
+    ],
+)
+def test_one_tensor_passed_twice(remove, name, f):
+    # f(b, b, b[1:]) passes one tensor object twice; a metadata change through x1 must be seen
+    # through x0, which is the same object. torch.func raises on these. See
+    # Note [Inputs: one tensor passed twice].
+    def make_inputs():
+        b = torch.arange(16.0).reshape(4, 4)
+        return b, b, b[1:]
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+
+
+@pytest.mark.parametrize(
+    "name, f",
+    [
+        ("view, then t_", lambda x: (x.view(-1), x.t_())[0]),
+        ("view, write, then swapaxes_", lambda x: (x.add_(1), x.view(-1), x.swapaxes_(0, 1))[1]),
+        ("chunk, then an out= resize",
+         lambda x: (x.chunk(2, 0)[0], torch.sin(x[0, :2].clone(), out=x))[0]),
+        ("diagonal, then resize_ down", lambda x: (x.diagonal(), x.resize_(2))[0]),
+        ("view after t_", lambda x: (x.t_(), x[0])[1]),
+    ],
+)
+def test_views_of_an_input_whose_metadata_changed_alias_it(remove, name, f):
+    # A view taken before x.t_() or an out= resize of x shares x's storage, as eager's does; it is
+    # not a copy (Note [Inputs: outputs that alias inputs]).
+    def make_inputs():
+        return (torch.arange(12.0).reshape(3, 4),)
+
+    eager_x, ours_x = make_inputs()[0], make_inputs()[0]
+    expected = f(eager_x)
+    got = tfz.functionalize(f, remove=remove)(ours_x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close(ours_x, eager_x, rtol=0, atol=0)
+    assert ours_x.stride() == eager_x.stride()
+    if remove == "mutations":  # with views removed, outputs are copies by design
+        assert got.untyped_storage().data_ptr() == ours_x.untyped_storage().data_ptr()
+        assert (got.stride(), got.storage_offset()) == (expected.stride(), expected.storage_offset())
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+
+
+def test_expanded_inputs_beside_their_whole_storage(remove):
+    # x0 = b.expand(3), x1 = b.expand(3)[:2], x2 = b.view(-1): x2 is the whole storage, so after
+    # x1.t_() it alone is written back (copy_ into an expanded input raises torch's overlap error).
+    def f(x0, x1, x2):
+        x1.t_()
+        x2.mul_(x2)
+        return x0 * 1, x1 * 1
+
+    def make_inputs():
+        b = torch.tensor([3.0])
+        return b.expand((3,)), b.expand((3,))[:2], b.view(-1)
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove, check_graph=False)

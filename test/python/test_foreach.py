@@ -198,3 +198,14 @@ def test_foreach_on_fresh_values_matches_eager(program, remove):
     # unless a view of them is alive; aliased lists must still give eager's sequential answer.
     assert_foreach_on_aliased_lists_matches_eager(program, torch.randn(3), torch.randn(3),
                                                   remove=remove)
+
+
+def test_foreach_reads_another_position_of_the_written_list(remove):
+    # _foreach_add_([a, b], [b, a]): eager updates a, then adds the new a to b; see
+    # Note [Kernel: _foreach_ ops on aliased lists]. The same position may alias.
+    def f(a, b):
+        torch._foreach_add_([a, b], [b, a])
+        torch._foreach_mul_([a, b], [a, b])
+        return a, b
+
+    assert_foreach_on_aliased_lists_matches_eager(f, torch.randn(3), torch.randn(3), remove=remove)

@@ -324,3 +324,16 @@ def test_inference_mode_inside_f(remove):
         return a
 
     assert_matches_eager(f, torch.randn(3), remove=remove)
+
+
+def test_new_tensor_on_a_functional_tensor(remove):
+    # Tensor.new_tensor derives its backend from the tensor's keys: it failed with "DispatchKey
+    # PrivateUse3 doesn't correspond to a device" (Note [API: Tensor.new_tensor on wrappers]).
+    def f(x):
+        v = x.new_tensor([-0.25, 2.0, -0.25])
+        v.add_(x[:3])
+        i = x.new_tensor([1, 0], dtype=torch.int64)
+        return v, i, x.new_tensor(x[0])
+
+    with pytest.warns(UserWarning):  # torch's own warning for a tensor as data, as in eager
+        assert_matches_eager(f, torch.randn(4), remove=remove)

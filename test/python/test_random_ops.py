@@ -492,3 +492,95 @@ def test_generator_passed_as_an_argument(remove):
     assert_trees_match(actual, expected, "output")
     assert_trees_match(func_x, eager_x, "input")
     assert torch.equal(func_state, eager_state)
+
+
+@pytest.mark.parametrize(
+    "name, f, make",
+    [
+        ("bernoulli_ of a transposed input", lambda x: x.bernoulli_(0.5),
+         lambda: torch.randn(3, 3).t()),
+        ("normal_ of a strided input", lambda x: x.normal_(0.0, 2.0),
+         lambda: torch.randn(3, 4, 4)[..., ::2]),
+        ("rand(out=) into a transposed input", lambda x: torch.rand((3, 6), out=x),
+         lambda: torch.randn(6, 3).t()),
+        ("dropout of a transposed input", lambda x: torch.nn.functional.dropout(x, 0.5, True),
+         lambda: torch.randn(4, 3).t()),
+        # Without views a view's value is contiguous; *_like ops still lay out their result as
+        # eager's view is laid out (Note [Kernel: *_like ops take eager's strides]).
+        ("dropout of a transposed view", lambda x: torch.nn.functional.dropout(x.t(), 0.5, True),
+         lambda: torch.randn(4, 3)),
+        ("rand_like of a view after swapaxes_",
+         lambda x: torch.rand_like(x.swapaxes_(0, 1)[1:]), lambda: torch.randn(4, 3)),
+    ],
+)
+def test_random_fills_of_strided_tensors_follow_eager(remove, name, f, make):
+    # A random fill of a strided tensor draws eager's numbers: eager fills it in place in memory
+    # order, where the functional variant would sample a fresh contiguous tensor in logical order
+    # (Note [Kernel: random fills of strided tensors]).
+    def seeded(x):
+        torch.manual_seed(0)
+        return f(x)
+
+    def make_inputs():
+        torch.manual_seed(1)
+        return (make(),)
+
+    # A graph replays eager's numbers too.
+    # See Note [Kernel: random fills of strided tensors in graphs].
+    assert_matches_eager(seeded, make_inputs=make_inputs, remove=remove)
+
+
+@pytest.mark.parametrize(
+    "name, op",
+    [
+        ("multinomial, one sample", lambda p: torch.multinomial(p, 1, replacement=True)),
+        ("multinomial without replacement", lambda p: torch.multinomial(p, 2)),
+        ("normal of a mean tensor", lambda p: torch.normal(p, 0.5)),
+        ("poisson", torch.poisson),
+        ("bernoulli of a probability tensor", torch.bernoulli),
+    ],
+)
+def test_seeded_ops_of_transposed_values_replay_eager_in_graphs(remove, name, op):
+    # Without views a traced value keeps its contiguous *_copy layout, and multinomial draws in its
+    # input's memory order: the graph reads its input in eager's layout, so it draws eager's numbers
+    # (Note [Kernel: seeded ops read their inputs in eager's layout]).
+    def f(x):
+        torch.manual_seed(3)
+        v = x.t()
+        # Values in [0.1, 0.9): probabilities for bernoulli (above 1, CUDA's kernel fails a
+        # device-side assert that poisons the process; the CPU's does not check), weights for
+        # multinomial.
+        return v, op(v * 0.8 + 0.1)
+
+    def make_inputs():
+        torch.manual_seed(0)
+        return (torch.rand(5, 4),)
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+    expected = f(*make_inputs())
+    gm = make_fx(functionalize(f, remove=remove))(*make_inputs())
+    inputs = make_inputs()
+    torch.manual_seed(3)  # f's own seeding is a Python side effect the graph does not record
+    got = gm(*inputs)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def test_dropout_of_an_overlapping_as_strided_view_twice(remove):
+    # Without views an as_strided view with a stride 0 keeps its contiguous *_copy as its value; the
+    # unboxed mul inside F.dropout still lays its result out in eager's order, the view's (12, 1,
+    # 3), so a second dropout of that result draws its mask in eager's memory order, and eager's
+    # numbers.
+    def f(x0):
+        torch.manual_seed(5)
+        v0 = x0.as_strided((2, 3, 4), (0, 1, 3), 2)
+        v3 = torch.nn.functional.dropout(v0, 0.5, training=True)
+        v5 = torch.nn.functional.dropout(v3, 0.5, training=True)
+        return v0, v3, v5
+
+    def make_inputs():
+        torch.manual_seed(0)
+        return (torch.randn(6, 3)[1:, ::2],)
+
+    out = assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+    assert out[1].stride() == f(*make_inputs())[1].stride()

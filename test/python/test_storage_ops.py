@@ -12,7 +12,7 @@ from reference import (
     TEST_DEVICE,
     assert_matches_eager,
 )
-from torch_functionalize import functionalize
+from torch_functionalize import capture, functionalize
 
 
 def test_resize_shrink_input(remove):
@@ -285,3 +285,175 @@ def test_set_onto_a_captured_storage_refuses_writes_inputs_tracers_and_the_cpu(r
     cpu_parameter = torch.randn(6, device="cpu")
     with pytest.raises(NotImplementedError, match="set_.source_Storage: set_ swaps"):
         functionalize(_read_through_set(cpu_parameter), remove=remove)(torch.ones(3, device="cpu"))
+
+
+@pytest.fixture
+def deterministic_fill():
+    # Uninitialized memory is filled (NaN / max int): a graph that replays torch.empty's fill onto a
+    # constant, or leaves new memory unwritten, shows up as wrong values.
+    was_det = torch.are_deterministic_algorithms_enabled()
+    was_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(was_det)
+    torch.utils.deterministic.fill_uninitialized_memory = was_fill
+
+
+def _slice_input():
+    return (torch.arange(6.0)[1:],)
+
+
+def _transposed_input():
+    return (torch.arange(6.0).view(2, 3).t(),)
+
+
+def _write_then_as_strided(x):
+    x.add_(1)
+    return x.as_strided((2,), (1,), 1) * 2
+
+
+def _write_then_shrink(x):
+    x.add_(1)
+    x.resize_(2)
+    return x
+
+
+def _shrink_write_grow(x):
+    x.resize_(2)
+    x.add_(1)
+    x.resize_(4)
+    return x + 0
+
+
+def _write_through_view_after_shrink(x):
+    v = x[2:]
+    x.resize_(2)
+    v.mul_(2)
+    return v + 0
+
+
+def _write_then_grow_past_storage(x):
+    x.add_(1)
+    x.resize_(7)
+    x[5:].fill_(0)
+    return x + 0
+
+
+@pytest.mark.parametrize("program", [
+    _write_then_as_strided, _write_then_shrink, _shrink_write_grow,
+    _write_through_view_after_shrink, _write_then_grow_past_storage,
+], ids=lambda p: p.__name__.strip("_"))
+@pytest.mark.parametrize("make", [_slice_input, _transposed_input], ids=["slice", "transposed"])
+def test_storage_coordinates_after_writes(remove, program, make):
+    # as_strided and resize_ read storage coordinates, and the epilogue must write the elements an
+    # input covered on entry before its metadata changes. Each gave wrong values.
+    # See Note [Inputs: inputs that do not start their storage].
+    # See Note [Inputs: writes before a metadata change].
+    assert_matches_eager(program, make_inputs=make, remove=remove)
+
+
+def test_resize_to_no_element_of_an_input_whose_offset_is_past_its_storage(remove):
+    # b[1:] of a (3, 0) tensor has storage offset 1 in an empty storage; resize_((0,)) must not take
+    # the growth path (a capacity of -1: "Storage size calculation overflowed").
+    def f(x):
+        x.resize_((0,))
+        return x
+
+    assert_matches_eager(f, make_inputs=lambda: (torch.zeros(3, 0, dtype=torch.int64)[1:, ::2],),
+                         remove=remove)
+
+
+@pytest.mark.parametrize("size", [(1, 3), (3,)], ids=["other shape", "its own shape"])
+def test_resize_of_an_expanded_input_grows_its_storage(remove, size, deterministic_fill):
+    # x = b.expand(3) has one element of storage; x.resize_((1, 3)) grows it to three in eager, and
+    # so does the epilogue, although x's sizes are (3,) already (a resize_((3,)) of x would be a
+    # no-op, and the as_strided_ after it would fail inside torch: "setStorage: ... out of bounds").
+    # See Note [Inputs: metadata epilogue].
+    def f(x):
+        x.resize_(size)
+        return x * 1
+
+    assert_matches_eager(f, make_inputs=lambda: (torch.tensor([1.5]).expand(3),), remove=remove)
+
+
+def _storage_values(t):
+    return torch.tensor([], dtype=t.dtype).set_(t.untyped_storage()).clone()
+
+
+def test_writes_to_a_grown_storage_survive_a_later_shrink(remove):
+    # ones(out=x) grows x's storage to 12 elements and writes them all; x.resize_((2,)) then covers
+    # 2, and the epilogue writes the whole grown storage, not only those 2
+    # (Note [Inputs: writes to a grown storage]).
+    def f(x):
+        torch.ones((4, 3), out=x)
+        x.resize_((2,))
+        return x * 1
+
+    x_e, x_o = torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.float64)
+    expected = f(x_e)
+    got = functionalize(f, remove=remove)(x_o)
+    torch.testing.assert_close(got, expected)
+    assert x_o.shape == x_e.shape and x_o.stride() == x_e.stride()
+    torch.testing.assert_close(_storage_values(x_o), _storage_values(x_e))
+    if remove == "mutations_and_views":
+        with pytest.raises(NotImplementedError, match="cannot write the others back"):
+            capture(f, torch.zeros(2, 3, dtype=torch.float64), remove=remove)
+    else:
+        gm = capture(f, torch.zeros(2, 3, dtype=torch.float64), remove=remove)
+        x_g = torch.zeros(2, 3, dtype=torch.float64)
+        torch.testing.assert_close(gm(x_g), expected)
+        torch.testing.assert_close(_storage_values(x_g), _storage_values(x_e))
+
+
+def test_write_between_two_resizes_of_a_strided_input_reaches_its_storage(remove):
+    # x = b[1:, ::2] resized to (4,) covers elements 4..7 of b's storage, index_fill_ writes 4, 5
+    # and 7, and x.resize_((2, 1)) then covers 4 and 5: element 7 is in neither x's entry nor its
+    # final elements, and its write reaches b all the same
+    # (Note [Inputs: writes outside every input's elements]).
+    def f(x):
+        x.resize_((4,))
+        x.index_fill_(0, torch.tensor([0, 1, 1, 3]), -1.5)
+        x.resize_((2, 1))
+        return x * 1
+
+    def make():
+        return torch.arange(12.0).view(3, 4)
+
+    b_e, b_o = make(), make()
+    expected = f(b_e[1:, ::2])
+    got = functionalize(f, remove=remove)(b_o[1:, ::2])
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(b_o, b_e)
+
+
+def test_write_through_a_view_of_a_grown_input_after_its_as_strided_(remove, deterministic_fill):
+    # x = b[::2] of 6 elements; x.resize_((4, 2)) grows the storage to 8, v = x[2:] views elements
+    # 4..7, x.as_strided_((2, 2), (2, 3), 2) leaves x covering 2, 4, 5, 7, and a write through v
+    # reaches element 6 too. A graph with views writes the grown storage whole after its metadata
+    # ops (before them the storage is still the caller's 6 elements, and element 6 would keep the
+    # new memory's fill, NaN under deterministic_fill). Without views the graph refuses by name: v's
+    # step no longer counts as x's once as_strided_ replaced it without covering it.
+    def f(x):
+        x.resize_((4, 2))
+        v = x.tensor_split([2], -2)[1]
+        x.as_strided_((2, 2), (2, 3), 2)
+        v.fill_(5.0)
+        return v + 0
+
+    def make_inputs():
+        return (torch.arange(6.0)[::2],)
+
+    if remove == "mutations_and_views":
+        assert_matches_eager(f, make_inputs=make_inputs, remove=remove, check_graph=False)
+        with pytest.raises(NotImplementedError, match="cannot write those elements back"):
+            capture(f, *make_inputs(), remove=remove)
+    else:
+        assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+        eager, graph = make_inputs()[0], make_inputs()[0]
+        f(eager)
+        capture(f, *make_inputs())(graph)
+        whole = torch.tensor([]).set_(graph.untyped_storage())
+        assert whole[4:].tolist() == [5.0] * 4
+        torch.testing.assert_close(whole, torch.tensor([]).set_(eager.untyped_storage()),
+                                   rtol=0, atol=0, equal_nan=True)

@@ -228,3 +228,34 @@ def test_input_restrided_then_written_is_copied_back_once(remove):
     assert_functional_graph(gm, remove)
     assert call_targets(gm).count("aten.copy_.default") == 1, gm.code
     assert_matches_eager(_restrided_then_written, torch.arange(6.0), remove=remove)
+
+
+@pytest.fixture
+def deterministic_fill():
+    # Uninitialized memory is filled (NaN / max int): a graph that replays torch.empty's fill onto a
+    # constant, or leaves new memory unwritten, shows up as wrong values.
+    was_det = torch.are_deterministic_algorithms_enabled()
+    was_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(was_det)
+    torch.utils.deterministic.fill_uninitialized_memory = was_fill
+
+
+def test_constant_index_tensor_survives_graph_replay(remove, deterministic_fill):
+    # torch.tensor's own construction (empty + raw copy) must stay out of the graph
+    # (Note [Layer: torch's untraced regions]); it used to record empty's deterministic fill_
+    # onto the constant, and the replay indexed with 9223372036854775807.
+    def f(x):
+        x.index_copy_(1, torch.tensor([3]), torch.ones(4, 1, dtype=x.dtype))
+        return x.index_select(0, torch.tensor([0, 2]))
+
+    x = torch.randn(4, 6, dtype=torch.float64)
+    gm = make_fx(tfz.functionalize(f, remove=remove))(x.clone())
+    assert "fill_" not in gm.code
+    fresh, expected_in = x.clone(), x.clone()
+    expected = f(expected_in)
+    torch.testing.assert_close(gm(fresh), expected, rtol=0, atol=0)
+    torch.testing.assert_close(fresh, expected_in, rtol=0, atol=0)
+    assert_matches_eager(f, x, remove=remove)

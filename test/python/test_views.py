@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference import REMOVE_MODES, assert_matches_eager
+from torch_functionalize import functionalize
 
 # (id, input factory, view function). Every view here aliases all of its elements with the
 # input, so a mutation through it must reach the input and a base mutation must reach it.
@@ -421,3 +422,35 @@ def test_write_through_a_run_of_regrouping_views(case, remove):
 
     assert_matches_eager(f, torch.randn(4, 6) if case != "select_then_reshapes"
                          else torch.randn(3, 24), remove=remove)
+
+
+@pytest.mark.parametrize(
+    "name, f",
+    [
+        ("unfold", lambda x: x.unfold(0, 2, 2).mul_(0)),
+        ("unfold with gaps", lambda x: x.unfold(0, 1, 2).mul_(0)),
+        ("as_strided with the default offset", lambda x: x.as_strided((3, 2), (2, 1)).mul_(0)),
+    ],
+)
+def test_writes_through_views_of_an_input_that_does_not_start_its_storage(remove, name, f):
+    # The input base[1:] starts at storage offset 1: unfold's inverse counts that offset once, and
+    # as_strided's default offset is self's, not the storage base's 0, also without views.
+    base = torch.arange(1.0, 8.0)
+    expected_base = base.clone()
+    expected = f(expected_base[1:])
+    got = functionalize(f, remove=remove)(base[1:])
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close(base, expected_base, rtol=0, atol=0)
+
+
+def test_write_through_a_transposed_view_of_a_view(remove):
+    # v = x.view((2, 15)); v.t_(); v.cumprod_(1): the transpose's inverse hands back a transposed
+    # value, which must still be regrouped into x's shape (view() cannot).
+    def f(x):
+        v = x.view((2, 15))
+        v.t_()
+        v.cumprod_(1)
+        return v
+
+    assert_matches_eager(f, make_inputs=lambda: (torch.arange(30).view(5, 3, 2) % 3 + 1,),
+                         remove=remove)
