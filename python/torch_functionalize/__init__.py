@@ -9,6 +9,7 @@ import torch  # noqa: F401  (loads libtorch before our extension)
 
 from ._compat import check_torch_version as _check_torch_version
 
+_BUILT_WITH: "str | None"
 try:
     from ._build_info import TORCH_VERSION as _BUILT_WITH
 except ImportError:  # a build tree without the record (e.g. CMake alone): nothing to compare

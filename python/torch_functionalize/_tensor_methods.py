@@ -2,10 +2,18 @@
 wrappers as they are: replaced, for wrappers only, by their dispatcher-level equivalents.
 See Note [API: Tensor.new_tensor on wrappers], Note [API: Tensor.tolist on wrappers],
 Note [API: Tensor.numpy on wrappers] and Note [Autograd: hooks on leaf wrappers]."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
 import torch
 import torch.utils.dlpack
 
 from . import _C
+
+if TYPE_CHECKING:
+    import numpy
+    from torch.utils.hooks import RemovableHandle
 
 # Note [API: Tensor.new_tensor on wrappers]
 # `t.new_tensor(data)` is not an ATen op: torch's Python binding derives the new tensor's backend
@@ -20,7 +28,7 @@ from . import _C
 _torch_new_tensor = torch.Tensor.new_tensor
 
 
-def _new_tensor(self, data, *args, **kwargs):
+def _new_tensor(self: torch.Tensor, data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     if args or not _C._is_functional(self):  # positional extras: torch's own error
         return _torch_new_tensor(self, data, *args, **kwargs)
     kwargs.setdefault("dtype", self.dtype)
@@ -44,7 +52,7 @@ _new_tensor.__doc__ = _torch_new_tensor.__doc__
 _torch_tolist = torch.Tensor.tolist
 
 
-def _tolist(self):
+def _tolist(self: torch.Tensor) -> Any:
     if not _C._is_functional(self):
         return _torch_tolist(self)
     if self.dim() == 0:
@@ -66,7 +74,7 @@ _tolist.__doc__ = _torch_tolist.__doc__
 _torch_numpy = torch.Tensor.numpy
 
 
-def _numpy(self, *, force=False):
+def _numpy(self: torch.Tensor, *, force: bool = False) -> numpy.ndarray:
     if not _C._is_functional(self):
         return _torch_numpy(self, force=force)
     if _C._ops_are_recorded() or torch._C._len_torch_dispatch_stack() > 0:
@@ -98,12 +106,12 @@ def _refuse_dlpack(t: torch.Tensor) -> None:
             "no memory of its own to share. Return the tensor and export it after the call.")
 
 
-def _dlpack(self, *args, **kwargs):
+def _dlpack(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     _refuse_dlpack(self)
     return _torch_dlpack(self, *args, **kwargs)
 
 
-def _to_dlpack(tensor, *args, **kwargs):
+def _to_dlpack(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     _refuse_dlpack(tensor)
     return _torch_to_dlpack(tensor, *args, **kwargs)
 
@@ -117,12 +125,13 @@ _torch_register_hook = torch.Tensor.register_hook
 _torch_register_post_accumulate_grad_hook = torch.Tensor.register_post_accumulate_grad_hook
 
 
-def _register_hook(self, hook):
+def _register_hook(self: torch.Tensor, hook: Callable[..., Any]) -> RemovableHandle:
     leaf = _C._mirrored_leaf(self) if _C._is_functional(self) else None
     return _torch_register_hook(self if leaf is None else leaf, hook)
 
 
-def _register_post_accumulate_grad_hook(self, hook):
+def _register_post_accumulate_grad_hook(self: torch.Tensor,
+                                        hook: Callable[..., Any]) -> RemovableHandle:
     leaf = _C._mirrored_leaf(self) if _C._is_functional(self) else None
     if leaf is None:
         return _torch_register_post_accumulate_grad_hook(self, hook)
@@ -135,10 +144,12 @@ _register_post_accumulate_grad_hook.__doc__ = _torch_register_post_accumulate_gr
 
 
 def install() -> None:
-    torch.Tensor.new_tensor = _new_tensor
-    torch.Tensor.tolist = _tolist
-    torch.Tensor.numpy = _numpy
-    torch.Tensor.__dlpack__ = _dlpack
-    torch.Tensor.register_hook = _register_hook
-    torch.Tensor.register_post_accumulate_grad_hook = _register_post_accumulate_grad_hook
-    torch.utils.dlpack.to_dlpack = _to_dlpack
+    """Replaces torch's methods by ours (which defer to torch's for tensors that are not ours)."""
+    torch.Tensor.new_tensor = _new_tensor  # type: ignore[method-assign, assignment]
+    torch.Tensor.tolist = _tolist  # type: ignore[method-assign, assignment]
+    torch.Tensor.numpy = _numpy  # type: ignore[method-assign, assignment]
+    torch.Tensor.__dlpack__ = _dlpack  # type: ignore[method-assign]
+    torch.Tensor.register_hook = _register_hook  # type: ignore[method-assign]
+    torch.Tensor.register_post_accumulate_grad_hook = (  # type: ignore[method-assign]
+        _register_post_accumulate_grad_hook)
+    torch.utils.dlpack.to_dlpack = _to_dlpack  # type: ignore[assignment]

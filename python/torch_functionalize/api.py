@@ -2,15 +2,22 @@
 The functionalized call itself is C++'s (csrc/api/Call.h, shared with the C++ API); this file
 handles what is Python's: pytrees in and out, argument checks, tracer detection.
 """
+from __future__ import annotations
+
 import contextlib
 import functools
-from typing import Any, Callable, Iterator, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Sequence, TypeVar
 
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import _C
+from ._fx import run_without_grad
+from ._tree import Arguments, Flat, call_with, tensor_leaves
+
+if TYPE_CHECKING:
+    import torch.fx
 
 Remove = Literal["mutations", "mutations_and_views"]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -60,53 +67,42 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
     check_remove(remove)
 
     @functools.wraps(func)
-    def wrapped(*args, **kwargs):
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_dynamo_compiling():  # See Note [API: under torch.compile]
             if remove == "mutations":
                 return func(*args, **kwargs)
             return _outside_dynamo(call, args, kwargs)
         return call(*args, **kwargs)
 
-    def call(*args, **kwargs):
+    def call(*args: Any, **kwargs: Any) -> Any:
         if _C._layer_active():  # See Note [API: nested calls]
             return _nested_call(func, remove, args, kwargs)
         # The call itself is C++'s (api/Call.h); here: pytrees in and out, see
         # Note [API: arguments without a pytree].
-        shallow = _shallow_inputs(args, kwargs)
-        if shallow is not None:
-            inputs = shallow
-        else:
-            flat, spec = pytree.tree_flatten((args, kwargs))
-            positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
-            inputs = [flat[i] for i in positions]
+        arguments: Arguments = _Shallow.of(args, kwargs) or Flat((args, kwargs))
+        inputs = arguments.tensors()
         # Wrapper subclasses enter as their inner tensors (Note [API: wrapper subclasses]).
         plans = None
         traced_subclass_inputs = False
         if any(type(t) is not torch.Tensor and _is_wrapper_subclass(t) for t in inputs):
             traced_subclass_inputs = _trace_subclass_inputs(inputs)
-            leaves: list = []
+            leaves: list[torch.Tensor] = []
             plans = [_flatten_subclass(t, leaves) for t in inputs]
             inputs = leaves
         result = []  # [output, its tensor leaves' rebuild function]
 
-        def run(wrappers):
+        def run(wrappers: list[torch.Tensor]) -> list[torch.Tensor]:
             if plans is not None:
                 it = iter(wrappers)
                 wrappers = [_unflatten_subclass(p, it) for p in plans]
-            if shallow is not None:
-                f_args, f_kwargs = _shallow_rebuild(args, kwargs, wrappers)
-                out = func(*f_args, **f_kwargs)
-            else:
-                for i, w in zip(positions, wrappers):
-                    flat[i] = w
-                f_args, f_kwargs = pytree.tree_unflatten(flat, spec)
-                out = func(*f_args, **f_kwargs)
-            tensors, rebuild = _tensor_leaves(out)
+            tensors, rebuild = tensor_leaves(call_with(func, arguments, wrappers))
             if any(_is_wrapper_subclass(t) for t in tensors):
-                leaves: list = []
+                leaves: list[torch.Tensor] = []
                 out_plans = [_flatten_subclass(t, leaves) for t in tensors]
 
-                def rebuild_subclasses(plain, rebuild=rebuild):
+                def rebuild_subclasses(plain: list[torch.Tensor],
+                                       rebuild: Callable[[list[torch.Tensor]], Any] = rebuild
+                                       ) -> Any:
                     it = iter(plain)
                     return rebuild([_unflatten_subclass(p, it) for p in out_plans])
 
@@ -118,12 +114,12 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
         # (Note [Inputs: outputs that alias inputs]).
         tracer = _proxy_tracer()
         alias = remove == "mutations" and tracer is None
-        last_node = tracer.graph._root.prev if tracer is not None else None
-        leaves = _leaves_requiring_grad(tracer, inputs) if tracer is not None else set()
+        last_node: Any = tracer.graph._root.prev if tracer is not None else None
+        grad_leaves = _leaves_requiring_grad(tracer, inputs) if tracer is not None else set()
         outputs = _C._call(inputs, remove, alias, run)
         if tracer is not None:
             _tidy_autograd_detaches(tracer, last_node, outputs, remove != "mutations")
-            _epilogue_without_grad(tracer, last_node, leaves)
+            _epilogue_without_grad(tracer, last_node, grad_leaves)
         out = result[0](outputs)
         if traced_subclass_inputs:
             _trace_subclass_outputs(out)
@@ -144,8 +140,8 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
 # whose copy is alive (the forward of an output that requires grad) may be unpacked by a backward
 # traced later, so it stays, as aten.detach_copy without views (the same value, no view).
 # Rejected: hiding the mode from autograd's saved copies (the same TLS shows it the op).
-def _tidy_autograd_detaches(tracer: Any, last_node: "torch.fx.Node", outputs: list,
-                            removes_views: bool) -> None:
+def _tidy_autograd_detaches(tracer: Any, last_node: torch.fx.Node,
+                            outputs: list[torch.Tensor], removes_views: bool) -> None:
     from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
 
     # The call's outputs are read by what comes after it: their nodes stay.
@@ -179,7 +175,7 @@ def _tidy_autograd_detaches(tracer: Any, last_node: "torch.fx.Node", outputs: li
 # does (Note [Capture: grad mode]) and pre-dispatch graphs do; a graph that writes no such leaf
 # is unchanged. Rejected: replaying such graphs under no_grad only (what AOTAutograd does for its
 # own graphs, but not what a caller of make_fx's module does).
-def _leaves_requiring_grad(tracer: Any, inputs: list) -> set:
+def _leaves_requiring_grad(tracer: Any, inputs: list[torch.Tensor]) -> set[torch.fx.Node]:
     """The graph nodes of the call's inputs that are leaves requiring grad (read before the call:
     make_fx points a written tensor at the node that wrote it)."""
     from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
@@ -189,7 +185,8 @@ def _leaves_requiring_grad(tracer: Any, inputs: list) -> set:
             and has_proxy_slot(t, tracer)}
 
 
-def _epilogue_without_grad(tracer: Any, last_node: "torch.fx.Node", leaves: set) -> None:
+def _epilogue_without_grad(tracer: Any, last_node: torch.fx.Node,
+                           leaves: set[torch.fx.Node]) -> None:
     if not leaves:
         return
     copy_ = torch.ops.aten.copy_.default
@@ -200,13 +197,8 @@ def _epilogue_without_grad(tracer: Any, last_node: "torch.fx.Node", leaves: set)
         if node.op == "call_function" and node.target is copy_ and node.args[0] in leaves:
             writes.append(node)
         node = node.next
-    if not writes:
-        return
-    with graph.inserting_before(writes[0]):
-        mode = graph.call_function(torch.is_grad_enabled, ())
-        graph.call_function(torch._C._set_grad_enabled, (False,))
-    with graph.inserting_after(writes[-1]):
-        graph.call_function(torch._C._set_grad_enabled, (mode,))
+    if writes:
+        run_without_grad(graph, writes[0], writes[-1])
 
 
 # Note [API: arguments without a pytree]
@@ -221,35 +213,47 @@ def _epilogue_without_grad(tracer: Any, last_node: "torch.fx.Node", leaves: set)
 _SHALLOW = (list, tuple)
 
 
-def _shallow_inputs(args: tuple, kwargs: dict) -> "list | None":
-    """The tensors of ``args`` and ``kwargs`` in pytree's order when every argument is a tensor
-    or an exact list / tuple of tensors, else None."""
-    inputs: list = []
-    for a in (*args, *kwargs.values()) if kwargs else args:
-        if isinstance(a, torch.Tensor):
-            inputs.append(a)
-        elif type(a) in _SHALLOW and all(isinstance(t, torch.Tensor) for t in a):
-            inputs.extend(a)
-        else:
-            return None
-    return inputs
+class _Shallow:
+    """The ``Arguments`` of a call whose arguments are all tensors or exact lists / tuples of
+    tensors, read without pytree."""
 
+    __slots__ = ("args", "kwargs", "inputs")
 
-def _shallow_rebuild(args: tuple, kwargs: dict, tensors: list) -> tuple[tuple, dict]:
-    """``args`` and ``kwargs`` with ``tensors`` in place of the tensors _shallow_inputs read."""
-    pos = 0
+    def __init__(self, args: tuple, kwargs: dict[str, Any], inputs: list[torch.Tensor]) -> None:
+        self.args, self.kwargs, self.inputs = args, kwargs, inputs
 
-    def take(a: object) -> object:
-        nonlocal pos
-        if isinstance(a, torch.Tensor):
-            pos += 1
-            return tensors[pos - 1]
-        n = len(a)  # type: ignore[arg-type]
-        pos += n
-        return type(a)(tensors[pos - n:pos])
+    @staticmethod
+    def of(args: tuple, kwargs: dict[str, Any]) -> _Shallow | None:
+        """The arguments when every one is a tensor or an exact list / tuple of tensors (their
+        tensors in pytree's order), else None."""
+        inputs: list[torch.Tensor] = []
+        for a in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(a, torch.Tensor):
+                inputs.append(a)
+            elif type(a) in _SHALLOW and all(isinstance(t, torch.Tensor) for t in a):
+                inputs.extend(a)
+            else:
+                return None
+        return _Shallow(args, kwargs, inputs)
 
-    new_args = tuple(take(a) for a in args)
-    return new_args, {k: take(v) for k, v in kwargs.items()}
+    def tensors(self) -> list[torch.Tensor]:
+        return self.inputs
+
+    def rebuild(self, tensors: Sequence[torch.Tensor]) -> tuple[tuple, dict[str, Any]]:
+        """``args`` and ``kwargs`` with ``tensors`` in place of their tensors."""
+        pos = 0
+
+        def take(a: Any) -> Any:
+            nonlocal pos
+            if isinstance(a, torch.Tensor):
+                pos += 1
+                return tensors[pos - 1]
+            n = len(a)
+            pos += n
+            return type(a)(tensors[pos - n:pos])
+
+        new_args = tuple(take(a) for a in self.args)
+        return new_args, {k: take(v) for k, v in self.kwargs.items()}
 
 
 # Note [API: nested calls]
@@ -265,7 +269,8 @@ def _shallow_rebuild(args: tuple, kwargs: dict, tensors: list) -> tuple[tuple, d
 # the TLS scheme simple, Note [Layer: TLS scheme], and would only redo the outer layer's work);
 # refusing nesting, as before (torch.func fails there with an internal assertion). Entering a
 # second layer by hand (enable() inside a functionalized function) is still refused.
-def _nested_call(func: Callable[..., Any], remove: str, args: tuple, kwargs: dict) -> Any:
+def _nested_call(func: Callable[..., Any], remove: str, args: tuple,
+                 kwargs: dict[str, Any]) -> Any:
     out = func(*args, **kwargs)
     if remove == "mutations_and_views":
         out = pytree.tree_map_only(torch.Tensor, torch.clone, out)
@@ -289,27 +294,8 @@ def _nested_call(func: Callable[..., Any], remove: str, args: tuple, kwargs: dic
 # registering our call as an opaque custom op (its outputs' aliasing and the input mutations
 # would need a schema per function).
 @torch._disable_dynamo
-def _outside_dynamo(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+def _outside_dynamo(call: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
     return call(*args, **kwargs)
-
-
-def _tensor_leaves(out: object) -> tuple[list, Callable[[list], Any]]:
-    """The tensors in ``out`` and a function that rebuilds ``out`` with other tensors in their
-    places. A tensor and a plain tuple / list of tensors skip pytree (what it would return,
-    without its cost)."""
-    if isinstance(out, torch.Tensor):
-        return [out], lambda ts: ts[0]
-    if type(out) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in out):
-        return list(out), type(out)
-    leaves, spec = pytree.tree_flatten(out)
-    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-
-    def rebuild(tensors):
-        for i, t in zip(positions, tensors):
-            leaves[i] = t
-        return pytree.tree_unflatten(leaves, spec)
-
-    return [leaves[i] for i in positions], rebuild
 
 
 # Note [API: wrapper subclasses]
@@ -335,13 +321,13 @@ def _is_wrapper_subclass(t: object) -> bool:
     return type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t)
 
 
-def _proxy_tracer():
+def _proxy_tracer() -> Any:
     """The tracer of the make_fx running this call, if any."""
     mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)
     return None if mode is None else mode.tracer
 
 
-def _trace_subclass_inputs(inputs: list) -> bool:
+def _trace_subclass_inputs(inputs: list[torch.Tensor]) -> bool:
     """A subclass that make_fx holds as a graph input: its inner tensors enter the graph as
     ``getattr`` of that input (Note [API: subclasses as graph inputs]). Returns whether there was
     one."""
@@ -350,8 +336,8 @@ def _trace_subclass_inputs(inputs: list) -> bool:
         return False
     from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
 
-    def track_inner(t, proxy):
-        attrs, _ = t.__tensor_flatten__()
+    def track_inner(t: torch.Tensor, proxy: Any) -> None:
+        attrs, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
         for attr in attrs:
             inner = getattr(t, attr)
             if not isinstance(inner, torch.Tensor) or has_proxy_slot(inner, tracer):
@@ -381,7 +367,7 @@ def _trace_subclass_outputs(out: object) -> None:
     for t in pytree.tree_leaves(out):
         if not _is_wrapper_subclass(t) or has_proxy_slot(t, tracer):
             continue
-        leaves: list = []
+        leaves: list[torch.Tensor] = []
         plan = _flatten_subclass(t, leaves)
         if not all(has_proxy_slot(leaf, tracer) for leaf in leaves):
             continue  # built from tensors the tracer does not know: its own business
@@ -392,7 +378,7 @@ def _trace_subclass_outputs(out: object) -> None:
                                       (key, *proxies), {}), tracer)
 
 
-def _track(t: torch.Tensor, proxy, tracer) -> None:
+def _track(t: torch.Tensor, proxy: Any, tracer: Any) -> None:
     from torch.fx.experimental.proxy_tensor import track_tensor_tree
 
     track_tensor_tree(t, proxy, constant=None, tracer=tracer)
@@ -414,7 +400,7 @@ def _track(t: torch.Tensor, proxy, tracer) -> None:
 # function of the local tensors that builds the subclass) for a graph that stands alone.
 # Rejected: refusing the call (what we did first) and returning the local tensors (a graph whose
 # outputs are not what the function returns).
-_TRACED_PLANS: list = []
+_TRACED_PLANS: list[Any] = []
 
 
 def rebuild_traced_subclass(key: int, *inner: torch.Tensor) -> torch.Tensor:
@@ -430,7 +416,7 @@ class _Kept:
         self.value = value
 
 
-def _flatten_subclass(t: object, leaves: list) -> Any:
+def _flatten_subclass(t: object, leaves: list[torch.Tensor]) -> Any:
     """Appends the plain tensors inside ``t`` to ``leaves`` and returns the plan that rebuilds
     ``t`` from them (None for a plain tensor)."""
     if not isinstance(t, torch.Tensor):  # a non-tensor inner attribute (DTensor's mesh): kept
@@ -443,10 +429,10 @@ def _flatten_subclass(t: object, leaves: list) -> Any:
     return type(t), ctx, children, t.size(), t.stride()
 
 
-def _unflatten_subclass(plan: Any, it: Iterator[torch.Tensor]) -> torch.Tensor:
+def _unflatten_subclass(plan: Any, it: Iterator[torch.Tensor]) -> Any:
     if plan is None:
         return next(it)
-    if isinstance(plan, _Kept):
+    if isinstance(plan, _Kept):  # not a tensor: the attribute as it was
         return plan.value
     cls, ctx, children, size, stride = plan
     inner = {a: _unflatten_subclass(child, it) for a, child in children}

@@ -3,12 +3,14 @@ by the C++ engine while it functionalizes f (no make_fx, no proxy tensors). C++ 
 (see Note [Capture: how ops are recorded]); this file turns its node list into FX: pytrees in and
 out, closure tensors as ``get_attr`` constants, multi-output ops through ``operator.getitem``.
 """
+from __future__ import annotations
+
 import inspect
 import keyword
 import warnings
 import operator
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 import torch.fx as fx
@@ -17,6 +19,8 @@ from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.utils import _pytree as pytree
 
 from . import _C
+from ._fx import placeholders, run_without_grad
+from ._tree import Flat, call_with
 from .api import Remove, _is_wrapper_subclass, check_remove
 
 _ops_cache: dict[tuple[str, str], tuple[Any, str]] = {}
@@ -53,27 +57,21 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
     if not callable(func):
         raise TypeError(f"capture: expected a callable, got {type(func).__name__}.")
     check_remove(remove)
-    flat, spec = pytree.tree_flatten((args, kwargs))
-    positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+    arguments = Flat((args, kwargs))
     if dynamic:
-        return _capture_traced(func, args, kwargs, flat, spec, positions, remove, "symbolic")
-    inputs = [flat[i] for i in positions]
+        return _capture_traced(func, args, kwargs, arguments, remove, "symbolic")
+    inputs = arguments.tensors()
     for t in inputs:
         if _is_wrapper_subclass(t):
             raise NotImplementedError(
                 f"capture: a {type(t).__name__} input (a wrapper subclass) runs its own "
                 "__torch_dispatch__ above the engine; use make_fx(functionalize(f)) for it.")
-    result: list = []
+    result: list[Flat] = []  # the output, flattened
 
-    def run(wrappers: list) -> list:
-        leaves = list(flat)
-        for i, w in zip(positions, wrappers):
-            leaves[i] = w
-        f_args, f_kwargs = pytree.tree_unflatten(leaves, spec)
-        out = func(*f_args, **f_kwargs)
-        out_leaves, out_spec = pytree.tree_flatten(out)
-        result.append((out_leaves, out_spec))
-        return [x for x in out_leaves if isinstance(x, torch.Tensor)]
+    def run(wrappers: list[torch.Tensor]) -> list[torch.Tensor]:
+        out = Flat(call_with(func, arguments, wrappers))
+        result.append(out)
+        return out.tensors()
 
     rng = _RandomState()
     try:
@@ -87,9 +85,10 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
             f"capture: {str(error).splitlines()[0]} Recorded with make_fx(functionalize(f)) "
             "instead, which ran f a second time: Python side effects of f outside its tensors "
             "(an optimizer or scheduler made outside f) happened twice.", stacklevel=2)
-        return _capture_traced(func, args, kwargs, flat, spec, positions, remove, "real")
-    out_leaves, out_spec = result[0]
-    return _graph_module(captured, func, args, kwargs, flat, positions, out_leaves, out_spec)
+        return _capture_traced(func, args, kwargs, arguments, remove, "real")
+    out = result[0]
+    return _graph_module(captured, func, args, kwargs, arguments.leaves, arguments.positions,
+                         out.leaves, out.spec)
 
 
 # Note [Capture: dynamic sizes]
@@ -136,50 +135,44 @@ class _RandomState:
 # and, with the random generators' state restored, draws the same numbers; Python side effects
 # of f outside its tensors happen twice, which a warning says. The same holds for autocast
 # inside f (Note [Capture: autocast inside the function]). Rejected: recording operators as nodes in C++ (their subgraphs need a tracer anyway).
-def _capture_traced(func: Callable[..., Any], args: tuple, kwargs: dict, flat: list, spec: Any,
-                    positions: list, remove: Remove, tracing_mode: str) -> fx.GraphModule:
+def _capture_traced(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
+                    arguments: Flat, remove: Remove,
+                    tracing_mode: Literal["real", "symbolic"]) -> fx.GraphModule:
     """capture through make_fx(functionalize(func)): symbolic sizes (Note [Capture: dynamic
     sizes]) or control flow (Note [Capture: control flow])."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from .api import functionalize
 
-    out_specs: list = []
+    out_specs: list[Any] = []
 
-    def flat_fn(*tensors: torch.Tensor) -> list:
-        leaves = list(flat)
-        for i, t in zip(positions, tensors):
-            leaves[i] = t
-        f_args, f_kwargs = pytree.tree_unflatten(leaves, spec)
-        out_leaves, out_spec = pytree.tree_flatten(func(*f_args, **f_kwargs))
-        out_specs.append(out_spec)
-        return out_leaves
+    def flat_fn(*tensors: torch.Tensor) -> list[Any]:
+        out = Flat(call_with(func, arguments, tensors))
+        out_specs.append(out.spec)
+        return out.leaves
 
-    inputs = [flat[i] for i in positions]
+    inputs = arguments.tensors()
     traced = make_fx(functionalize(flat_fn, remove=remove), tracing_mode=tracing_mode)(*inputs)
-    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
-    orig_args = _argument_names(func, len(args)) + list(kwargs)
-    leaf_names = _leaf_names(orig_args, args, kwargs)
+    traced_inputs = placeholders(traced.graph)
+    orig_args, leaf_names, in_spec = _signature(func, args, kwargs)
     graph = fx.Graph()
-    env: dict = {}
-    it = iter(placeholders)
+    env: dict[fx.Node, fx.Node] = {}
+    it = iter(traced_inputs)
     for i, name in enumerate(leaf_names):
         node = graph.placeholder(name)
-        if i in positions:
+        if i in arguments.positions:
             source = next(it)
             node.meta = dict(source.meta)
             env[source] = node
     graph.output(graph.graph_copy(traced.graph, env))
-    in_spec = pytree.tree_flatten((tuple(args), kwargs) if kwargs else tuple(args))[1]
     graph._codegen = _CaptureCodeGen(_PyTreeInfo(orig_args, in_spec, out_specs[0]))
     restores_grad = _epilogue_without_grad(graph)
     gm = _CapturedModule(traced, graph)
     gm._tfz_restores_grad = restores_grad
-    guards: Any = (_ShapeGuards([p.meta["val"] for p in placeholders], inputs)
+    guards: Any = (_ShapeGuards([p.meta["val"] for p in traced_inputs], inputs)
                    if tracing_mode == "symbolic" else _C._input_guards(inputs))
-    constants = {i: leaf for i, leaf in enumerate(flat) if i not in set(positions)}
-    gm._tfz_inputs = _InputCheck(guards, orig_args, len(args), kwargs, in_spec, positions,
-                                 leaf_names, constants)
+    gm._tfz_inputs = _InputCheck(guards, orig_args, len(args), kwargs, in_spec,
+                                 arguments.positions, leaf_names, arguments.constants())
     return gm
 
 
@@ -193,11 +186,8 @@ def _epilogue_without_grad(graph: fx.Graph) -> bool:
               and isinstance(n.args[0], fx.Node) and n.args[0].op == "placeholder"]
     if not writes:
         return False
-    with graph.inserting_before(writes[0]):
-        mode = graph.call_function(torch.is_grad_enabled, ())
-        graph.call_function(torch._C._set_grad_enabled, (False,))
-    with graph.inserting_before(next(n for n in graph.nodes if n.op == "output")):
-        graph.call_function(torch._C._set_grad_enabled, (mode,))
+    output = next(n for n in graph.nodes if n.op == "output")
+    run_without_grad(graph, writes[0], output.prev)  # the mode given back at the graph's end
     return True
 
 
@@ -205,14 +195,14 @@ class _ShapeGuards:
     """The guards of a graph traced with symbolic sizes (Note [Capture: dynamic sizes]): ranks,
     dtypes, devices, requires_grad and aliasing as captured, and the ShapeEnv's expression."""
 
-    def __init__(self, fakes: list, inputs: list) -> None:
-        self.shape_env = fakes[0].fake_mode.shape_env if fakes else None
+    def __init__(self, fakes: list[Any], inputs: list[torch.Tensor]) -> None:
+        self.shape_env: Any = fakes[0].fake_mode.shape_env if fakes else None
         self.expression = (self.shape_env.produce_guards_expression(fakes, ignore_static=False)
                            if self.shape_env is not None else None)
         self.meta = [_tensor_meta(t) for t in inputs]
         self.aliasing = _alias_groups(inputs)
 
-    def check(self, tensors: list, names: list) -> None:
+    def check(self, tensors: list[torch.Tensor], names: list[str]) -> None:
         for t, meta, name in zip(tensors, self.meta, names):
             for what, then, now in zip(("rank", "dtype", "device", "requires_grad"), meta,
                                        _tensor_meta(t)):
@@ -237,12 +227,12 @@ class _ShapeGuards:
                 "capture again for these inputs (Note [Capture: dynamic sizes]).")
 
 
-def _tensor_meta(t: torch.Tensor) -> tuple:
+def _tensor_meta(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.dim(), t.dtype, t.device, t.requires_grad)
 
 
-def _alias_groups(tensors: list) -> list:
-    first: dict = {}
+def _alias_groups(tensors: list[torch.Tensor]) -> list[int]:
+    first: dict[int, int] = {}
     groups = []
     for i, t in enumerate(tensors):
         try:
@@ -254,7 +244,7 @@ def _alias_groups(tensors: list) -> list:
     return groups
 
 
-def _leaf_names(orig_args: list, args: tuple, kwargs: dict) -> list:
+def _leaf_names(orig_args: list[str], args: tuple, kwargs: dict[str, Any]) -> list[str]:
     names = []
     for name, count in zip(orig_args, [len(pytree.tree_leaves(a)) for a in args] +
                            [len(pytree.tree_leaves(v)) for v in kwargs.values()]):
@@ -274,7 +264,22 @@ def graph_module_of(captured: Any) -> fx.GraphModule:
                          out_leaves, out_spec)
 
 
-def _argument_names(func: Callable[..., Any], n: int) -> list[str]:
+def _call_tree(args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The pytree a captured graph is called with: its positional arguments, and its keyword
+    arguments where it has any."""
+    return (tuple(args), kwargs) if kwargs else tuple(args)
+
+
+def _signature(func: Callable[..., Any] | None, args: tuple,
+               kwargs: dict[str, Any]) -> tuple[list[str], list[str], Any]:
+    """A captured graph's argument names, the names of its placeholders (one per leaf of the
+    arguments) and the structure of the arguments it is called with."""
+    orig_args = _argument_names(func, len(args)) + list(kwargs)
+    return (orig_args, _leaf_names(orig_args, args, kwargs),
+            pytree.tree_structure(_call_tree(args, kwargs)))
+
+
+def _argument_names(func: Callable[..., Any] | None, n: int) -> list[str]:
     """Names for the graph's positional arguments: func's own, as make_fx names them, where its
     signature has them; arg0, arg1, ... otherwise."""
     try:
@@ -289,15 +294,15 @@ def _argument_names(func: Callable[..., Any], n: int) -> list[str]:
     return named + [f"arg{i}" for i in range(len(named), n)]
 
 
-def _graph_module(captured: Any, func: Callable[..., Any], args: tuple, kwargs: dict, flat: list,
-                  positions: list, out_leaves: list, out_spec: Any) -> fx.GraphModule:
+def _graph_module(captured: Any, func: Callable[..., Any] | None, args: tuple,
+                  kwargs: dict[str, Any], flat: list[Any], positions: list[int],
+                  out_leaves: list[Any], out_spec: Any) -> fx.GraphModule:
     input_ids, constants, nodes, outputs, start_grad = captured.export()
     graph = fx.Graph()
     root = torch.nn.Module()
     env: dict[int, Any] = {}  # value id -> fx.Node, or (node, path) for a result not yet read
     input_of = dict(zip(positions, input_ids))
-    orig_args = _argument_names(func, len(args)) + list(kwargs)
-    leaf_names = _leaf_names(orig_args, args, kwargs)
+    orig_args, leaf_names, in_spec = _signature(func, args, kwargs)
     # Names passed explicitly throughout: FX derives a missing one with a regex (~4 us a node).
     for i in range(len(flat)):
         ph = graph.create_node("placeholder", leaf_names[i], name=leaf_names[i])
@@ -367,7 +372,6 @@ def _graph_module(captured: Any, func: Callable[..., Any], args: tuple, kwargs: 
     out_iter = iter(outputs)
     graph.output([convert(next(out_iter)) if isinstance(x, torch.Tensor) else x
                   for x in out_leaves])
-    in_spec = pytree.tree_flatten((tuple(args), kwargs) if kwargs else tuple(args))[1]
     graph._codegen = _CaptureCodeGen(_PyTreeInfo(orig_args, in_spec, out_spec))
     # See Note [Capture: code generated on first use]; a graph that switches grad mode gives it
     # back to the caller even when it raises (Note [Capture: grad mode]).
@@ -386,8 +390,9 @@ class _InputCheck:
     non-tensor leaves (constants in the graph) and the tensors' metadata and aliasing (checked
     in C++). See Note [Capture: guards on inputs]."""
 
-    def __init__(self, guards: Any, names: list, num_positional: int, kwargs: dict, spec: Any,
-                 positions: list, leaf_names: list, constants: dict) -> None:
+    def __init__(self, guards: Any, names: list[str], num_positional: int,
+                 kwargs: dict[str, Any], spec: Any, positions: list[int], leaf_names: list[str],
+                 constants: dict[int, Any]) -> None:
         self.guards, self.names, self.num_positional = guards, names, num_positional
         self.keywords = tuple(kwargs)
         self.spec, self.positions, self.leaf_names = spec, positions, leaf_names
@@ -397,7 +402,8 @@ class _InputCheck:
         # the call's arguments are its leaves, without flattening (a few microseconds a call).
         self.leaf_args = not kwargs and spec.num_leaves == num_positional
 
-    def check(self, args: tuple, kwargs: dict) -> None:
+    def check(self, args: tuple, kwargs: dict[str, Any]) -> None:
+        flat: Sequence[Any]
         if (self.leaf_args and not kwargs and len(args) == self.num_positional and
                 all(isinstance(args[i], torch.Tensor) for i in self.positions)):
             flat = args
@@ -411,17 +417,17 @@ class _InputCheck:
                     "or capture again for this value (Note [Capture: guards on inputs]).")
         self.guards.check([flat[i] for i in self.positions], self.tensor_names)
 
-    def _flat(self, args: tuple, kwargs: dict) -> list:
+    def _flat(self, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
         if tuple(kwargs) != self.keywords or len(args) != self.num_positional:
             args, kwargs = self._rebind(args, kwargs)
-        flat, spec = pytree.tree_flatten((tuple(args), kwargs) if kwargs else tuple(args))
+        flat, spec = pytree.tree_flatten(_call_tree(args, kwargs))
         if spec != self.spec:
             raise TypeError(
                 "capture: the graph was captured for arguments of structure "
                 f"{self.spec} and is called with {spec}; capture again for these arguments.")
         return flat
 
-    def _rebind(self, args: tuple, kwargs: dict) -> tuple:
+    def _rebind(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         """The call's arguments in the form the graph was captured with (positional names bound
         from keywords and the reverse), as Python binds them to the captured function."""
         given = dict(zip(self.names, args))
@@ -455,7 +461,7 @@ class _CapturedModule(_LazyGraphModule):
     mode off; Note [Capture: grad mode])."""
 
     _tfz_restores_grad = False
-    _tfz_inputs: "_InputCheck | None" = None
+    _tfz_inputs: _InputCheck | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._tfz_inputs is not None:

@@ -2,14 +2,19 @@
 a functionalized function: see Note [Control flow: higher-order operators]. Installed once, when
 the package is imported (install()); costs nothing outside a functionalize call.
 """
+from __future__ import annotations
+
 import functools
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch._C import DispatchKey
 from torch.utils import _pytree as pytree
 
 from . import _C
+
+if TYPE_CHECKING:
+    from .api import Remove
 
 # Note [Control flow: higher-order operators]
 # torch.cond(pred, true_fn, false_fn, operands) with a tensor predicate (and while_loop, scan,
@@ -43,10 +48,11 @@ from . import _C
 # backend twin (code that excludes autograd: inference_mode) and the factory key the layer
 # includes (Note [Which dispatch key]), which Python's DispatchKey enum does not name.
 _OUR_KEYS = [DispatchKey(k) for k in _C._dispatch_keys()]
-_original_compile_and_call: "Callable[..., Any] | None" = None
+_original_compile_and_call: Callable[..., Any] | None = None
 
 
-def _hop_compile_and_call(fn: Callable[..., Any], args: tuple, kwargs: "dict | None" = None) -> Any:
+def _hop_compile_and_call(fn: Callable[..., Any], args: tuple,
+                          kwargs: dict[str, Any] | None = None) -> Any:
     if _C._layer_active():
         return fn(*args, **(kwargs or {}))
     return _original_compile_and_call(fn, args, kwargs)  # type: ignore[misc]
@@ -74,7 +80,7 @@ def _kernel(op: Any, dense: Callable[..., Any]) -> Callable[..., Any]:
 _TRACED = {"cond", "while_loop", "map_impl", "associative_scan"}
 
 
-def _traced(op: Any, args: tuple, kwargs: dict) -> Any:
+def _traced(op: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     """The operator on inner tensors in an inner call, each callable functionalized: the tracer
     below records it with functional subgraphs (Note [Control flow: higher-order operators]).
     Tensors of this function that a branch closes over are found by tracing, each becomes one
@@ -109,7 +115,7 @@ def _traced(op: Any, args: tuple, kwargs: dict) -> Any:
 class _BranchWrites(Exception):
     """A branch wrote trailing operands or closures that are not yet returned: trace again."""
 
-    def __init__(self, indices: set) -> None:
+    def __init__(self, indices: set[int]) -> None:
         super().__init__(f"branch writes operands {sorted(indices)}")
         self.indices = indices
 
@@ -120,7 +126,7 @@ class _BranchWrites(Exception):
 _substitutes: list[dict[int, torch.Tensor]] = []
 
 
-def _lifted_here(foreign: torch.Tensor) -> "torch.Tensor | None":
+def _lifted_here(foreign: torch.Tensor) -> torch.Tensor | None:
     """The wrapper of the current layer (the one running the operator) that `foreign` is, or that
     stands for it in the branch being traced; None if it is neither."""
     if _substitutes and id(foreign) in _substitutes[-1]:
@@ -128,7 +134,8 @@ def _lifted_here(foreign: torch.Tensor) -> "torch.Tensor | None":
     return foreign if _C._is_layer_wrapper(foreign) else None
 
 
-def _traced_with(op: Any, args: tuple, kwargs: dict, lifted: list, written: set) -> Any:
+def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
+                 lifted: list[tuple[torch.Tensor, torch.Tensor]], written: set[int]) -> Any:
     from .api import functionalize
 
     seen = [t for t, _ in lifted]
@@ -140,10 +147,10 @@ def _traced_with(op: Any, args: tuple, kwargs: dict, lifted: list, written: set)
             "on operands (and closure tensors) that do not require grad: autograd through it "
             "builds backward subgraphs with AOTAutograd's joint tracing, which does not meet our "
             "wrappers. Call the function without tracing, or under torch.no_grad().")
-    remove = "mutations_and_views" if _C._layer_removes_views() else "mutations"
+    remove: Remove = "mutations_and_views" if _C._layer_removes_views() else "mutations"
     trailing = list(args[-1]) + closures  # what each callable gets after its own arguments
     extra = len(closures)
-    out_spec: list = []
+    out_spec: list[Any] = []
 
     def functional(fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*xs: Any) -> Any:

@@ -5,13 +5,16 @@ Registered by name through the ``torch_dynamo_backends`` entry point (setup.py),
 functional graph to a compiler of the user's instead of running it. A thin adapter over
 ``functionalize_graph``: no partitioning, no autograd of its own (see Note [Dynamo: the backend]).
 """
+from __future__ import annotations
+
 import functools
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, cast
 
 import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ._fx import concrete, example_value, placeholders, sizes_and_strides
 from .api import Remove, check_remove
 from .graph import _fetch_attr, functionalize_graph
 
@@ -75,9 +78,9 @@ def backend(
     return _compile(gm, list(example_inputs), compiler, remove)
 
 
-def _compile(gm, example_inputs, compiler, remove):
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    fake_inputs = [_example_value(n) for n in placeholders]
+def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Compiler | None,
+             remove: Remove) -> Callable[..., Any]:
+    fake_inputs = [_example_value(n) for n in placeholders(gm.graph)]
     functional = functionalize_graph(gm, *fake_inputs, remove=remove)
     compiled = functional if compiler is None else compiler(functional, example_inputs)
     run = _saving_written_inputs(compiled, *_written_inputs(functional))
@@ -86,7 +89,7 @@ def _compile(gm, example_inputs, compiler, remove):
         return run
     shape_env = _shape_env(fake_inputs)
 
-    def run_and_restore_aliases(*args):
+    def run_and_restore_aliases(*args: Any) -> Any:
         outputs = run(*args)
         single = not isinstance(outputs, (tuple, list))
         outs = [outputs] if single else list(outputs)
@@ -117,11 +120,11 @@ def _compile(gm, example_inputs, compiler, remove):
 # for every other saved tensor (a write after the call still raises, as in eager). Rejected:
 # running the epilogue under no_grad (the version counter is bumped anyway); saving without the
 # check (later user writes would give silently wrong gradients).
-def _written_inputs(functional):
+def _written_inputs(functional: torch.fx.GraphModule) -> tuple[list[int], list[torch.Tensor]]:
     """Placeholder indices and attribute tensors that epilogue ops of `functional` write."""
-    nodes = functional.graph.nodes
-    placeholders = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
-    indices, attributes = set(), []
+    index_of = {n: i for i, n in enumerate(placeholders(functional.graph))}
+    indices: set[int] = set()
+    attributes: list[torch.Tensor] = []
     for node in functional.graph.nodes:
         schema = getattr(node.target, "_schema", None)
         if node.op != "call_function" or schema is None or not schema.is_mutable or not node.args:
@@ -130,17 +133,18 @@ def _written_inputs(functional):
         if not isinstance(target, torch.fx.Node):
             continue
         if target.op == "placeholder":
-            indices.add(placeholders[target])
+            indices.add(index_of[target])
         elif target.op == "get_attr":
-            attributes.append(_fetch_attr(functional, target.target))
+            attributes.append(_fetch_attr(functional, cast(str, target.target)))
     return sorted(indices), attributes
 
 
-def _saving_written_inputs(run, indices, attributes):
+def _saving_written_inputs(run: Callable[..., Any], indices: list[int],
+                           attributes: list[torch.Tensor]) -> Callable[..., Any]:
     if not indices and not attributes:
         return run
 
-    def run_saving_copies(*args):
+    def run_saving_copies(*args: Any) -> Any:
         if not torch.is_grad_enabled():
             return run(*args)
         written = {StorageWeakRef(t.untyped_storage()) for t in attributes}
@@ -150,12 +154,12 @@ def _saving_written_inputs(run, indices, attributes):
             if isinstance(args[i], torch.Tensor)
         )
 
-        def pack(t):
+        def pack(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:
             if StorageWeakRef(t.untyped_storage()) in written:
                 return t.clone(), None
             return t, t._version
 
-        def unpack(packed):
+        def unpack(packed: tuple[torch.Tensor, int | None]) -> torch.Tensor:
             t, version = packed
             if version is not None and t._version != version:
                 raise RuntimeError(
@@ -172,10 +176,10 @@ def _saving_written_inputs(run, indices, attributes):
     return run_saving_copies
 
 
-def _example_value(node):
+def _example_value(node: torch.fx.Node) -> Any:
     """The fake value dynamo recorded for a placeholder, detached (the functional graph is traced
     without autograd; autograd applies when it runs)."""
-    value = node.meta.get("example_value", node.meta.get("val"))
+    value = example_value(node, ("example_value", "val"))
     if value is None:
         raise ValueError(
             f"functionalize: backend: placeholder {node.name} carries no example value; the "
@@ -187,13 +191,14 @@ def _example_value(node):
     return value
 
 
-def _same_storage(a, b):
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
 
 
-def _output_aliases(gm, fake_inputs):
+def _output_aliases(gm: torch.fx.GraphModule,
+                    fake_inputs: list[Any]) -> dict[int, tuple[int, torch.Tensor]]:
     """{output index: (input index, fake output)} for outputs eager makes views of an input."""
-    storages = {}
+    storages: dict[StorageWeakRef, int] = {}
     for i, value in enumerate(fake_inputs):
         if isinstance(value, torch.Tensor) and value.layout == torch.strided:
             storages.setdefault(StorageWeakRef(value.untyped_storage()), i)
@@ -202,7 +207,7 @@ def _output_aliases(gm, fake_inputs):
     flat = list(results) if isinstance(results, (tuple, list)) else [results]
     aliases = {}
     for index, node in enumerate(flat):
-        value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+        value = example_value(node, ("example_value",)) if isinstance(node, torch.fx.Node) else None
         if isinstance(value, torch.Tensor) and value.layout == torch.strided:
             input_index = storages.get(StorageWeakRef(value.untyped_storage()))
             if input_index is not None:
@@ -210,27 +215,22 @@ def _output_aliases(gm, fake_inputs):
     return aliases
 
 
-def _shape_env(fake_inputs):
+def _shape_env(fake_inputs: list[Any]) -> Any:
     from torch._guards import detect_fake_mode
 
     mode = detect_fake_mode([v for v in fake_inputs if isinstance(v, torch.Tensor)])
     return None if mode is None else mode.shape_env
 
 
-def _bind(shape_env, fake_inputs, args):
+def _bind(shape_env: Any, fake_inputs: list[Any], args: tuple) -> Mapping[Any, Any]:
     """Symbol -> value, from the real arguments' sizes (empty with static shapes)."""
     if shape_env is None:
         return {}
     return shape_env.bind_symbols(fake_inputs, args)
 
 
-def _eager_geometry(fake_out, bindings):
-    def concrete(value):
-        if isinstance(value, torch.SymInt):
-            expr = value.node.expr.xreplace(bindings)
-            return int(expr)
-        return int(value)
-
-    size = [concrete(s) for s in fake_out.size()]
-    stride = [concrete(s) for s in fake_out.stride()]
-    return size, stride, concrete(fake_out.storage_offset())
+def _eager_geometry(fake_out: torch.Tensor,
+                    bindings: Mapping[Any, Any]) -> tuple[list[int], list[int], int]:
+    """Sizes, strides and storage offset of `fake_out` for the real arguments (`bindings`)."""
+    size, stride = sizes_and_strides(fake_out, bindings)
+    return size, stride, concrete(fake_out.storage_offset(), bindings)

@@ -4,6 +4,7 @@ A thin wrapper over `capture` (or `functionalize` + `make_fx` for fake inputs): 
 tensor attributes) to inputs so that state mutations become epilogue copies like input mutations,
 retraces, and turns the lifted inputs back into attributes. It does not optimize or reorder.
 """
+from __future__ import annotations
 
 import contextlib
 import itertools
@@ -15,14 +16,15 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 
+from ._fx import concrete, example_value, has_example_value, placeholders, sizes_and_strides
+from ._tree import Flat
+
 if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     from .api import Remove
 
 _log = logging.getLogger("torch_functionalize")
-
-# Placeholder meta keys that hold an example value: make_fx and torch.export write "val",
-# dynamo writes "example_value".
-_META_KEYS = ("val", "example_value")
 
 
 # NB: the result is called like `gm` and uses gm's own parameters and buffers (not copies); a
@@ -30,10 +32,10 @@ _META_KEYS = ("val", "example_value")
 # graph is traced on copies of them (real mode, so data-dependent ops work); without, on fake
 # tensors built from the placeholders' meta values. Either way it is specialized to those shapes.
 def functionalize_graph(
-    gm: "torch.fx.GraphModule | torch.export.ExportedProgram",
+    gm: torch.fx.GraphModule | torch.export.ExportedProgram,
     *example_inputs: Any,
-    remove: "Remove" = "mutations",
-) -> "torch.fx.GraphModule":
+    remove: Remove = "mutations",
+) -> torch.fx.GraphModule:
     """Retrace `gm` (a GraphModule or ExportedProgram) into an equivalent functional GraphModule."""
     # Imported lazily: the package __init__ re-exports this module, and api imports the engine.
     from torch._dispatch.python import enable_python_dispatcher
@@ -66,14 +68,15 @@ def functionalize_graph(
     num_state = len(state)
     state_names = [(name, index) for index, names in enumerate(targets) for name in names]
 
-    def run(*state_and_args):
+    def run(*state_and_args: Any) -> Any:
         params = {name: state_and_args[index] for name, index in state_names}
         return torch.func.functional_call(module, params, tuple(state_and_args[num_state:]))
 
     # Fake inputs may carry symbolic sizes (dynamo's): symbolic-size rules of view ops such as
     # slice_copy live in Python kernels, reached only through the Python dispatcher (make_fx
     # enables it for tracing_mode="symbolic"; AOTAutograd does the same for dynamo's graphs).
-    traced, traced_by = None, "make_fx (fake example inputs)"
+    traced: torch.fx.GraphModule | None = None
+    traced_by = "make_fx (fake example inputs)"
     if tracing_mode == "real":  # See Note [Graph: capture first]
         try:
             traced, traced_by = capture(run, *traced_state, *args, remove=remove), "capture"
@@ -105,7 +108,7 @@ def functionalize_graph(
 # would be real tensors mixed with meta ones).
 
 
-def _as_graph_module(gm):
+def _as_graph_module(gm: object) -> torch.fx.GraphModule:
     """Return the GraphModule behind `gm`, unlifting an ExportedProgram."""
     if isinstance(gm, torch.export.ExportedProgram):
         gm = gm.module()
@@ -118,13 +121,13 @@ def _as_graph_module(gm):
     return gm
 
 
-def _inputs_from_meta(gm):
+def _inputs_from_meta(gm: torch.fx.GraphModule) -> tuple:
     """Build fake example inputs, in a fresh FakeTensorMode, from the placeholders' meta values."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    missing = [n.name for n in placeholders if not any(k in n.meta for k in _META_KEYS)]
+    inputs = placeholders(gm.graph)
+    missing = [n.name for n in inputs if not has_example_value(n)]
     if missing:
         raise ValueError(
             "functionalize_graph: no example inputs were given and placeholder(s) "
@@ -134,7 +137,7 @@ def _inputs_from_meta(gm):
     # A fresh mode with static shapes: the values may come from another (symbolic) mode, which we
     # must not extend with new guards. The result is specialized to the recorded shapes.
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
-    flat = [_fresh_value(_meta_value(n), fake_mode) for n in placeholders]
+    flat = [_fresh_value(example_value(n), fake_mode) for n in inputs]
 
     codegen = gm.graph._codegen
     if not isinstance(codegen, _PyTreeCodeGen):
@@ -153,40 +156,16 @@ def _inputs_from_meta(gm):
     return tuple(structured)
 
 
-def _meta_value(node):
-    """The example value recorded on a placeholder."""
-    for key in _META_KEYS:
-        if key in node.meta:
-            return node.meta[key]
-    raise AssertionError(f"placeholder {node.name} has no example value")
-
-
-def _fresh_value(value, fake_mode):
+def _fresh_value(value: Any, fake_mode: FakeTensorMode) -> Any:
     """A concrete-shaped stand-in for `value` that lives in `fake_mode`."""
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return _concrete(value)
     if not isinstance(value, torch.Tensor):
-        return value
-    size = [_concrete(s) for s in value.size()]
-    stride = [_concrete(s) for s in value.stride()]
+        return concrete(value)  # a number (a symbolic one: its hint) or another constant
+    size, stride = sizes_and_strides(value)
     with fake_mode:
         return torch.empty_strided(size, stride, dtype=value.dtype, device=value.device)
 
 
-def _concrete(value):
-    """The hint of a symbolic number, or the number itself."""
-    if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return value
-    hint = value.node.hint
-    if hint is None:
-        raise ValueError(
-            f"functionalize_graph: the recorded input value {value} has no concrete hint "
-            "(data-dependent size); pass example inputs, e.g. functionalize_graph(gm, *inputs)."
-        )
-    return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)](hint)
-
-
-def _is_args_kwargs_spec(spec):
+def _is_args_kwargs_spec(spec: Any) -> bool:
     """True when `spec` is the (args, kwargs) form that _PyTreeCodeGen treats specially."""
     return (
         spec.type is tuple
@@ -196,11 +175,13 @@ def _is_args_kwargs_spec(spec):
     )
 
 
-def _collect_state(gm):
+def _collect_state(gm: torch.fx.GraphModule) -> tuple[list[list[str]], list[torch.Tensor]]:
     """Unique state tensors of `gm` and, for each, every attribute name it is reachable under."""
-    targets, state, index_of = [], [], {}
+    targets: list[list[str]] = []
+    state: list[torch.Tensor] = []
+    index_of: dict[int, int] = {}
 
-    def add(name, tensor):
+    def add(name: str, tensor: torch.Tensor) -> None:
         index = index_of.get(id(tensor))
         if index is None:
             index_of[id(tensor)] = len(state)
@@ -222,11 +203,11 @@ def _collect_state(gm):
     return targets, state
 
 
-def _clone_preserving_aliases(tree):
+def _clone_preserving_aliases(tree: Any) -> Any:
     """Copy every tensor in `tree`, keeping strides, offsets and aliasing between tensors."""
-    storages = {}
+    storages: dict[tuple[torch.device, int], torch.UntypedStorage] = {}
 
-    def clone(t):
+    def clone(t: Any) -> Any:
         if not isinstance(t, torch.Tensor):
             return t
         if t.layout != torch.strided or t.device.type == "meta":
@@ -242,14 +223,14 @@ def _clone_preserving_aliases(tree):
     return pytree.tree_map(clone, tree)
 
 
-def _fetch_attr(module, target):
+def _fetch_attr(module: Any, target: str) -> Any:
     """getattr over a dotted attribute path."""
     for part in target.split("."):
         module = getattr(module, part)
     return module
 
 
-def _assign_attr(root, target, value):
+def _assign_attr(root: torch.nn.Module, target: str, value: Any) -> None:
     """Set a dotted attribute (tensors as parameters or buffers), creating submodules on the way."""
     *path, field = target.split(".")
     for part in path:
@@ -264,7 +245,7 @@ def _assign_attr(root, target, value):
         setattr(root, field, value)
 
 
-def _guarded(result, args):
+def _guarded(result: torch.fx.GraphModule, args: tuple) -> torch.fx.GraphModule:
     """The graph, checking on each call that its arguments are like the real example inputs it
     was traced on (Note [Capture: guards on inputs]): its sizes are theirs."""
     from . import _C
@@ -272,24 +253,23 @@ def _guarded(result, args):
 
     guarded = _CapturedModule(result, result.graph)
     guarded.meta.update(result.meta)
-    flat, spec = pytree.tree_flatten(tuple(args))
-    names = [n.name for n in result.graph.nodes if n.op == "placeholder"]
-    if len(names) != len(flat):
-        names = [f"arg{i}" for i in range(len(flat))]
-    positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
-    constants = {i: a for i, a in enumerate(flat) if i not in set(positions)}
-    arg_names = (result.graph._codegen.pytree_info.orig_args
-                 if isinstance(result.graph._codegen, _PyTreeCodeGen) else names)
-    guarded._tfz_inputs = _InputCheck(_C._input_guards([flat[i] for i in positions]),
-                                      list(arg_names), len(args), {}, spec, positions, names,
-                                      constants)
+    arguments = Flat(tuple(args))
+    names = [n.name for n in placeholders(result.graph)]
+    if len(names) != len(arguments.leaves):
+        names = [f"arg{i}" for i in range(len(arguments.leaves))]
+    codegen = result.graph._codegen
+    arg_names = codegen.pytree_info.orig_args if isinstance(codegen, _PyTreeCodeGen) else names
+    guarded._tfz_inputs = _InputCheck(_C._input_guards(arguments.tensors()), list(arg_names),
+                                      len(args), {}, arguments.spec, arguments.positions, names,
+                                      arguments.constants())
     return guarded
 
 
-def _lifted_state_to_attributes(traced, state_targets, state, args):
+def _lifted_state_to_attributes(traced: torch.fx.GraphModule, state_targets: list[str],
+                                state: list[torch.Tensor], args: tuple) -> torch.fx.GraphModule:
     """Replace the first len(state) placeholders of `traced` by get_attr nodes on the state."""
     graph = traced.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    lifted = placeholders(graph)
     first_op = next(n for n in graph.nodes if n.op != "placeholder")
 
     # Attributes make_fx created for constants (_tensor_constant0, ...) stay; rename those whose
@@ -306,7 +286,7 @@ def _lifted_state_to_attributes(traced, state_targets, state, args):
             node.target = target
         taken.add(target)
 
-    for node, target, tensor in zip(placeholders, state_targets, state):
+    for node, target, tensor in zip(lifted, state_targets, state):
         _assign_attr(traced, target, tensor)
         with graph.inserting_before(first_op):
             attr = graph.get_attr(target)

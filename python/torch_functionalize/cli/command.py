@@ -5,6 +5,7 @@ mutations (and views) were removed, and an equivalence check against eager on ra
 This module owns the command line and the run of one program; rendering is in render.py, the
 built-in programs in programs.py, the check against eager in torch_functionalize.testing.
 """
+from __future__ import annotations
 
 import argparse
 import importlib.util
@@ -13,6 +14,8 @@ import os
 import sys
 import typing
 from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -33,6 +36,7 @@ from .render import (
 )
 
 _REMOVE_OPTIONS = typing.get_args(Remove)
+Shape = tuple[int, ...]
 # Seeds of the random inputs: one set to trace on, a different one to check the traced graph.
 _TRACE_SEED, _CHECK_SEED = 0, 1
 
@@ -60,7 +64,7 @@ class _UsageError(Exception):
     """A bad command line: missing file, function or shapes."""
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo command line and return its exit status."""
     opts = _parser().parse_args(argv)
     try:
@@ -82,7 +86,7 @@ def main(argv=None):
     return 0 if all(passed) else 1
 
 
-def _parser():
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m torch_functionalize",
         description=_DESCRIPTION,
@@ -119,12 +123,17 @@ def _parser():
 # --- choosing the programs ---------------------------------------------------------------------
 
 
-def _select_programs(target, program, shapes):
+def _select_programs(
+    target: str | None, program: str | None, shapes: list[Shape] | None
+) -> dict[str, tuple[Callable[..., Any], list[Shape]]]:
     """The {name: (function, shapes)} to run, as chosen on the command line."""
+    programs: dict[str, Any]
     if target is None:
         path = _default_programs_file()
         if path is None:
-            from .programs import PROGRAMS as programs
+            from .programs import PROGRAMS
+
+            programs = PROGRAMS
         else:
             programs = _programs_of(_load_module(path), path)
     else:
@@ -151,15 +160,16 @@ def _select_programs(target, program, shapes):
     return result
 
 
-def _default_programs_file():
+def _default_programs_file() -> Path | None:
     """examples/programs.py of the source tree this package runs from, if there is one."""
     path = Path(__file__).resolve().parents[3] / "examples" / "programs.py"
     return path if path.is_file() else None
 
 
-def _split_target(target):
+def _split_target(target: str) -> tuple[Path, str | None]:
     """FILE.py[:FUNCTION] -> (Path, FUNCTION or None)."""
-    path, function = target, None
+    path: str = target
+    function: str | None = None
     head, sep, tail = target.rpartition(":")
     if sep and head and tail.isidentifier() and not os.path.exists(target):
         path, function = head, tail
@@ -168,7 +178,7 @@ def _split_target(target):
     return Path(path), function
 
 
-def _load_module(path):
+def _load_module(path: str | Path) -> ModuleType:
     """Import a Python file by path; its folder is importable while it loads."""
     path = Path(path).resolve()
     spec = importlib.util.spec_from_file_location(f"_tfz_programs_{path.stem}", path)
@@ -187,7 +197,7 @@ def _load_module(path):
     return module
 
 
-def _programs_of(module, path):
+def _programs_of(module: ModuleType, path: Path) -> dict[str, Any]:
     """The non-empty PROGRAMS dict of a programs file."""
     programs = getattr(module, "PROGRAMS", None)
     if not isinstance(programs, dict) or not programs:
@@ -198,7 +208,7 @@ def _programs_of(module, path):
     return programs
 
 
-def _function_of(module, function, path):
+def _function_of(module: ModuleType, function: str, path: Path) -> Callable[..., Any]:
     """module.function, which must be callable."""
     fn = getattr(module, function, None)
     if not callable(fn):
@@ -212,21 +222,21 @@ def _function_of(module, function, path):
     return fn
 
 
-def _shapes_of(module, function):
+def _shapes_of(module: ModuleType, function: str) -> Any:
     """The shapes the file's PROGRAMS gives `function`, if any."""
     programs = getattr(module, "PROGRAMS", None)
     entry = programs.get(function) if isinstance(programs, dict) else None
     return entry[1] if isinstance(entry, (tuple, list)) and len(entry) == 2 else None
 
 
-def _unpack_entry(name, entry):
+def _unpack_entry(name: str, entry: Any) -> tuple[Callable[..., Any], Any]:
     """(function, shapes or None) from a PROGRAMS entry, checked."""
     if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and callable(entry[0])):
         raise _UsageError(f"PROGRAMS[{name!r}] must be (function, shapes); got {entry!r}")
-    return entry
+    return entry[0], entry[1]
 
 
-def _parse_shapes(text):
+def _parse_shapes(text: str) -> list[Shape]:
     """'3,3;4' -> [(3, 3), (4,)]."""
     shapes = []
     for part in text.split(";"):
@@ -241,7 +251,7 @@ def _parse_shapes(text):
     return shapes
 
 
-def _parse_dtype(name):
+def _parse_dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise _UsageError(
@@ -253,7 +263,9 @@ def _parse_dtype(name):
 # --- one program -------------------------------------------------------------------------------
 
 
-def _functional_graph(fn, trace_inputs, remove):
+def _functional_graph(
+    fn: Callable[..., Any], trace_inputs: list[torch.Tensor], remove: Remove
+) -> torch.fx.GraphModule:
     """capture(fn); make_fx(functionalize(fn)) where capture does not apply, said on stdout."""
     try:
         return capture(fn, *clone_inputs(trace_inputs), remove=remove)
@@ -262,7 +274,9 @@ def _functional_graph(fn, trace_inputs, remove):
         return make_fx(functionalize(fn, remove=remove))(*clone_inputs(trace_inputs))
 
 
-def _demo_program(name, fn, shapes, dtype, remove):
+def _demo_program(
+    name: str, fn: Callable[..., Any], shapes: list[Shape], dtype: torch.dtype, remove: Remove
+) -> bool:
     """Print the demo of one program; return whether it matches eager."""
     print(f"\n{(' ' + name + ' ').center(WIDTH, '=')}")
     print(source(fn))
@@ -306,7 +320,7 @@ def _demo_program(name, fn, shapes, dtype, remove):
     return problem is None
 
 
-def _arg_names(fn, shapes):
+def _arg_names(fn: Callable[..., Any], shapes: list[Shape]) -> list[str]:
     try:
         names = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
@@ -314,7 +328,7 @@ def _arg_names(fn, shapes):
     return names[: len(shapes)] + [f"arg{i}" for i in range(len(names), len(shapes))]
 
 
-def _random_inputs(shapes, dtype, seed):
+def _random_inputs(shapes: list[Shape], dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
     # on torch.get_default_device(), where the inputs are made (torch.set_default_device)
     generator = torch.Generator(torch.get_default_device()).manual_seed(seed)
     inputs = []
@@ -328,7 +342,7 @@ def _random_inputs(shapes, dtype, seed):
     return inputs
 
 
-def _first_line(error):
+def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return truncate(text[0] if text else "", 80)
 
@@ -336,7 +350,9 @@ def _first_line(error):
 # --- equivalence -------------------------------------------------------------------------------
 
 
-def _check_equivalence(fn, after, remove, inputs):
+def _check_equivalence(
+    fn: Callable[..., Any], after: torch.fx.GraphModule, remove: Remove, inputs: list[torch.Tensor]
+) -> str | None:
     """None if the traced graph and functionalize(fn) match eager fn on `inputs`; else why not."""
     candidates = (("traced graph", after), ("functionalize(f)", functionalize(fn, remove=remove)))
     return check_against_eager(fn, inputs, candidates)

@@ -1,10 +1,12 @@
 """Text rendering for the `python -m torch_functionalize` demo: a function's source, and two FX
 graphs side by side with mutations (M), views (V) and epilogue write-backs (E) marked.
 """
+from __future__ import annotations
 
 import inspect
 import itertools
 import textwrap
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -14,11 +16,11 @@ _COLUMN = (WIDTH - len(_SEPARATOR)) // 2
 _MAX_SOURCE_LINES = 16
 
 
-def dtype_name(dtype):
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def source(fn):
+def source(fn: Callable[..., Any]) -> str:
     """The function's source, indented, at most _MAX_SOURCE_LINES lines of at most WIDTH columns."""
     try:
         lines = textwrap.dedent(inspect.getsource(fn)).rstrip().splitlines()
@@ -31,19 +33,19 @@ def source(fn):
     return "\n".join(truncate("    " + line, WIDTH) for line in lines)
 
 
-def _is_mutable(node):
+def _is_mutable(node: torch.fx.Node) -> bool:
     schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
     return schema is not None and schema.is_mutable
 
 
-def _is_view(node):
+def _is_view(node: torch.fx.Node) -> bool:
     schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
     if schema is None:
         return False
     return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
 
 
-def epilogue_nodes(gm):
+def epilogue_nodes(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
     """The trailing mutable ops that write into inputs (directly or via earlier epilogue ops)."""
     epilogue = set()
     for node in reversed(gm.graph.nodes):
@@ -56,15 +58,15 @@ def epilogue_nodes(gm):
     return epilogue
 
 
-def count_mutations(gm):
+def count_mutations(gm: torch.fx.GraphModule) -> int:
     return sum(_is_mutable(n) for n in gm.graph.nodes)
 
 
-def count_views(gm):
+def count_views(gm: torch.fx.GraphModule) -> int:
     return sum(_is_view(n) for n in gm.graph.nodes)
 
 
-def graph_lines(gm, with_epilogue):
+def graph_lines(gm: torch.fx.GraphModule, with_epilogue: bool) -> list[str]:
     """One line per node, e.g. 'M %add_ = aten.add_.Tensor(%clone, 1)'."""
     epilogue = epilogue_nodes(gm) if with_epilogue else set()
     lines = []
@@ -82,7 +84,7 @@ def graph_lines(gm, with_epilogue):
     return lines
 
 
-def _format_node(node):
+def _format_node(node: torch.fx.Node) -> str:
     if node.op == "placeholder":
         return f"%{node.name} = input"
     if node.op == "get_attr":
@@ -94,14 +96,14 @@ def _format_node(node):
     return f"%{node.name} = {_format_target(node.target)}({', '.join(args)})"
 
 
-def _format_target(target):
+def _format_target(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload):
         name = str(target)
         return name[: -len(".default")] if name.endswith(".default") else name
     return getattr(target, "__name__", str(target))
 
 
-def _format_arg(arg):
+def _format_arg(arg: Any) -> str:
     if isinstance(arg, torch.fx.Node):
         return f"%{arg.name}"
     if isinstance(arg, list):
@@ -115,7 +117,7 @@ def _format_arg(arg):
     return repr(arg)
 
 
-def side_by_side(left, right):
+def side_by_side(left: Sequence[str], right: Sequence[str]) -> str:
     header = ("before: make_fx(f)", "after: capture(f, remove)")
     rows = [header, ("-" * _COLUMN, "-" * _COLUMN)]
     rows += itertools.zip_longest(left, right, fillvalue="")
@@ -125,5 +127,5 @@ def side_by_side(left, right):
     )
 
 
-def truncate(text, width):
+def truncate(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
