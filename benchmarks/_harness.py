@@ -3,7 +3,8 @@
 run.py starts one worker process per workload (``python _harness.py --worker NAME``) and one more
 per workload for peak memory (``--memory NAME``); each prints a single JSON line prefixed with
 RESULT_TAG. Timings use torch.utils.benchmark (one thread, a warm-up, short timed blocks
-interleaved across implementations, medians over the blocks).
+interleaved across implementations, medians over the blocks). The workloads themselves are in
+torch_functionalize.testing._internal.workloads.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import gc
 import json
 import os
 import statistics
-import sys
 import time
 import traceback
 from typing import Any, Callable
@@ -26,8 +26,7 @@ from torch.utils.benchmark import Timer
 DEVICE = os.environ.get("TFZ_BENCH_DEVICE", "cpu")
 if DEVICE != "cpu":
     torch.set_default_device(DEVICE)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import workloads  # noqa: E402
+from torch_functionalize.testing._internal import workloads  # noqa: E402
 
 RESULT_TAG = "@@BENCH-RESULT@@ "
 IMPLS = ("eager", "ours", "torch.func", "FTMode")

@@ -23,11 +23,12 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+# _harness.py (beside this script) first: it makes TFZ_BENCH_DEVICE the default device before the
+# workloads build their modules.
+from _harness import IMPLS, RESULT_TAG
+from torch_functionalize.testing._internal import workloads
 
-from _harness import IMPLS, RESULT_TAG  # noqa: E402  (light: imports torch, not the engine)
-import workloads  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 WORKER_TIMEOUT_S = 600
 MEMORY_TIMEOUT_S = 180

@@ -7,19 +7,29 @@ torch.func column of docs/composition.md's client-code table. Graph replays are 
 """
 import argparse
 import collections
+import importlib.util
 import os
-import sys
 
 import torch
 import torch.utils._pytree as pytree
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "python"))
+from torch_functionalize import functionalize
+from torch_functionalize.testing import compare
 
-import test_client_modules as modules  # noqa: E402
-import test_client_training as training  # noqa: E402
-import test_unseen_writes as unseen  # noqa: E402
-from torch_functionalize import functionalize  # noqa: E402
-from torch_functionalize.testing import compare  # noqa: E402
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "python")
+
+
+def _test_module(name):
+    """A test file of test/python loaded by path (as pytest does), for its case tables."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(TESTS, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+modules = _test_module("test_client_modules")
+training = _test_module("test_client_training")
+unseen = _test_module("test_unseen_writes")
 
 
 def run_case(f, make_inputs, impl, remove):

@@ -3,15 +3,16 @@ functionalize path, compared with eager.
 
   python tools/fuzz.py --seconds 600 --seed 0 [--programs N] [--workers 1] [--out fuzz_out]
 
-Programs (tools/fuzz_gen.py) take 1-3 inputs that may alias each other (views, transposes,
-diagonals, strided and dtype-reinterpreting views of one base) and mix views of views, in-place and
-out= ops, metadata mutations, factories, seeded random ops, copy_ between aliases and returns of
-views of inputs. Each valid program (eager runs it twice with equal results) runs through
+Programs (the generator in python/torch_functionalize/testing/_internal/fuzz/) take 1-3 inputs
+that may alias each other (views, transposes, diagonals, strided and dtype-reinterpreting views of
+one base) and mix views of views, in-place and out= ops, metadata mutations, factories, seeded
+random ops, copy_ between aliases and returns of views of inputs. Each valid program (eager runs it
+twice with equal results) runs through
   ours_mut / ours_mav   functionalize(f) with remove="mutations" / "mutations_and_views",
   fx_mut / fx_mav       make_fx(functionalize(f)) replayed on fresh inputs,
   cap_mut / cap_mav     torch_functionalize.capture(f) replayed on fresh inputs,
   tf_mut / tf_mav       torch.func.functionalize(f), for the comparison,
-and outputs plus inputs afterwards (values, sizes, strides, storage offset; tools/fuzz_check.py)
+and outputs plus inputs afterwards (values, sizes, strides, storage offset; fuzz/check.py there)
 are compared with eager (output strides only with views kept: without views outputs are copies). Each program runs in a worker process, so a crash or a hang (30 s) is a
 result, not the end of the run. A failure of ours is shrunk (the shortest failing prefix, then
 statements dropped while it still fails the same way) and written as a standalone reproducer
@@ -35,14 +36,10 @@ from pathlib import Path
 # The deterministic-algorithm warnings (put_, index_add_, ...) would flood the output.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import fuzz_check as fc  # noqa: E402
-import fuzz_gen as fg  # noqa: E402
+from torch_functionalize.testing._internal.fuzz import check as fc  # noqa: E402
+from torch_functionalize.testing._internal.fuzz.check import NOT_FAILURES, run_one  # noqa: E402
 
 HANG_SECONDS = 30
-# Path statuses that are not failures of ours: named refusals, and make_fx's own errors.
-NOT_FAILURES = ("ok", "unsupported", fc.MAKE_FX_ITSELF)
 PROGRESS_SECONDS = 60  # how often a run rewrites OUT/progress.txt
 
 
@@ -50,68 +47,16 @@ def _init_worker():
     fc.setup_process()
 
 
-def shrink(prog, path, kind):
-    """A smaller program failing `path` with the same kind: the first failing prefix, then single
-    statements dropped greedily while the failure stays."""
-    k = fc.first_divergence(prog, path, kind)
-    if k is not None:
-        prog = fc.prefix_program(prog, k)
-
-    def still_fails(p):
-        try:
-            compiled = fg.compile_program(p)
-            eager, _ = fc.eager_outcome(p, compiled)
-            return eager is not None and fc.judge(p, eager, path, compiled).status == kind
-        except Exception:  # noqa: BLE001 - a candidate that does not compile is not kept
-            return False
-
-    i = len(prog.stmts) - 2  # keep the last (failing) statement
-    while i >= 0:
-        candidate = prog.replace(stmts=prog.stmts[:i] + prog.stmts[i + 1:])
-        names = {n for s in candidate.stmts for n in fc.defined_names(s.code)}
-        candidate = candidate.replace(
-            returns=[r for r in candidate.returns if r in names or r in candidate.params()]
-            or list(candidate.params()))
-        if still_fails(candidate):
-            prog = candidate
-        i -= 1
-    return prog
-
-
-def run_one(seed: int, shrink_failures: bool = True) -> dict:
-    """Runs program `seed` through every path; a compact, picklable summary."""
-    prog, _ = fg.generate(seed)
-    compiled = fg.compile_program(prog)
-    eager, reason = fc.eager_outcome(prog, compiled)
-    if eager is None:
-        return {"seed": seed, "invalid": reason}
-    result = {"seed": seed, "paths": {}, "messages": {}, "failures": []}
-    for path in fc.ALL_PATHS:
-        r = fc.judge(prog, eager, path, compiled)
-        if r.status == "output_meta" and path.endswith("_mav"):
-            # Without views, outputs are *_copy values: their strides are not eager's by design.
-            r = fc.PathResult("ok")
-        result["paths"][path] = r.status
-        if r.status == "unsupported":
-            result["messages"][path] = fc.norm_message(r.message.split(": ", 1)[-1])
-        if r.status not in NOT_FAILURES and path in fc.OURS_PATHS:
-            small = shrink(prog, path, r.status) if shrink_failures else prog
-            detail = r.message or (r.diffs[0].where + ": " + r.diffs[0].detail if r.diffs else "")
-            result["failures"].append({"path": path, "kind": r.status, "detail": detail[:500],
-                                       "program": small.to_json()})
-    return result
-
-
 REPRO = '''"""Reproducer written by tools/fuzz.py: program seed {seed}, path {path}, {kind}.
 {detail}
 Run: python {name}  (prints eager's and the path's results and whether they agree)."""
 import json
 import sys
-sys.path.insert(0, {tools!r})
-import fuzz_check as fc
-import fuzz_gen as fg
 
-PROGRAM = fg.Program.from_json(json.loads({program!r}))
+from torch_functionalize.testing._internal.fuzz import check as fc
+from torch_functionalize.testing._internal.fuzz.program import Program
+
+PROGRAM = Program.from_json(json.loads({program!r}))
 
 if __name__ == "__main__":
     fc.setup_process()
@@ -130,8 +75,7 @@ def write_repro(out: Path, seed: int, failure: dict) -> Path:
     name = out / f"repro_{seed}_{failure['path']}.py"
     name.write_text(REPRO.format(seed=seed, path=failure["path"], kind=failure["kind"],
                                  detail=failure["detail"].replace('"""', "'''")[:400],
-                                 name=name.name, program=json.dumps(failure["program"]),
-                                 tools=str(Path(__file__).resolve().parent)))
+                                 name=name.name, program=json.dumps(failure["program"])))
     return name
 
 
@@ -213,32 +157,6 @@ def fuzz(seed: int, seconds: float, programs: int | None, workers: int, out: Pat
     stats["seconds"] = time.time() - start
     stats["seeds"] = (seed, next_seed - 1)
     return stats
-
-
-def failures_of_ours(first_seed: int, count: int) -> list[tuple[int, str, str]]:
-    """(seed, path, kind) of every failure of ours on programs first_seed.. (in this process, no
-    shrinking): what test_fuzz.py compares with the known list."""
-    import warnings
-
-    import torch
-
-    saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
-             torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.utils.deterministic.fill_uninitialized_memory)
-    found = []
-    with warnings.catch_warnings():
-        fc.setup_process()
-        try:
-            for seed in range(first_seed, first_seed + count):
-                r = run_one(seed, shrink_failures=False)
-                for path, status in r.get("paths", {}).items():
-                    if path in fc.OURS_PATHS and status not in NOT_FAILURES:
-                        found.append((seed, path, status))
-        finally:  # the caller's process settings (a test session) are left as they were
-            torch.set_num_threads(saved[0])
-            torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
-            torch.utils.deterministic.fill_uninitialized_memory = saved[3]
-    return found
 
 
 def report(stats: dict) -> str:

@@ -1,4 +1,5 @@
-"""OpInfo differential sweep: runs the cases of opinfo_cases.py and writes docs/reports/coverage.md.
+"""OpInfo differential sweep: runs the cases of opinfo_cases.py (package
+torch_functionalize.testing._internal) and writes docs/reports/coverage.md.
 
     python tools/opinfo_sweep.py --full --out docs/reports/coverage.md     # every op, every sample
     python tools/opinfo_sweep.py --subset                          # the CI subset
@@ -29,15 +30,13 @@ import sys
 import tempfile
 import time
 
+# The cases live in the package (test/python/test_opinfo.py runs their fast subset), so the
+# snapshot of the package (snapshot below) carries them.
+from torch_functionalize.testing._internal import opinfo_cases as oc
+from torch_functionalize.testing._internal import opinfo_programs
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-# The cases live with the tests (test/python/test_opinfo.py runs their fast subset); a snapshot
-# harness (snapshot_engine below) carries copies of them beside this file.
-CASES = HERE if os.path.exists(os.path.join(HERE, "opinfo_cases.py")) else os.path.join(
-    REPO, "test", "python")
-sys.path.insert(0, CASES)
-
-import opinfo_cases as oc  # noqa: E402
 
 FULL_COMMAND = "python tools/opinfo_sweep.py --full --out docs/reports/coverage.md"
 
@@ -184,9 +183,9 @@ def _record_crash(chunk, results, why):
 
 def snapshot(workdir):
     """Copies the installed torch_functionalize package (its .so files included; they find each
-    other through RUNPATH $ORIGIN) and this harness, so that a rebuild or an edit during the
-    sweep cannot crash the workers or mix two versions in one report. Returns (PYTHONPATH entry,
-    worker script)."""
+    other through RUNPATH $ORIGIN; the cases in testing/_internal) and this script, so that a
+    rebuild or an edit during the sweep cannot crash the workers or mix two versions in one
+    report. Returns (PYTHONPATH entry, worker script)."""
     spec = importlib.util.find_spec("torch_functionalize")
     source = list(spec.submodule_search_locations)[0]
     target = os.path.join(workdir, "engine")
@@ -195,8 +194,6 @@ def snapshot(workdir):
     harness = os.path.join(workdir, "harness")
     os.makedirs(harness)
     shutil.copy2(os.path.abspath(__file__), harness)
-    for name in ("opinfo_cases.py", "reference.py"):
-        shutil.copy2(os.path.join(CASES, name), harness)
     return target, os.path.join(harness, "opinfo_sweep.py")
 
 
@@ -422,7 +419,7 @@ def write_report(results, meta, path):
     for row in rows:
         per_op[row[0]["op"]].append(row)
     na_per_op = collections.Counter(r["op"] for r in na_cases)
-    extras = oc.extra_op_keys()
+    extras = opinfo_programs.extra_op_keys()
 
     blockers = [row for row in rows
                 if row[2]["status"] in oc.WRONG_VALUE_STATUSES and row[3]["status"] == "passed"]
@@ -452,7 +449,7 @@ def write_report(results, meta, path):
 
     w("## Per op")
     w("")
-    w("Ops marked * are view entries added to op_db by opinfo_cases.py.")
+    w("Ops marked * are view entries added to op_db by opinfo_programs.py.")
     w("")
     w("| op | cases | ours passed | torch.func passed | not applicable |")
     w("|---|---:|---:|---:|---:|")
@@ -576,12 +573,12 @@ def main(argv=None):
         print(f"[sweep] --device {args.device}: no CUDA device on this machine (torch "
               f"{torch.__version__}, torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
-    # Workers are new processes: they read the device from the environment (opinfo_cases.DEVICE).
-    os.environ["TFZ_TEST_DEVICE"] = oc.DEVICE = args.device
-    all_keys = list(oc.all_ops())
+    # Workers are new processes: they read the device from the environment (opinfo_programs.DEVICE).
+    os.environ["TFZ_TEST_DEVICE"] = opinfo_programs.DEVICE = args.device
+    all_keys = list(opinfo_programs.all_ops())
     if args.ops:
         keys = [k.strip() for k in args.ops.split(",") if k.strip()]
-        unknown = [k for k in keys if k not in oc.all_ops()]
+        unknown = [k for k in keys if k not in opinfo_programs.all_ops()]
         if unknown:
             parser.error(f"unknown op keys: {', '.join(unknown)}")
     elif args.mode == "subset":

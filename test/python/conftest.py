@@ -1,25 +1,20 @@
-"""Shared pytest fixtures: remove modes, the device and a fixed seed; helpers live in reference.py.
+"""Shared pytest fixtures: remove modes, the device and a fixed seed; helpers live in
+torch_functionalize/testing/_internal/reference.py.
 
 The device comes from one place, the TFZ_TEST_DEVICE environment variable (default cpu):
 `TFZ_TEST_DEVICE=cuda python -m pytest test/python` makes cuda torch's default device for the
 whole run (torch.set_default_device), so every tensor a test creates without naming a device is
 created there, and the `device` fixture returns it for tests that move inputs explicitly. The
-OpInfo cases (opinfo_cases.DEVICE) read the same variable. Asking for a device this machine does
+OpInfo cases (opinfo_programs.DEVICE) read the same variable. Asking for a device this machine does
 not have stops the run at start with a message instead of failing every test.
 Rejected: parametrizing `device` over every available device (what this file did): only the tests
 that took the fixture ran on CUDA, so a CUDA machine ran the suite on the CPU and called it done.
 """
 
-import os
-import sys
-
 import pytest
 import torch
 
-# Make `import reference` work however pytest is invoked (rootdir or this folder).
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import reference  # noqa: E402
+from torch_functionalize.testing._internal import reference
 
 TEST_DEVICE = reference.TEST_DEVICE
 

@@ -9,7 +9,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_functionalize as tfz
-from reference import assert_matches_eager, call_targets
+from torch_functionalize.testing._internal.reference import assert_matches_eager, call_targets
 
 def _base(*shape):
     # Deterministic values: make_inputs runs once for eager and once for functionalize.

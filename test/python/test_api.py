@@ -10,7 +10,9 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_functionalize as tfz
-from reference import assert_functional_graph, assert_matches_eager, clone_inputs
+from torch_functionalize.testing._internal.reference import (
+    assert_functional_graph, assert_matches_eager, clone_inputs,
+)
 
 
 def _tensor_leaves(tree):

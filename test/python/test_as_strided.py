@@ -8,7 +8,7 @@ their coordinates cannot be expressed."""
 import pytest
 import torch
 
-from reference import assert_matches_eager
+from torch_functionalize.testing._internal.reference import assert_matches_eager
 from torch_functionalize import capture, functionalize
 
 

@@ -9,7 +9,9 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from reference import REMOVE_MODES, assert_functional_graph, assert_trees_match
+from torch_functionalize.testing._internal.reference import (
+    REMOVE_MODES, assert_functional_graph, assert_trees_match,
+)
 import torch_functionalize
 from torch_functionalize import functionalize
 

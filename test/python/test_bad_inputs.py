@@ -2,15 +2,10 @@
 states: eager's behaviour, or a clear error from functionalize with the inputs untouched; and
 afterwards the thread's dispatch state is what it was before the call."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-
-import bad_inputs  # noqa: E402
+from torch_functionalize.testing._internal import bad_inputs
 
 
 def _dispatch_state():

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference import (
+from torch_functionalize.testing._internal.reference import (
     assert_functional_graph,
     assert_matches_eager,
     call_targets,

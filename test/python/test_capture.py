@@ -17,8 +17,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import torch_functionalize as tfz
 from torch_functionalize import capture
 
-from reference import (_is_epilogue_node, assert_functional_graph, assert_trees_match, call_targets,
-                       clone_inputs)
+from torch_functionalize.testing._internal.reference import (
+    _is_epilogue_node, assert_functional_graph, assert_trees_match, call_targets, clone_inputs,
+)
 from test_traces import CASES, CASE_IDS
 
 

@@ -13,7 +13,9 @@ import torch.nn as nn
 from torch.func import functional_call
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from reference import REMOVE_MODES, assert_client_matches_eager, assert_trees_match
+from torch_functionalize.testing._internal.reference import (
+    REMOVE_MODES, assert_client_matches_eager, assert_trees_match,
+)
 from torch_functionalize import capture, functionalize
 
 torch.manual_seed(3)

@@ -10,7 +10,9 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
-from reference import REMOVE_MODES, assert_client_matches_eager
+from torch_functionalize.testing._internal.reference import (
+    REMOVE_MODES, assert_client_matches_eager,
+)
 
 
 def _state(module):

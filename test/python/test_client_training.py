@@ -10,7 +10,9 @@ import torch
 
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from reference import REMOVE_MODES, TEST_DEVICE, assert_client_matches_eager
+from torch_functionalize.testing._internal.reference import (
+    REMOVE_MODES, TEST_DEVICE, assert_client_matches_eager,
+)
 from torch_functionalize import capture, functionalize
 
 # Constructor arguments beyond the defaults, per optimizer: a learning rate that moves the

@@ -9,7 +9,9 @@ import torch._dynamo
 import torch.nn.functional as F
 
 import torch_functionalize
-from reference import REMOVE_MODES, assert_functional_graph, assert_trees_match
+from torch_functionalize.testing._internal.reference import (
+    REMOVE_MODES, assert_functional_graph, assert_trees_match,
+)
 from torch_functionalize import backend, functionalize
 from torch_functionalize.testing import clone_inputs
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from reference import (
+from torch_functionalize.testing._internal.reference import (
     assert_functional_graph,
     assert_matches_eager,
     assert_trees_match,

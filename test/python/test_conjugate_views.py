@@ -6,7 +6,7 @@ its bits: test_tensor_metadata.py."""
 import pytest
 import torch
 
-from reference import assert_matches_eager
+from torch_functionalize.testing._internal.reference import assert_matches_eager
 from torch_functionalize import functionalize
 
 

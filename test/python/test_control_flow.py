@@ -9,7 +9,9 @@ from torch._higher_order_ops import associative_scan, scan, while_loop
 from torch._higher_order_ops.map import map as hop_map
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from reference import REMOVE_MODES, assert_functional_graph, assert_trees_match
+from torch_functionalize.testing._internal.reference import (
+    REMOVE_MODES, assert_functional_graph, assert_trees_match,
+)
 from torch_functionalize import capture, functionalize
 
 

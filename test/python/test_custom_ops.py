@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import torch_functionalize as tfz
-from reference import assert_matches_eager, call_targets, trace
+from torch_functionalize.testing._internal.reference import (
+    assert_matches_eager, call_targets, trace,
+)
 
 
 @torch.library.custom_op("tfz_test_custom::scale_", mutates_args=("x",))

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from reference import TEST_DEVICE
+from torch_functionalize.testing._internal.reference import TEST_DEVICE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NO_CUDA = not torch.cuda.is_available()

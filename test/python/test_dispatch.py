@@ -6,7 +6,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import torch_functionalize as tfz
 from torch_functionalize import _C
 
-from reference import assert_matches_eager, graph_ops
+from torch_functionalize.testing._internal.reference import assert_matches_eager, graph_ops
 
 KERNEL = "torch_functionalize per-op kernel [kernel]"
 

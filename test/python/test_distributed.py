@@ -5,9 +5,7 @@ distributed_cases.py, which runs every case on every rank and writes per-case re
 case is then one pytest item here, so a failure is named (case, remove mode, check, rank).
 Bounded: each launch has a timeout, and the port is chosen at run time.
 """
-import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -15,10 +13,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from torch_functionalize.testing._internal import distributed_cases
+from torch_functionalize.testing._internal.distributed_cases import free_port, launch_ranks
 
-import distributed_cases  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
@@ -28,43 +26,8 @@ pytestmark = pytest.mark.skipif(
 LAUNCH_TIMEOUT_S = 240
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_ranks(script, world, out_dir, timeout_s=LAUNCH_TIMEOUT_S):
-    """Runs `script` (a file beside this one, taking its JSON result path) on `world` gloo ranks
-    over 127.0.0.1; returns [results of rank 0, rank 1, ...]. Shared with test_dtensor.py."""
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        log = open(out_dir / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen(
-            [sys.executable, os.path.join(HERE, script), str(out_dir / f"rank{rank}.json")],
-            env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    failures = []
-    for rank, (proc, log) in enumerate(procs):
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            for p, _ in procs:
-                p.kill()
-            rc = "timeout"
-        log.close()
-        if rc != 0:
-            text = (out_dir / f"rank{rank}.log").read_text()[-3000:]
-            failures.append(f"rank {rank} exited with {rc}:\n{text}")
-    if failures:
-        pytest.fail("\n".join(failures))
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
-
-
 def _launch(world, tmp_path_factory):
-    return launch_ranks("distributed_cases.py", world, tmp_path_factory.mktemp(f"dist{world}"))
+    return launch_ranks(distributed_cases, world, tmp_path_factory.mktemp(f"dist{world}"))
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +61,7 @@ def test_ddp_example_runs_under_torchrun():
     eager, functionalize and the graph replay against each other and exits 0 only if they agree."""
     root = os.path.dirname(os.path.dirname(HERE))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
            os.path.join(root, "examples", "distributed", "ddp_step.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))

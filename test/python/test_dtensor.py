@@ -3,17 +3,11 @@ outputs keep eager's placements, values and input mutations match eager on every
 traced graph is the functional local program. The ranks run dtensor_cases.py (once per session);
 each case is one pytest item. See Note [API: wrapper subclasses].
 """
-import os
-import sys
-
 import pytest
 import torch.distributed as dist
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import dtensor_cases  # noqa: E402
-from test_distributed import launch_ranks  # noqa: E402
+from torch_functionalize.testing._internal import dtensor_cases
+from torch_functionalize.testing._internal.distributed_cases import launch_ranks
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
@@ -26,7 +20,7 @@ LAUNCH_TIMEOUT_S = 180
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    return launch_ranks("dtensor_cases.py", WORLD, tmp_path_factory.mktemp("dtensor"),
+    return launch_ranks(dtensor_cases, WORLD, tmp_path_factory.mktemp("dtensor"),
                         timeout_s=LAUNCH_TIMEOUT_S)
 
 

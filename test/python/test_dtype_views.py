@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from reference import assert_matches_eager
+from torch_functionalize.testing._internal.reference import assert_matches_eager
 from torch_functionalize import functionalize
 
 

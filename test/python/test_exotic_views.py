@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import torch_functionalize as tfz
-from reference import assert_matches_eager
+from torch_functionalize.testing._internal.reference import assert_matches_eager
 
 
 def _base(*shape):

@@ -5,7 +5,7 @@ on aliased lists]), compared with eager in both remove modes.
 import pytest
 import torch
 
-from reference import (
+from torch_functionalize.testing._internal.reference import (
     assert_foreach_on_aliased_lists_matches_eager,
     assert_functional_graph,
     assert_matches_eager,

@@ -10,7 +10,9 @@ import torch.func as F
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from reference import REMOVE_MODES, assert_functional_graph, assert_trees_match
+from torch_functionalize.testing._internal.reference import (
+    REMOVE_MODES, assert_functional_graph, assert_trees_match,
+)
 from torch_functionalize import functionalize
 
 

@@ -3,12 +3,7 @@ no shrinking, ~5 s). Its failures of ours are open bugs, listed in docs/reliabil
 keeps the list exact in both directions: a new failure fails it, and so does a fixed one (remove
 it from KNOWN then), like a strict xfail per case."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-
-import fuzz  # noqa: E402
+from torch_functionalize.testing._internal import fuzz
 
 # (program seed, path, kind) found by `python tools/fuzz.py --programs 100 --seed 0`: none open.
 # Program 14 ("alias": an output eager returns as a view of an input whose metadata the program

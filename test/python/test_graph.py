@@ -13,7 +13,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from reference import EPILOGUE_OPS, assert_trees_match, clone_inputs
+from torch_functionalize.testing._internal.reference import (
+    EPILOGUE_OPS, assert_trees_match, clone_inputs,
+)
 from torch_functionalize.graph import functionalize_graph
 
 

@@ -4,7 +4,9 @@ and both values, instead of computing with the captured value."""
 import pytest
 import torch
 
-from reference import REMOVE_MODES, assert_functional_graph, assert_trees_match
+from torch_functionalize.testing._internal.reference import (
+    REMOVE_MODES, assert_functional_graph, assert_trees_match,
+)
 from torch_functionalize import capture
 
 

@@ -11,7 +11,9 @@ import pytest
 import torch
 import transformers
 
-from reference import assert_functional_graph, assert_matches_eager, trace
+from torch_functionalize.testing._internal.reference import (
+    assert_functional_graph, assert_matches_eager, trace,
+)
 
 
 def _gpt2():

@@ -9,17 +9,16 @@ runs here on the OpInfo entries that reach a hidden write, and every op it finds
 (a row of the special-op table) or refused.
 """
 
-import os
 import sys
 
 import pytest
 import torch
 
-from reference import TEST_DEVICE, assert_functional_graph, assert_matches_eager, call_targets, trace
+from torch_functionalize.testing._internal.reference import (
+    TEST_DEVICE, assert_functional_graph, assert_matches_eager, call_targets, trace,
+)
 from torch_functionalize import _C, functionalize, is_functional
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
-import hidden_writes  # noqa: E402
+from torch_functionalize.testing._internal import hidden_writes
 
 # Each op the search finds on CPU over every OpInfo entry (docs/reports/hidden_writes.md),
 # with the OpInfo entries that reach it. The full search runs in about two minutes; this test

@@ -6,7 +6,7 @@ indices, sizes, dtypes or arguments) leave the input untouched.
 import pytest
 import torch
 
-from reference import (
+from torch_functionalize.testing._internal.reference import (
     TEST_DEVICE,
     assert_matches_eager,
 )

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from reference import assert_matches_eager
+from torch_functionalize.testing._internal.reference import assert_matches_eager
 
 # (id, input factory, in-place program). Each program mutates its first input in place and
 # returns something read after the mutation; the final state of every input is compared too.

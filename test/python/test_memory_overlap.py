@@ -8,7 +8,7 @@ test_exotic_views.py."""
 import pytest
 import torch
 
-from reference import assert_matches_eager
+from torch_functionalize.testing._internal.reference import assert_matches_eager
 from torch_functionalize import functionalize
 
 

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 import torch_functionalize as tfz
-from reference import assert_functional_graph, assert_matches_eager, trace
+from torch_functionalize.testing._internal.reference import (
+    assert_functional_graph, assert_matches_eager, trace,
+)
 
 
 class Block(nn.Module):

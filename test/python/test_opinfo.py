@@ -11,7 +11,7 @@ error is better than a wrong number). The full sweep and its report are opinfo_s
 
 import pytest
 
-import opinfo_cases as oc
+from torch_functionalize.testing._internal import opinfo_cases as oc
 
 
 def _params():

@@ -5,7 +5,7 @@ in both remove modes.
 import pytest
 import torch
 
-from reference import (
+from torch_functionalize.testing._internal.reference import (
     assert_functional_graph,
     assert_matches_eager,
     call_targets,

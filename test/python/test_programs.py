@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference import assert_matches_eager
+from torch_functionalize.testing._internal.reference import assert_matches_eager
 
 
 def test_program_without_mutation_is_unchanged(remove):

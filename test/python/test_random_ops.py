@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from reference import (
+from torch_functionalize.testing._internal.reference import (
     TEST_DEVICE,
     assert_functional_graph,
     assert_matches_eager,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from reference import (
+from torch_functionalize.testing._internal.reference import (
     TEST_DEVICE,
     assert_matches_eager,
 )

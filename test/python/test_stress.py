@@ -4,12 +4,8 @@ concurrent functionalize calls on several threads, beside a thread running plain
 all give eager's results."""
 
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-
-import stress  # noqa: E402
+from torch_functionalize.testing._internal import stress
 
 
 def test_program_mix_matches_eager_in_both_modes_and_traced():

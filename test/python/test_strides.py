@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from reference import assert_matches_eager
+from torch_functionalize.testing._internal.reference import assert_matches_eager
 from torch_functionalize import functionalize
 
 

@@ -7,7 +7,7 @@ Writes through conjugate and negative views: test_conjugate_views.py.
 import pytest
 import torch
 
-from reference import assert_matches_eager
+from torch_functionalize.testing._internal.reference import assert_matches_eager
 from torch_functionalize import functionalize
 
 

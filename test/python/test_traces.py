@@ -17,8 +17,10 @@ from torch_functionalize.cli.programs import clone_add as clone_then_add_
 from torch_functionalize.cli.programs import input_mutated_through_view, view_of_mutated_intermediate
 from torch_functionalize.cli.programs import slice_mutation as column_of_clone_mutated
 
-from reference import (REMOVE_MODES, assert_functional_graph, assert_matches_eager,
-                       assert_trees_match, call_targets, trace)
+from torch_functionalize.testing._internal.reference import (
+    REMOVE_MODES, assert_functional_graph, assert_matches_eager, assert_trees_match, call_targets,
+    trace,
+)
 
 
 def several_aliases_mutated_and_read(x):

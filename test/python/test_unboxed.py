@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_functionalize._C as _C
-from reference import assert_matches_eager, call_targets
+from torch_functionalize.testing._internal.reference import assert_matches_eager, call_targets
 from torch_functionalize import functionalize
 
 

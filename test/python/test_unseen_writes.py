@@ -5,7 +5,9 @@ keeps its grad_fn, or stays a leaf, and later gradients are eager's
 import pytest
 import torch
 
-from reference import REMOVE_MODES, assert_client_matches_eager
+from torch_functionalize.testing._internal.reference import (
+    REMOVE_MODES, assert_client_matches_eager,
+)
 
 
 def _leaf(*shape):

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference import REMOVE_MODES, assert_matches_eager
+from torch_functionalize.testing._internal.reference import REMOVE_MODES, assert_matches_eager
 from torch_functionalize import functionalize
 
 # (id, input factory, view function). Every view here aliases all of its elements with the

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reference import (
+from torch_functionalize.testing._internal.reference import (
     assert_functional_graph,
     assert_matches_eager,
     assert_trees_match,

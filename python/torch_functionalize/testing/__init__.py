@@ -4,6 +4,10 @@
 traced graph, ...) on separate copies of the same inputs and compares the outputs and the final
 state of every input; ``compare`` compares two pytrees. The test suite, the benchmarks and the
 demo CLI all use these, so "matches eager" means one thing everywhere.
+
+The harness that the tests, tools/ and benchmarks/ share (reference checks, OpInfo and
+distributed cases, the fuzzer, the benchmark workloads) is ``testing._internal``: not public API,
+it changes with them.
 """
 from typing import Any, Callable, Iterable, Optional, Sequence, Tuple
 

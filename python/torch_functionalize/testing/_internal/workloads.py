@@ -2,7 +2,8 @@
 
 Every workload is run by every implementation (eager, ours, torch.func.functionalize,
 FunctionalTensorMode) on the same inputs; see benchmarks/README.md for what each one measures.
-This file only defines programs and inputs; timing, checking and reporting live in _harness.py.
+This file only defines programs and inputs; timing, checking and reporting live in
+benchmarks/_harness.py (benchmarks/run.py is the command).
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Runs one fuzz program through eager and the functionalize paths and compares them (the
-comparison rules are in tools/fuzz.py's header). Shared by tools/fuzz.py and
-test/python/test_fuzz.py; no process management here.
+comparison rules are in tools/fuzz.py's header), shrinks a failing one, and runs a range of seeds
+in this process (failures_of_ours, for test/python/test_fuzz.py). Shared by tools/fuzz.py and the
+tests; no process management here.
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_functionalize
-from fuzz_gen import Program, compile_program
+
+from .generator import generate
+from .program import Program, compile_program
 
 # ours_* / fx_* / cap_* / tf_*: our functionalize called directly, our functionalize traced by
 # make_fx and the graph replayed on fresh inputs, torch_functionalize.capture's graph replayed on
@@ -351,3 +354,81 @@ def first_divergence(prog: Program, path: str, kind: str) -> int | None:
         if judge(p, eager, path, compiled).status == kind:
             return k
     return None
+
+
+# Path statuses that are not failures of ours: named refusals, and make_fx's own errors.
+NOT_FAILURES = ("ok", "unsupported", MAKE_FX_ITSELF)
+
+
+def shrink(prog, path, kind):
+    """A smaller program failing `path` with the same kind: the first failing prefix, then single
+    statements dropped greedily while the failure stays."""
+    k = first_divergence(prog, path, kind)
+    if k is not None:
+        prog = prefix_program(prog, k)
+
+    def still_fails(p):
+        try:
+            compiled = compile_program(p)
+            eager, _ = eager_outcome(p, compiled)
+            return eager is not None and judge(p, eager, path, compiled).status == kind
+        except Exception:  # noqa: BLE001 - a candidate that does not compile is not kept
+            return False
+
+    i = len(prog.stmts) - 2  # keep the last (failing) statement
+    while i >= 0:
+        candidate = prog.replace(stmts=prog.stmts[:i] + prog.stmts[i + 1:])
+        names = {n for s in candidate.stmts for n in defined_names(s.code)}
+        candidate = candidate.replace(
+            returns=[r for r in candidate.returns if r in names or r in candidate.params()]
+            or list(candidate.params()))
+        if still_fails(candidate):
+            prog = candidate
+        i -= 1
+    return prog
+
+
+def run_one(seed: int, shrink_failures: bool = True) -> dict:
+    """Runs program `seed` through every path; a compact, picklable summary."""
+    prog, _ = generate(seed)
+    compiled = compile_program(prog)
+    eager, reason = eager_outcome(prog, compiled)
+    if eager is None:
+        return {"seed": seed, "invalid": reason}
+    result = {"seed": seed, "paths": {}, "messages": {}, "failures": []}
+    for path in ALL_PATHS:
+        r = judge(prog, eager, path, compiled)
+        if r.status == "output_meta" and path.endswith("_mav"):
+            # Without views, outputs are *_copy values: their strides are not eager's by design.
+            r = PathResult("ok")
+        result["paths"][path] = r.status
+        if r.status == "unsupported":
+            result["messages"][path] = norm_message(r.message.split(": ", 1)[-1])
+        if r.status not in NOT_FAILURES and path in OURS_PATHS:
+            small = shrink(prog, path, r.status) if shrink_failures else prog
+            detail = r.message or (r.diffs[0].where + ": " + r.diffs[0].detail if r.diffs else "")
+            result["failures"].append({"path": path, "kind": r.status, "detail": detail[:500],
+                                       "program": small.to_json()})
+    return result
+
+
+def failures_of_ours(first_seed: int, count: int) -> list[tuple[int, str, str]]:
+    """(seed, path, kind) of every failure of ours on programs first_seed.. (in this process, no
+    shrinking): what test_fuzz.py compares with the known list."""
+    saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.utils.deterministic.fill_uninitialized_memory)
+    found = []
+    with warnings.catch_warnings():
+        setup_process()
+        try:
+            for seed in range(first_seed, first_seed + count):
+                r = run_one(seed, shrink_failures=False)
+                for path, status in r.get("paths", {}).items():
+                    if path in OURS_PATHS and status not in NOT_FAILURES:
+                        found.append((seed, path, status))
+        finally:  # the caller's process settings (a test session) are left as they were
+            torch.set_num_threads(saved[0])
+            torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
+            torch.utils.deterministic.fill_uninitialized_memory = saved[3]
+    return found

@@ -1,7 +1,9 @@
 """Programs that call torch.distributed collectives, and the per-rank checks test_distributed.py
-runs on them. This file runs inside each rank (``python distributed_cases.py OUT_JSON``, with
-RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set); it starts a gloo group, runs every case and
-writes ``{case_id: None | problem}`` to OUT_JSON. The parent imports it only for the case names.
+runs on them. This module runs inside each rank (``python -m
+torch_functionalize.testing._internal.distributed_cases OUT_JSON``, with RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT set, as `launch_ranks` starts it); it starts a gloo group, runs every
+case and writes ``{case_id: None | problem}`` to OUT_JSON. The parent imports it for the case
+names and `launch_ranks` (test_dtensor.py launches dtensor_cases.py the same way).
 
 Each program runs three ways against eager on copies of the same per-rank inputs (eager is the
 oracle: outputs and the final state of every input): ``functionalize(f)`` called eagerly, and
@@ -10,6 +12,8 @@ functional: no c10d op, no script object, a ``_c10d_functional`` collective and 
 """
 import json
 import os
+import socket
+import subprocess
 import sys
 from datetime import timedelta
 
@@ -565,6 +569,47 @@ def run_all():
             results[f"export/{'strict' if strict else 'non_strict'}"] = _run_export(strict)
             dist.barrier()
     return results
+
+
+LAUNCH_TIMEOUT_S = 240
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_ranks(cases, world, out_dir, timeout_s=LAUNCH_TIMEOUT_S):
+    """Runs the module `cases` (this one or dtensor_cases, whose __main__ takes its JSON result
+    path) on `world` gloo ranks over 127.0.0.1; returns [results of rank 0, rank 1, ...]. A rank
+    that fails or outlives `timeout_s` fails the calling test with its log."""
+    import pytest
+
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        log = open(out_dir / f"rank{rank}.log", "w")
+        procs.append((subprocess.Popen(
+            [sys.executable, "-m", cases.__name__, str(out_dir / f"rank{rank}.json")],
+            env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    failures = []
+    for rank, (proc, log) in enumerate(procs):
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for p, _ in procs:
+                p.kill()
+            rc = "timeout"
+        log.close()
+        if rc != 0:
+            text = (out_dir / f"rank{rank}.log").read_text()[-3000:]
+            failures.append(f"rank {rank} exited with {rc}:\n{text}")
+    if failures:
+        pytest.fail("\n".join(failures))
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def rank_main(run, out_path):

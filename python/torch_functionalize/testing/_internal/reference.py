@@ -1,4 +1,5 @@
-"""Reference checks shared by the Python tests: eager parity and graph inspection.
+"""Reference checks shared by the Python tests (and the OpInfo cases): eager parity and graph
+inspection.
 
 `assert_matches_eager` runs a program eagerly and functionalized on separate copies of the same
 inputs and compares outputs and the final state of every input (modeled on PyTorch's
@@ -17,8 +18,8 @@ from torch_functionalize.testing import clone_inputs, compare
 
 REMOVE_MODES = ("mutations", "mutations_and_views")
 
-# The device the tests run on: the one place it is read (conftest.py makes it torch's default
-# device; opinfo_cases.DEVICE reads the same variable). Default cpu.
+# The device the tests run on: the one place it is read (test/python/conftest.py makes it
+# torch's default device; opinfo_programs.DEVICE reads the same variable). Default cpu.
 TEST_DEVICE = os.environ.get("TFZ_TEST_DEVICE", "cpu")
 
 # Ops the input write-back epilogue may apply to placeholders: data write-back (copy_) and eager's

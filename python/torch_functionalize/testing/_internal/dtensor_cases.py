@@ -1,7 +1,8 @@
-"""DTensor programs inside functionalize, run on every rank by test_dtensor.py (``python
-dtensor_cases.py OUT_JSON`` with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set): starts a gloo
-group and a 1-D CPU device mesh, runs every case, writes ``{case_id: None | problem}``. The
-parent imports it only for the case names. See Note [API: wrapper subclasses].
+"""DTensor programs inside functionalize, run on every rank by test_dtensor.py (``python -m
+torch_functionalize.testing._internal.dtensor_cases OUT_JSON`` with RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT set, as distributed_cases.launch_ranks starts it): starts a gloo group and a 1-D CPU
+device mesh, runs every case, writes ``{case_id: None | problem}``. The parent imports it only
+for the case names. See Note [API: wrapper subclasses].
 
 Each program takes DTensors and runs eagerly and through ``functionalize(f)`` on copies of the
 same inputs. Checked on every rank: f sees a DTensor with the input's placements; outputs are
@@ -252,6 +253,6 @@ def run_all():
 
 
 if __name__ == "__main__":
-    from distributed_cases import rank_main
+    from .distributed_cases import rank_main
 
     rank_main(run_all, sys.argv[1])
