@@ -1,8 +1,10 @@
 // call_functionalized: wrap, run, sync, epilogue, unwrap. See api/Call.h.
 #include "api/Call.h"
 
+#include "api/AliasedOutputs.h"
+#include "api/Epilogue.h"
+#include "api/InputGroups.h"
 #include "core/Conversions.h"
-#include "core/Inputs.h"
 #include "core/Layer.h"
 #include "core/Recorder.h"
 #include "kernels/Registration.h"
@@ -19,7 +21,7 @@ namespace tfz::detail {
 //   3. if any data was written to its storage (through it or any alias), one copy_ of the new
 //      value; inputs sharing a storage are written once (Note [Inputs: aliased inputs]).
 //      Inputs that were only viewed or whose metadata alone changed get no copy_.
-// call_functionalized runs it; the work is done by write_back_inputs (core/Inputs.cpp).
+// call_functionalized runs it; the work is done by write_back_inputs (api/Epilogue.cpp).
 
 std::vector<at::Tensor> call_functionalized(const std::vector<at::Tensor>& inputs, Remove remove,
                                             bool alias_outputs, const FlatFn& fn) {

@@ -5,6 +5,7 @@
 #include "api/Call.h"
 #include "core/FunctorchInterop.h"
 #include "core/Graph.h"
+#include "core/GraphPasses.h"
 #include "core/Layer.h"
 #include "core/Recorder.h"
 #include "kernels/Registration.h"

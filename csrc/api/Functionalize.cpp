@@ -3,8 +3,9 @@
 #include <torch_functionalize/functionalize.h>
 
 #include "api/Call.h"
+#include "api/Epilogue.h"
+#include "api/InputGroups.h"
 #include "core/Conversions.h"
-#include "core/Inputs.h"
 #include "core/Layer.h"
 #include "kernels/Registration.h"
 

@@ -29,8 +29,9 @@ namespace tfz::detail {
 // through the view inverses (select_scatter above). Other wrappers notice they are stale by
 // comparing their generation with ours and regenerate lazily, on their next use, by replaying
 // their chain forward from the new base.
-// Why lazy: a base with N live views that is mutated M times would otherwise regenerate N views
-// M times, most never read again; lazily each view costs one replay per read after a change.
+// Rejected: regenerating every view at each write: a base with N live views that is mutated M
+// times would regenerate N views M times, most never read again; lazily each view costs one
+// replay per read after a change.
 // The cost is that queued updates keep their values alive until someone syncs; in practice the
 // mutating wrapper syncs right away, so the queue holds at most one entry between ops.
 
@@ -59,21 +60,20 @@ void AliasStorage::add_update(const at::Tensor& value, const ViewChain& chain, b
 // Note [Alias: writes to a value that is not its whole storage]
 // In eager, x0.select_scatter(src, 1, 0) of a view x0 = b[1:, ::2] is a copy of b's whole storage
 // seen at x0's geometry (torch's *_scatter ops and copy clone a view's storage: offset 4 in 16
-// elements). An in-place write to it (normal_) writes its 6 elements and leaves the storage's
-// other 10 as they were, and a later as_strided may read any of them. The write's functional op
-// returns a fresh tensor of the 6 elements from offset 0, and making that the base lost the offset
-// and the other elements: v.normal_(); v.as_strided_((2,), (3,), 4) read other elements than eager
-// (fuzzer program 419701: a setStorage error, or wrong values within bounds). So a write that
-// replaces a base lying inside a larger storage copies the new value into a copy of the old base's
-// storage (aten.copy: that clone, then copy_) when the storage is small (storage_is_small); a
-// larger one is marked offset_base instead, and as_strided on it is refused by name. Inputs never
-// take this path: one that is not its whole storage has a flat base or is offset_base already
+// elements). An in-place write to it (normal_) writes its 6 elements and leaves the storage's other
+// 10 as they were, and a later as_strided may read any of them. The write's functional op returns a
+// fresh tensor of the 6 elements from offset 0; made the base, it would lose the offset and the
+// other elements (v.normal_(); v.as_strided_((2,), (3,), 4) would read other elements than eager,
+// or fail with a setStorage error). So a write that replaces a base lying inside a larger storage
+// copies the new value into a copy of the old base's storage (aten.copy: that clone, then copy_)
+// when the storage is small (storage_is_small); a larger one is marked offset_base instead, and
+// as_strided on it is refused by name. Inputs never take this path: one that is not its whole
+// storage has a flat base or is offset_base already
 // (Note [Inputs: inputs that do not start their storage]).
 // Without views x0's value is its 6 elements alone, so eager's 16-element result cannot be had;
 // such a result's storage is marked offset_base where the op runs (kernels/BoxedKernel.cpp). And
 // where x0's elements share memory (as_strided with overlapping strides), eager's result keeps
-// that layout and the op's own writes land on each other: refused by name without views
-// (fuzzer program 413527).
+// that layout and the op's own writes land on each other: refused by name without views.
 // Rejected: a flat base for every fresh value that is not its whole storage (what such inputs
 // get): a step more on each of its views, for values that storage coordinates almost never read.
 namespace {
@@ -131,14 +131,13 @@ std::optional<std::pair<int64_t, int64_t>> dense_range(const ViewMeta& step) {
 }  // namespace
 
 void AliasStorage::retire_member_step(const ViewMeta& old, const ViewMeta& replacement) {
-  // Every replacement step still counted as a member's (`old`, and earlier ones `old` covered)
-  // must lie inside `replacement`'s elements, or the writes made through it so far, and the
-  // writes through views taken from it later, may reach elements the member no longer covers:
-  // x0.resize_((4, 2)); v = x0[2:]; x0.as_strided_((2, 2), (2, 3), 2); v.geometric_(0.5)
-  // wrote element 6 of the storage, outside x0's final elements (fuzzer program 926672). Such a
-  // step stops counting as a member's. A member's entry step (added without a generation) stays:
-  // its elements are written back by the epilogue's entry write
-  // (Note [Inputs: writes before a metadata change]).
+  // Every replacement step still counted as a member's (`old`, and earlier ones `old` covered) must
+  // lie inside `replacement`'s elements, or the writes made through it so far, and the writes
+  // through views taken from it later, may reach elements the member no longer covers:
+  // x0.resize_((4, 2)); v = x0[2:]; x0.as_strided_((2, 2), (2, 3), 2); v.geometric_(0.5) writes
+  // element 6 of the storage, outside x0's final elements. Such a step stops counting as a
+  // member's. A member's entry step (added without a generation) stays: its elements are written
+  // back by the epilogue's entry write (Note [Inputs: writes before a metadata change]).
   const auto outer = dense_range(replacement);
   for (const auto& [kept, generation] : kept_member_steps_) {
     if (kept.get() == &replacement || !is_member_step(kept.get())) continue;
@@ -186,20 +185,19 @@ void AliasStorage::set_base_(const at::Tensor& value) {
 // v = x.expand(3)[2] (or x.as_strided((2, 1), (0, 3), 4).unbind(0)[1]) is one element of x, but
 // the step before it is a view in which several elements share memory. Inverting step by step
 // scatters the written element into that view, whose own inverse must then fold its copies back
-// into x: expand's sums them (v[2] = 3 gave x = 3 + 2 * x) and as_strided_scatter refuses
-// overlapping geometry (fuzzer programs 124845, 107147). In eager the write lands once, where v
-// lies. So with views kept, when a step before the last produced memory that may overlap (torch
-// cannot prove it disjoint) and the written view itself does not overlap, the write is one
-// as_strided_scatter of the base at the written view's own sizes, strides and offset (its value
-// is a real view of a dense base: contiguous, or in another dimension order, like a transposed
-// input that is its own base, whose writes through as_strided(..).expand(..)[0] were summed by
-// the step-by-step inverse, fuzzer program 678280).
+// into x: expand's sums them (v[2] = 3 would give x = 3 + 2 * x) and as_strided_scatter refuses
+// overlapping geometry. In eager the write lands once, where v lies. So with views kept, when a
+// step before the last produced memory that may overlap (torch cannot prove it disjoint) and the
+// written view itself does not overlap, the write is one as_strided_scatter of the base at the
+// written view's own sizes, strides and offset (its value is a real view of a dense base:
+// contiguous, or in another dimension order, like a transposed input that is its own base
+// written through as_strided(..).expand(..)[0]).
 // Without views the values are *_copy tensors with no geometry to read, so the chain's view ops
-// are replayed on a meta tensor of the base's geometry for the same sizes, strides and offset:
-// an expanded input written through its diagonal (fuzzer program 300631) raised torch's
-// internal-overlap error from as_strided_scatter before. Rejected: checking every chain for
-// overlap (only chains longer than one step can have an intermediate, and only their forward
-// replays are inspected, which are computed anyway).
+// are replayed on a meta tensor of the base's geometry for the same sizes, strides and offset
+// (an expanded input written through its diagonal would otherwise meet torch's internal-overlap
+// error in as_strided_scatter).
+// Rejected: checking every chain for overlap (only chains longer than one step can have an
+// intermediate, and only their forward replays are inspected, which are computed anyway).
 namespace {
 // Steps that can make elements share memory.
 bool may_overlap(const ViewMeta& step) {
@@ -232,10 +230,10 @@ std::optional<at::Tensor> written_geometry(const at::Tensor& base,
   std::optional<MetaComputeGuard> meta;
   at::Tensor view = base;
   if (!views_kept) {
-    // Without views a bit step's value is resolved (_conj_copy), while its view on meta carries
-    // the bit, on which the next step may not run (view_as_real of a conjugate view raises, fuzzer
-    // program 937212: x1.conj().imag written, x1 beside x1.real); the scatter could not write
-    // such a view's values as they are either, so the steps' own inverses do.
+    // Without views a bit step's value is resolved (_conj_copy), while its view on meta carries the
+    // bit, on which the next step may not run (view_as_real of a conjugate view raises:
+    // x1.conj().imag written, x1 beside x1.real); the scatter could not write such a view's values
+    // as they are either, so the steps' own inverses do.
     static const c10::OperatorName conj{"aten::_conj", ""}, neg{"aten::_neg_view", ""};
     for (const auto* step : chain) {
       const auto& name = step->op.operator_name();
@@ -253,8 +251,8 @@ std::optional<at::Tensor> written_geometry(const at::Tensor& base,
   for (size_t i = 0; i < chain.size(); ++i) {
     view = views_kept ? chain[i]->forward(view) : chain[i]->forward_as_view(view);
     // An intermediate counts when it may share memory: torch's test answers "too hard" for
-    // x.as_strided((7, 2), (1, 1)), whose step-by-step inverse then scattered one element twice
-    // and kept the stale copy (fuzzer program 407343).
+    // x.as_strided((7, 2), (1, 1)), whose step-by-step inverse would scatter one element twice
+    // and keep the stale copy.
     through_overlap |= i + 1 < chain.size() && !provably_disjoint(view);
   }
   // The scatter writes values, not bits: the view must read the base's elements as they are.
@@ -266,17 +264,7 @@ std::optional<at::Tensor> written_geometry(const at::Tensor& base,
   return view;
 }
 
-// Note [Alias: writes through a bool view of other bytes]
-// v = x.view(torch.bool) of a complex (or float, int32) x shows each byte of x as one bool, whose
-// byte is not 0 or 1. An in-place write through a view of v (v.as_strided(..).add_(m)) changes
-// only the bytes it writes; the scatter that writes it back copies v first, and torch's bool copy
-// turns every byte it copies into 0 or 1, so all of x changed (fuzzer program 403162). So with
-// views kept, the inverses after such a step scatter the bytes as uint8 (a view, same element
-// size, the same geometry), which copies them as they are. Without views the forward values are
-// bool copies already, so such a write is refused by name, except for a view of a 1-byte tensor
-// (a uint8 mask seen as bool, a common idiom), whose bytes other than 0 and 1 (not valid bools
-// for torch either) then become 1. Rejected: refusing in both modes (a view of the bytes costs
-// nothing with views kept).
+// See Note [Kernel: bool views of other bytes], case "write through a view of v".
 namespace {
 // expand's and unfold's inverses add up elements, which uint8 would not do as bool does.
 bool sums_copies(const ViewMeta& step) {
@@ -292,17 +280,17 @@ bool views_as_bool(const ViewMeta& step, const at::Tensor& base) {
 
 // `value` written into contiguous `base` at `view`'s sizes, strides and offset. A view of another
 // dtype (inputs x and x.view(torch.int32) share a byte base, Note [Inputs: aliased inputs]) is
-// scattered into the base reinterpreted as its dtype and then reinterpreted back: expand's
-// step-by-step inverse summed the copies (fuzzer program 501087). nullopt where the base's bytes
-// do not divide into the view's elements.
+// scattered into the base reinterpreted as its dtype and then reinterpreted back (expand's
+// step-by-step inverse would sum the copies). nullopt where the base's bytes do not divide into the
+// view's elements.
 std::optional<at::Tensor> scatter_at(const at::Tensor& base, const at::Tensor& value,
                                      const at::Tensor& view, bool views_kept) {
   if (view.scalar_type() == base.scalar_type()) {
     return at::as_strided_scatter(base, value, view.sizes(), view.strides(),
                                   view.storage_offset() - base.storage_offset());
   }
-  // A 0-d base (x.expand(3).view(torch.int32)[0] = 1 of a scalar x, fuzzer program 1041409) is
-  // scattered as its 1-element 1-D view. (An empty braced list would pick view(ScalarType).)
+  // A 0-d base (x.expand(3).view(torch.int32)[0] = 1 of a scalar x) is scattered as its 1-element
+  // 1-D view. (An empty braced list would pick view(ScalarType).)
   if (base.dim() == 0) {
     const c10::IntArrayRef scalar{};
     const at::Tensor flat = views_kept ? base.view({1}) : at::view_copy(base, {1});
@@ -316,7 +304,7 @@ std::optional<at::Tensor> scatter_at(const at::Tensor& base, const at::Tensor& v
       (base.storage_offset() * base_item) % item != 0 || item % base_item != 0) {
     return std::nullopt;
   }
-  // A bool view is scattered as uint8 (Note [Alias: writes through a bool view of other bytes]).
+  // A bool view is scattered as uint8 (Note [Kernel: bool views of other bytes]).
   const auto dtype = view.scalar_type() == c10::kBool ? c10::kByte : view.scalar_type();
   const at::Tensor as_view_dtype = views_kept ? base.view(dtype) : at::view_copy(base, dtype);
   const at::Tensor bytes =
@@ -328,20 +316,10 @@ std::optional<at::Tensor> scatter_at(const at::Tensor& base, const at::Tensor& v
                     : at::view_copy(scattered, base.scalar_type());
 }
 
-// Note [Alias: the base keeps its strides]
-// x.t_(); torch.mm(a, b, out=x) writes x through its transpose step, whose inverse gives the base
-// the result transposed: the base's values, in strides (1, 4) where eager's base is (4, 1). With
-// views kept, every other view of the base is then replayed on those strides, and view() raised
-// on a view(2, 1, 4, 2) taken before the t_() (fuzzer program 300838). Without views, as_strided
-// steps read the base in storage order, so an input x = b.t() written through
-// x.view(torch.int32).diagonal() and then x.as_strided_((2,), (1,), 3) read the wrong elements
-// (fuzzer program 300304): the inverses had left the base row-major. In eager the base never
-// moves in memory, so a base that was dense receives the inverted value copied into its own
-// strides when they differ (in a dimension of size > 1), in both modes.
-// Rejected: making each inverse return the base's layout (every inverse would need the rule).
+// See Note [Strides: what eager gives], case "inverted base".
 at::Tensor in_base_strides(const at::Tensor& base, at::Tensor value, bool views_kept) {
   if (!same_sizes_other_strides(base, value) || !base.is_non_overlapping_and_dense()) {
-    // See Note [Kernel: writes keep the written tensor's strides] for dimensions of size 1.
+    // See Note [Strides: what eager gives], case "written base", for dimensions of size 1.
     return views_kept ? with_size_one_strides_of(base, value) : value;
   }
   return restrided_copy(at::empty_strided(base.sizes(), base.strides(), value.options()), value);
@@ -375,7 +353,7 @@ at::Tensor AliasStorage::folded_(const Update& update) {
   at::Tensor value = update.value;
   try {
     for (size_t i = 0; i < forwards; ++i) bases.push_back(chain[i]->forward(bases.back()));
-    // See Note [Alias: writes through a bool view of other bytes].
+    // See Note [Kernel: bool views of other bytes], case "write through a view of v".
     size_t bytes_from = chain.size();  // the first step inverted as bytes
     for (size_t j = 0; j < forwards; ++j) {
       if (views_as_bool(*chain[j], bases[j])) {
@@ -410,7 +388,7 @@ at::Tensor AliasStorage::folded_(const Update& update) {
     throw;
   }
   // See Note [Alias: writes to a value that is not its whole storage], then
-  // Note [Alias: the base keeps its strides].
+  // Note [Strides: what eager gives], case "inverted base".
   at::Tensor placed = in_own_storage_(value);
   return placed.is_same(value) ? in_base_strides(base_, std::move(value), chain.back()->reapply)
                                : std::move(placed);

@@ -84,7 +84,7 @@ class AliasStorage : public c10::StorageImpl {
   bool written_outside_members() const { return written_outside_members_; }
   /// Traced without views: the strides eager's tensor has where the base's value (a fresh
   /// result computed from *_copy values) has others.
-  /// See Note [Kernel: storage coordinates of a value in another layout than eager's].
+  /// See Note [Strides: what eager gives], case "storage coordinates".
   void set_eager_geometry(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
     eager_sizes_ = sizes.vec();
     eager_strides_ = strides.vec();

@@ -30,9 +30,9 @@ namespace tfz::detail {
 // variable factories do not exclude and that nothing in torch registers (it is reserved for the
 // out-of-core torchdistx). It carries a process-wide fallthrough, so only the ops we register
 // there, tensor-free ones, cost anything; our kernel wraps their outputs.
-// Rejected for factories: a Python TorchFunctionMode wrapping tensor-free results (what we did
-// first). The mode protocol alone costs ~3 us on *every* torch call inside the function (measured
-// on torch 2.13, a trivial mode), more than our whole kernel, and it cannot help C++ callers.
+// Rejected for factories: a Python TorchFunctionMode wrapping tensor-free results. The mode
+// protocol alone costs ~3 us on *every* torch call inside the function (measured on torch 2.13, a
+// trivial mode), more than our whole kernel, and it cannot help C++ callers.
 constexpr c10::DispatchKey kAutogradKey = c10::DispatchKey::AutogradPrivateUse3;
 constexpr c10::DispatchKey kBackendKey = c10::DispatchKey::PrivateUse3;
 constexpr c10::DispatchKey kFactoryKey = c10::DispatchKey::DeferredInit;

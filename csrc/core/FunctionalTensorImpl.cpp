@@ -7,7 +7,7 @@
 #include "core/LayerAutograd.h"
 #include "core/Layout.h"
 #include "core/MirroredLeaf.h"
-#include "core/Recorder.h"
+#include "core/Recording.h"
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/Functions.h>
@@ -85,8 +85,8 @@ struct MirroredLeafMeta final : torch::autograd::AutogradMeta {
 // The autograd engine runs a leaf's hooks (Tensor.register_hook, before accumulation, and
 // register_post_accumulate_grad_hook) from the autograd metadata of the tensor its gradient
 // accumulator belongs to, which for a leaf wrapper is the leaf it mirrors, not the wrapper: hooks
-// registered on the wrapper were never called (gradient clipping hooks and per-parameter
-// optimizer hooks silently did nothing). So Python registers them on that leaf
+// registered on the wrapper would never be called (gradient clipping hooks and per-parameter
+// optimizer hooks would silently do nothing). So Python registers them on that leaf
 // (_tensor_methods.py), and a post-accumulate hook is called with the wrapper, whose .grad is the
 // leaf's. Hooks on non-leaf wrappers need nothing: they go to the grad_fn the wrapper shares with
 // its value. Rejected: copying hooks across at each backward (the engine reads them during the
@@ -130,22 +130,7 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
   set_autograd_meta(std::move(meta));
 }
 
-// Note [Wrapper: values in eager's stride order without views]
-// Without views a view's value is its *_copy, laid out contiguously, while the wrapper reports
-// eager's metadata (Note [Kernel: eager strides without views]). Ops then saw another layout
-// than eager's: x.t_() followed by x.flip(0) returned contiguous strides where eager's result is
-// transposed, and a random op on such a value filled it in another memory order, so other numbers
-// (fuzzer programs 402994, 406665, 408342 and kin). So when nothing records the program (Note
-// [Kernel: in-place on the inner value]), a wrapper reporting eager's metadata takes its value in
-// eager's stride order: dense strides in the order of the reported ones (a transposed view's
-// exactly; a strided slice's packed), copied once when the order differs. Ops on it then lay out
-// their results as eager's do, since TensorIterator and friends follow the operands' stride order.
-// Under a tracer values keep the *_copy layout (a graph holds no extra copy; its results' strides
-// are not part of a graph's contract). A view whose elements overlap (x.unfold(1, 4, 1)) keeps its
-// contiguous *_copy: no dense layout is eager's, and infer_dense_strides' order for its tied
-// strides moved its last dimension outward, so its view(dtype) (which needs a last stride of 1,
-// as eager's has) failed (fuzzer program 763064).
-// Rejected: eager's exact strides (a slice's gaps would need storage no *_copy has).
+// See Note [Strides: what eager gives], case "value order".
 at::Tensor FunctionalTensorImpl::in_reported_order_(const at::Tensor& value) const {
   const auto* inner = value.unsafeGetTensorImpl();
   if (has_symbolic_sizes_strides_ || inner->has_symbolic_sizes_strides() ||
@@ -227,7 +212,7 @@ void FunctionalTensorImpl::set_reference_metadata_(const at::Tensor& reference) 
   }
   set_allow_tensor_metadata_change(allowed);
   has_reference_metadata_ = true;
-  // See Note [Wrapper: values in eager's stride order without views].
+  // See Note [Strides: what eager gives], case "value order".
   at::Tensor ordered = in_reported_order_(value_);
   if (!ordered.is_same(value_)) {
     value_ = std::move(ordered);
@@ -239,14 +224,14 @@ void FunctionalTensorImpl::set_reference_metadata_(const at::Tensor& reference) 
 // `leaf = p.detach().requires_grad_()` inside f (functional_call with fresh leaves, then
 // torch.autograd.grad over them) sets requires_grad on the wrapper, which Tensor's
 // set_requires_grad does directly on the wrapper's own AutogradMeta (no op, no dispatch), so the
-// value stayed a plain tensor without autograd: ops on it recorded nothing, and autograd.grad
-// raised "element 0 of tensors does not require grad" where eager works. So when a wrapper is
-// synced for an op and its own AutogradMeta asks for grad that its value does not have, the
-// value (a leaf: eager allows requires_grad_ on leaves only) is made to require grad and the
+// value would stay a plain tensor without autograd: ops on it would record nothing, and
+// autograd.grad raise "element 0 of tensors does not require grad" where eager works. So when a
+// wrapper is synced for an op and its own AutogradMeta asks for grad that its value does not have,
+// the value (a leaf: eager allows requires_grad_ on leaves only) is made to require grad and the
 // wrapper mirrors it again, taking the value's grad accumulator: the leaf is then the value, as
-// autograd.grad and the AccumulateGrad hooks expect. The check costs one pointer test for
-// wrappers without autograd metadata. Rejected: an AutogradMeta subclass on every wrapper that
-// forwards set_requires_grad (one allocation per wrapper for a rare call).
+// autograd.grad and the AccumulateGrad hooks expect. The check costs one pointer test for wrappers
+// without autograd metadata. Rejected: an AutogradMeta subclass on every wrapper that forwards
+// set_requires_grad (one allocation per wrapper for a rare call).
 void FunctionalTensorImpl::adopt_requires_grad_() {
   auto* meta = autograd_meta();
   if (!meta->requires_grad() || value_.requires_grad() || value_.grad_fn() != nullptr) return;
@@ -359,7 +344,7 @@ void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
   // A conjugate or negative view (x.adjoint()) keeps its bit through resize_ and as_strided_:
   // the new chain starts from the base's elements, so it ends with the bit steps of the old one,
   // as an aliased input's as_strided is followed by them (Note [Inputs: aliased inputs]). Without
-  // them x.adjoint().resize_((1, 3)) read the elements unconjugated (fuzzer program 751516).
+  // them x.adjoint().resize_((1, 3)) would read the elements unconjugated.
   std::vector<std::shared_ptr<const ViewMeta>> bits;
   const auto [conj_flip, neg_flip] = chain_.bit_flips();
   // Flips mean the old chain has steps; its views-kept flag is the layer's.
@@ -416,14 +401,14 @@ void FunctionalTensorImpl::copy_fields_to_(FunctionalTensorImpl& dest) const {
 }
 
 // Note [Wrapper: .data is a detached alias]
-// x.data (variable_data, and tensor_data in C++) is a shallow copy of x without autograd
-// metadata: eager's shares x's memory and has no history. Our shallow copy shares x's alias
-// storage, so writes through it reach x, but it copied x's value, history included: x.data * 2
-// required grad, and x.data.mul_(2) gave x the write's history (wrong gradients). So the copy is
-// x followed by a detach step, as x.detach() is: its value has no history, and writes through
-// it reach x as writes autograd does not see (Note [Autograd: writes autograd does not see]).
-// Rejected: a flag on the wrapper that strips history from its values (a second way to say what
-// a detach step says, which every write-back would have to ask for).
+// x.data (variable_data, and tensor_data in C++) is a shallow copy of x without autograd metadata:
+// eager's shares x's memory and has no history. Our shallow copy shares x's alias storage, so
+// writes through it reach x, but a plain copy of x's value would carry its history: x.data * 2
+// would require grad, and x.data.mul_(2) give x the write's history (wrong gradients). So the copy
+// is x followed by a detach step, as x.detach() is: its value has no history, and writes through it
+// reach x as writes autograd does not see (Note [Autograd: writes autograd does not see]).
+// Rejected: a flag on the wrapper that strips history from its values (a second way to say what a
+// detach step says, which every write-back would have to ask for).
 void FunctionalTensorImpl::detach_() {
   static const c10::OperatorName detach{"aten::detach", ""};
   chain_.push_back(ViewMeta::of(detach, {}, views_kept_()));

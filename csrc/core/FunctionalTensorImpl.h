@@ -75,7 +75,7 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
 
   /// Views removed: report `reference`'s sizes/strides/offset (eager's, computed on meta) instead
   /// of the *_copy value's, for as long as the value keeps these sizes.
-  /// See Note [Kernel: eager strides without views].
+  /// See Note [Strides: what eager gives], case "view wrappers".
   void set_reference_metadata_(const at::Tensor& reference);
   /// True while this wrapper reports a reference's metadata (set_reference_metadata_), which is
   /// the only way its sizes and strides can differ from its value's.
@@ -117,7 +117,7 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   void set_value_(const at::Tensor& value);                      // value_ + mirrored metadata
   void mirror_autograd_(const at::Tensor& value);  // See Note [Wrapper: autograd mirrored]
   void adopt_requires_grad_();  // See Note [Wrapper: requires_grad_ set on a wrapper]
-  // See Note [Wrapper: values in eager's stride order without views].
+  // See Note [Strides: what eager gives], case "value order".
   at::Tensor in_reported_order_(const at::Tensor& value) const;
   void copy_metadata_(const c10::TensorImpl& inner);  // non-symbolic sizes/strides + flags
   void copy_fields_to_(FunctionalTensorImpl& dest) const;

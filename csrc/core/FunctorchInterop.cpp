@@ -53,8 +53,8 @@ namespace tfz::detail {
 //    (AutogradOther here, AutogradCPU for plain CPU tensors), which records the op and
 //    redispatches down to the back key. vmap never reaches us this way: it excludes autograd
 //    keys while processing.
-// Rejected: (a) refusing layers under a transform (what we did before: only
-// functionalize(vmap(f)) composed); (b) registering our layer as a functorch interpreter: the
+// Rejected: (a) refusing layers under a transform (only functionalize(vmap(f)) would compose);
+// (b) registering our layer as a functorch interpreter: the
 // TransformType enum is closed, and the Functionalize interpreter drives PyTorch's own
 // Functionalize key; (c) copying the stack with setDynamicLayerStack on each inner call: a heap
 // copy of every interpreter per op; (d) giving wrappers a per-backend key functorch propagates:

@@ -1,6 +1,6 @@
 // A functional program recorded by capture (core/Recorder.h): inputs, constants, ATen op nodes in
-// program order and outputs, over numbered values. Knows how to drop dead nodes, print itself and
-// run through the dispatcher; knows nothing of registration or of Python.
+// program order and outputs, over numbered values. Knows how to print itself and run through the
+// dispatcher (its passes: core/GraphPasses.h); knows nothing of registration or of Python.
 #pragma once
 
 #include "core/InputGuards.h"
@@ -61,20 +61,6 @@ bool is_default_arg(const c10::Argument& schema_arg, const GraphArg& arg);
 /// How many positional arguments of `node` to show: trailing ones at their defaults are left out,
 /// as are keyword-only ones at their defaults (printing, and FX as make_fx writes its nodes).
 size_t num_positional_shown(const GraphNode& node);
-
-/// Rewrites each input epilogue `copy_(x, new_x)` whose new value is a chain of *_scatter ops
-/// over x itself into copies of just the written regions, through views of x. Call before
-/// eliminate_dead_nodes, which then drops the scatters nobody else reads. Only for graphs that
-/// keep views (remove="mutations"). See Note [Capture: region-precise epilogue].
-void narrow_epilogue_copies(Graph& graph);
-
-/// Whether `op` is one of the guard ops the recorder adds (Note [Capture: guards on values read]).
-bool is_guard(const c10::OperatorHandle& op);
-
-/// Removes every node no output needs, except nodes that write an argument (the epilogue's
-/// copy_, as_strided_, resize_) or draw random numbers (dropping one would shift the generator
-/// for the random ops after it). See Note [Capture: dead nodes].
-void eliminate_dead_nodes(Graph& graph);
 
 /// One line per node, `%3 = aten::add.Tensor(%0, 1)`, then the outputs.
 std::string to_string(const Graph& graph);

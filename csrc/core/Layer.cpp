@@ -46,16 +46,16 @@ std::atomic<int64_t> next_layer_id{1};
 // Autograd runs the backward of CUDA tensors on a device thread of its own, under the
 // ThreadLocalState of the thread that called backward() or autograd.grad: the dispatch TLS that
 // includes our keys comes along, but a layer is a thread_local of the thread that entered it. So
-// the device thread met the layer's wrappers with no layer and called them escaped: every
-// torch.autograd.grad, torch.func.grad and .backward() inside f on CUDA failed (the first GPU run,
-// docs/cuda.md). Code that moves work with at::ThreadLocalStateGuard does the same on any device.
-// Such a thread now joins the layer: when our key is in its TLS and it has no layer of its own, it
-// takes the one layer active in the process, with the recorder that layer's thread had (capture),
-// and keeps it while that layer lives and the thread's TLS still includes our key. With several
-// layers active at once (threads functionalizing concurrently) the choice is ambiguous: the thread
-// joins none, and the wrappers it meets get the escaped-tensor error. The layer's thread waits in
-// backward() meanwhile; a backward graph with both CPU and CUDA nodes runs the CPU ones on that
-// thread at the same time, and the layer's structures take no lock for that (docs/cuda.md).
+// the device thread would meet the layer's wrappers with no layer and call them escaped: every
+// torch.autograd.grad, torch.func.grad and .backward() inside f on CUDA would fail. Code that moves
+// work with at::ThreadLocalStateGuard does the same on any device. Such a thread joins the layer:
+// when our key is in its TLS and it has no layer of its own, it takes the one layer active in the
+// process, with the recorder that layer's thread had (capture), and keeps it while that layer lives
+// and the thread's TLS still includes our key. With several layers active at once (threads
+// functionalizing concurrently) the choice is ambiguous: the thread joins none, and the wrappers it
+// meets get the escaped-tensor error. The layer's thread waits in backward() meanwhile; a backward
+// graph with both CPU and CUDA nodes runs the CPU ones on that thread at the same time, and the
+// layer's structures take no lock for that (docs/cuda.md).
 // Rejected: carrying the layer in c10::ThreadLocalDebugInfo, which ThreadLocalState propagates too
 // (its slots are a fixed enum in torch 2.11, so it would take version-dependent code, and a
 // thread would still hold the layer after the layer ended), and locking every layer structure.
@@ -147,10 +147,9 @@ at::Tensor take_foreign_wrapper() {
 // torch.tensor(data) builds its tensor in a scope that hides it from every transform: it excludes
 // the Python key (so make_fx's mode does not see it) and functorch's FuncTorchDynamicLayerFrontMode
 // (so torch.func does not), calls at::empty, and fills the memory with a raw copy no op records.
-// Our factory key is not among the excluded keys, so that at::empty reached us, and our inner call
-// unhid Python: with deterministic fill of uninitialized memory on, empty's own fill_ then reached
-// make_fx and the graph refilled the constant with the fill value at every replay (the fuzzer's
-// largest class of wrong graph results, "fx error: index 9223372036854775807 out of bounds").
+// Our factory key is not among the excluded keys, so that at::empty would reach us, and our inner
+// call unhide Python: with deterministic fill of uninitialized memory on, empty's own fill_ would
+// then reach make_fx, and the graph refill the constant with the fill value at every replay.
 // Python cannot tell us apart (the layer hides it too), but the functorch key can: when the
 // thread excludes FuncTorchDynamicLayerFrontMode and the layer's entry TLS did not, torch is in
 // such a scope, and a call with only plain tensors runs as if no layer were active, neither

@@ -50,8 +50,8 @@ namespace tfz::detail {
 //                    eager), others must keep it;
 //   return_aliases   per mutable-op return, the written argument it is (returned as the caller's
 //                    wrapper), or -1 for a fresh value.
-// Rejected: each kernel reading the schema itself (what the boxed and unboxed kernels used to do):
-// two readings of one rule drift apart, and the unboxed kernels could not prove they match.
+// Rejected: each kernel reading the schema itself: two readings of one rule drift apart, and the
+// unboxed kernels could not prove they match.
 
 const char* to_string(OpKind kind) {
   switch (kind) {
@@ -238,12 +238,7 @@ std::optional<c10::OperatorHandle> find_functional_by_argument_names(
   return find_in(table.by_argument_names, signature_of(schema, /*ordered=*/false));
 }
 
-// Note [Schema: reductions into an out= of another dtype]
-// torch.sum(x_bf16, 0, out=y_f32) accumulates in float32: the reduction's dtype comes from out
-// when none is given (sum, mean, prod, nansum, cumsum, cumprod). Their functional variant, called
-// without a dtype, reduced in bfloat16 and the write then cast the rounded result (fuzzer program
-// 162852: sums off in the third digit). So for these ops the plan passes the out= call's dtype
-// argument, or out's dtype where it is None (ArgSource::FromMutableArgOrOutDtype).
+// See Note [Kernel: out= of another dtype], case "reductions".
 bool reduces_in_out_dtype(const std::string& name) {
   return name == "aten::sum" || name == "aten::nansum" || name == "aten::mean" ||
          name == "aten::prod" || name == "aten::cumsum" || name == "aten::cumprod";
@@ -252,7 +247,7 @@ bool reduces_in_out_dtype(const std::string& name) {
 // Note [Schema: out= of the same number of elements]
 // arange, range, linspace and logspace resize `out` only when its number of elements differs:
 // torch.arange(12, out=x) with x of shape (2, 6, 1) keeps that shape and fills it in order,
-// where every other out= op resizes x to (12,) (fuzzer program 100913). Their plan says so
+// where every other out= op resizes x to (12,). Their plan says so
 // (OpInfo::out_keeps_shape_of_same_numel), and the mutable kernel reshapes a result with out's
 // number of elements to out's shape before writing it.
 bool keeps_shape_of_same_numel(const std::string& name) {

@@ -95,7 +95,7 @@ struct OpInfo {
   // See Note [Schema: out= of the same number of elements].
   bool out_keeps_shape_of_same_numel = false;
   // Functional: a *_like op (empty_like, rand_like, ...), whose `self` gives only its metadata.
-  // See Note [Kernel: *_like ops take eager's strides].
+  // See Note [Strides: what eager gives], case "*_like templates".
   bool self_is_template = false;
   // Functional: the result is a copy of self's whole storage at self's geometry (the *_scatter
   // ops and copy). See Note [Alias: writes to a value that is not its whole storage].

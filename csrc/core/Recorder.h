@@ -5,6 +5,7 @@
 #pragma once
 
 #include "core/Graph.h"
+#include "core/Recording.h"
 
 #include <c10/util/intrusive_ptr.h>
 
@@ -45,10 +46,6 @@ Recorder* active_recorder();
 /// Makes `recorder` this thread's active recorder (nullptr: none), for a thread that joins another
 /// thread's layer (Note [Layer: threads that carry a layer's TLS]).
 void set_active_recorder(Recorder* recorder);
-
-/// True when what the engine runs on inner tensors ends up in a graph: a tracer's dispatch mode is
-/// set, or a capture is recording. Fast paths that mutate inner values in place are off then.
-bool ops_are_recorded();
 
 /// Records every op run on inner tensors while alive: includes the record key in the thread's
 /// dispatch TLS (a layer hides it while user code runs, as it hides Python). Refuses nesting.

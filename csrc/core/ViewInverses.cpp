@@ -30,9 +30,9 @@ Tensor diagonal_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m)
 
 // Writing through an expanded view is only defined (and only allowed by eager) when no element
 // is repeated; summing the broadcast dims back is then the identity on each element. sum_to sums
-// integer and bool tensors into int64 (torch.sum's promotion): an int32 x written through
-// x.expand(1, 2) came back int64 without views (fuzzer program 408278), so the sum is cast back
-// to the written dtype, exactly (no summed dimension has more than one element).
+// integer and bool tensors into int64 (torch.sum's promotion: an int32 x written through
+// x.expand(1, 2) would come back int64 without views), so the sum is cast back to the written
+// dtype, exactly (no summed dimension has more than one element).
 Tensor expand_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
   Tensor summed = at::sum_to(mv, base.sym_sizes(), /*always_return_non_view=*/!m.reapply);
   return summed.scalar_type() == mv.scalar_type() ? summed : summed.to(mv.scalar_type());
@@ -51,7 +51,7 @@ Tensor permute_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) 
 // view, _reshape_alias and every squeeze overload only regroup elements in row-major order, so the
 // base is the mutated view read back in the base's shape. With views kept the mutated value may
 // have strides view() cannot regroup (v = x.view(2, 15); v.t_(); v.cumprod_(1): the transpose's
-// inverse hands back a transposed value, fuzzer program 412654): reshape copies it then.
+// inverse hands back a transposed value): reshape copies it then.
 Tensor view_like_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
   return m.reapply ? mv.reshape_symint(base.sym_sizes())
                    : at::view_copy_symint(mv, base.sym_sizes());

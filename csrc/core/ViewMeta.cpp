@@ -1,7 +1,7 @@
 // Forward replay and inversion of one recorded view step.
 #include "core/ViewMeta.h"
 
-#include "core/Recorder.h"
+#include "core/Recording.h"
 #include "core/ViewInverses.h"
 
 #include <ATen/Functions.h>
@@ -53,15 +53,7 @@ std::shared_ptr<const ViewMeta> ViewMeta::of(const c10::OperatorName& view_op,
   return std::make_shared<const ViewMeta>(*op, copy, std::move(args), -1, reapply, inverse);
 }
 
-// Note [View: view(dtype) of an empty *_copy value]
-// view(dtype) to another element size needs every stride but the last divisible by the size
-// ratio. Eager's empty view x.narrow(2, 4, 0) of a (1, 2, 4) x keeps x's strides (8, 4, 1), but its
-// *_copy without views is a fresh empty tensor with contiguous strides (2, 1, 1), and
-// view_copy(torch.float64) of it raised where eager's view works (fuzzer program 935412). An
-// empty value holds no element, so the step reads an empty tensor of the same sizes whose strides
-// (all but the last a multiple of 16, the largest ratio of two element sizes) any dtype accepts.
-// Rejected: giving every empty *_copy value eager's strides (a view's strides may exceed the
-// storage a fresh value has, and the chain of an empty view is rarely reinterpreted).
+// See Note [Strides: what eager gives], case "empty views".
 namespace {
 at::Tensor empty_for_dtype_view(const at::Tensor& base) {
   std::vector<int64_t> strides(base.dim(), 1);
@@ -88,18 +80,7 @@ at::Tensor ViewMeta::copy_input(const c10::OperatorHandle& view_op, const at::Te
   return base;
 }
 
-// Note [View: bool view of other bytes without views]
-// x.view(torch.bool) of an int64 x shows each byte as a bool, whose byte may be neither 0 nor 1;
-// eager's x.view(torch.bool).view(torch.uint8) reads those bytes back as they are. Without views
-// the bool view's value was its view_copy, a clone, and torch's bool copy turns every byte into
-// 0 or 1, so the uint8 view read 1 where eager reads 255 (torch.func gives 1 too). Untraced, the
-// value is the bytes' uint8 copy seen as bool (a view of that fresh copy, which nothing else
-// holds), so later reads see eager's bytes. A graph without views has no op that reinterprets
-// bytes as bool without a view, so traced values keep view_copy's, and a view of such a value as
-// another dtype, which would read them, is refused by name (check_bool_bytes_read in
-// kernels/ViewKernels.cpp).
-// Rejected: refusing view(torch.bool) of other dtypes in graphs without views (a uint8 mask
-// viewed as bool is a common idiom whose bytes are 0 and 1).
+// See Note [Kernel: bool views of other bytes], case "v without views".
 std::optional<at::Tensor> ViewMeta::bool_view_keeping_bytes(const c10::OperatorHandle& view_op,
                                                             const at::Tensor& base,
                                                             const c10::IValue& dtype) {

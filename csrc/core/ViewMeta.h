@@ -61,11 +61,11 @@ struct ViewMeta {
   }
   /// What the *_copy variant of `view_op` reads for `base`: `base`, or an empty tensor of its
   /// sizes where view(dtype) needs other strides.
-  /// See Note [View: view(dtype) of an empty *_copy value].
+  /// See Note [Strides: what eager gives], case "empty views".
   static at::Tensor copy_input(const c10::OperatorHandle& view_op, const at::Tensor& base);
   /// Untraced without views, the value of base.view(torch.bool) of another dtype: its bytes'
   /// copy seen as bool; nullopt where view_copy gives the value.
-  /// See Note [View: bool view of other bytes without views].
+  /// See Note [Kernel: bool views of other bytes], case "v without views".
   static std::optional<at::Tensor> bool_view_keeping_bytes(const c10::OperatorHandle& view_op,
                                                            const at::Tensor& base,
                                                            const c10::IValue& dtype);

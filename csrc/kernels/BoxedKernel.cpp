@@ -116,8 +116,8 @@ void lift_captured_self(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 // storage, the ZeroTensor bit), and torch's ZeroTensor kernels, below our key, implement ops on
 // them as compositions: add(zero, t) is _to_copy(t.expand(size)), and the fallback materializes a
 // zero as zeros({}).expand(size). Run on inner values, those are views we never see: with
-// remove="mutations_and_views", jvp / jacfwd / hessian inside a layer left aten.expand in the
-// graph. So a wrapper mirrors its value's ZeroTensor bit, as it mirrors the conjugate bit:
+// remove="mutations_and_views", jvp / jacfwd / hessian inside a layer would leave aten.expand in
+// the graph. So a wrapper mirrors its value's ZeroTensor bit, as it mirrors the conjugate bit:
 // See Note [Wrapper: mirrored conjugate and negative bits]
 // and an op reaching our autograd key with that bit among its keys is sent, still on wrappers, to
 // the ZeroTensor kernel and from there to our backend key: its expand and _to_copy calls come back
@@ -216,14 +216,7 @@ void generic_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::ji
   }
 }
 
-// Note [Kernel: *_like ops take eager's strides]
-// rand_like(x), empty_like(x) (dropout's mask) and the other *_like ops lay their result out like
-// x (preserve_format), and a random one samples in that memory order. Without views, a view
-// wrapper's value is a contiguous *_copy while the wrapper reports eager's strides (see
-// Note [Kernel: eager strides without views]), so dropout of x.t() drew its mask in the other
-// order (fuzzer program 300619). Since `self` gives only its metadata, it is replaced by an empty
-// tensor of the wrapper's reported sizes and strides when those differ from its value's.
-// Rejected: the value restrided to eager's layout (a copy of data the op never reads).
+// See Note [Strides: what eager gives], case "*_like templates".
 namespace {
 void use_reported_strides(const at::Tensor& wrapper, c10::IValue& inner) {
   const at::Tensor& value = inner.toTensor();
@@ -232,17 +225,7 @@ void use_reported_strides(const at::Tensor& wrapper, c10::IValue& inner) {
   }
 }
 
-// Note [Kernel: seeded ops read their inputs in eager's layout]
-// torch.multinomial(p, 1) samples through empty_like(p).exponential_(), which draws in p's memory
-// order, and other seeded kernels may pick their path by their inputs' layout too. Without views
-// a traced program's values keep their contiguous *_copy layout (they are reordered into eager's
-// strides only where nothing records), so the graph of multinomial(v.t().abs() + 0.1, 1) drew
-// other numbers than eager (fuzzer program 719863). A seeded op's tensor argument whose wrapper
-// reports other strides than its value has (and whose elements do not share memory) is
-// therefore passed as a copy in the reported strides (copy(empty_strided(..), value), both
-// functional): eager's kernel then sees eager's layout.
-// See Note [Wrapper: values in eager's stride order without views].
-// Rejected: restriding every traced value to eager's strides (a copy per op in every graph).
+// See Note [Strides: what eager gives], case "seeded arguments".
 void in_reported_strides_for_seeded(const at::Tensor& wrapper, c10::IValue& inner) {
   const at::Tensor& value = inner.toTensor();
   if (same_sizes_other_strides(wrapper, value) &&
@@ -260,7 +243,7 @@ bool lies_inside_a_storage(const c10::IValue& self, const OpInfo& info) {
   const auto* impl = self.isTensor() ? maybe_get_impl(self.toTensor()) : nullptr;
   if (impl == nullptr) return false;
   // Eager's result keeps self's strides, and where they make elements share memory the op's
-  // writes land on each other (fuzzer program 413527): a layout no *_copy value has. A zero
+  // writes land on each other: a layout no *_copy value has. A zero
   // stride is the exception: eager clones such a self contiguously (torch's
   // clone_preserve_strides gives up on a provable overlap), as the *_copy value is, so the
   // expanded gradients autograd's backward formulas scatter into need no refusal.
@@ -285,31 +268,7 @@ const char* const kCopiedViewStorage =
     "so as_strided (or a resize_ that grows it) cannot address the others. Use "
     "remove=\"mutations\"";
 
-// Note [Kernel: eager strides of results without views]
-// Traced without views, values keep their *_copy layout, reordered only when nothing records:
-// See Note [Wrapper: values in eager's stride order without views]
-// and a view wrapper reports eager's strides beside it. A result computed from such a value was a
-// fresh wrapper reporting the value's layout, no longer eager's: `v = x.t().diagonal_scatter(s);
-// v.t_(); v.view(6)` raised where eager's v is contiguous (fuzzer program 562796), and an out=
-// tensor resized to `x2 / x0` of two transposed inputs took the wrong strides (502651). So when
-// some argument reports other strides than its value, the functional op is also run on meta
-// tensors of the arguments' reported geometry, and each fresh result reports the meta result's
-// strides, as a view wrapper does (Note [Kernel: eager strides without views]); its value keeps
-// its layout. One meta kernel call per such op; graphs are unchanged.
-// Untraced, values are in eager's stride order but dense, so a gapped input's value is packed,
-// and an op that keeps its input's gaps (the *_scatter ops clone with the input's exact strides)
-// reported a packed result: its flat view and a resize through out= then named other storage
-// elements than eager's, silently (fuzzer program 670693). So the meta run applies untraced too;
-// it costs nothing unless an argument reports other strides than its value (gapped or
-// overlapping views, rare). The unboxed kernels (pointwise ops, reductions, matmuls, clone) take
-// it as well: an overlapping view's value keeps its contiguous *_copy
-// (Note [Wrapper: values in eager's stride order without views]), so
-// `F.dropout(x.as_strided((2, 3, 4), (0, 1, 3)))` gave a contiguous result where eager's follows
-// the view's (12, 1, 3) order, and a second dropout drew its mask in another memory order
-// (fuzzer program 860037). Their hot path pays one flag read per wrapper
-// (FunctionalTensorImpl::has_reference_metadata) before any stride comparison.
-// Rejected: laying every traced value out in eager's strides (a copy per op in the graph); and
-// laying an overlapping view's value out in infer_dense_strides' order, which that Note rejects.
+// See Note [Strides: what eager gives], case "op results".
 bool reports_eager_strides_of_results(const c10::IValue& arg) {
   bool differs = false;
   for_each_tensor(arg, [&](const at::Tensor& t) {
@@ -323,9 +282,9 @@ void adopt_eager_strides(const at::Tensor& result, const at::Tensor& meta) {
   auto* impl = maybe_get_impl(result);
   // A result at an offset (the *_scatter ops keep a view's offset: in eager they copy its whole
   // storage) keeps the value's geometry: the storage's eager geometry has no offset, and taking
-  // the strides alone put its elements at other storage coordinates than the wrapper reports, so
-  // a later resize_ read them wrong, silently (fuzzer program 830620); with the value's geometry
-  // such a resize is refused by name.
+  // the strides alone would put its elements at other storage coordinates than the wrapper
+  // reports, and a later resize_ would read them wrong, silently; with the value's geometry such
+  // a resize is refused by name.
   if (impl == nullptr || !meta.defined() || meta.layout() != c10::kStrided ||
       result.layout() != c10::kStrided || meta.storage_offset() != 0 ||
       !same_sizes_other_strides(result, meta)) {
@@ -333,7 +292,7 @@ void adopt_eager_strides(const at::Tensor& result, const at::Tensor& meta) {
   }
   impl->set_reference_metadata_(meta);
   // A fresh result is its storage's base: as_strided on it or its views needs eager's strides.
-  // See Note [Kernel: storage coordinates of a value in another layout than eager's].
+  // See Note [Strides: what eager gives], case "storage coordinates".
   if (impl->chain().empty() && !meta.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
       impl->value().is_same(impl->alias_storage().base())) {
     impl->alias_storage().set_eager_geometry(meta.sizes(), meta.strides());
@@ -391,7 +350,7 @@ void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch:
     if (it->isTensor() && maybe_get_impl(it->toTensor()) != nullptr) {
       at::Tensor wrapper = it->toTensor();
       *it = sync_and_unwrap(wrapper);
-      // See Note [Kernel: seeded ops read their inputs in eager's layout].
+      // See Note [Strides: what eager gives], case "seeded arguments".
       if (seeded_without_views) in_reported_strides_for_seeded(wrapper, *it);
       passed.emplace_back(it->toTensor().unsafeGetTensorImpl(), std::move(wrapper));
       if (info.self_is_template && it == stack->end() - static_cast<std::ptrdiff_t>(num_args)) {

@@ -82,7 +82,7 @@ namespace tfz::detail {
 // graph can see the difference because none is being recorded. Outputs of other shapes (all_gather,
 // reduce_scatter, all_to_all) and anything traced, viewed or aliased take the functional path.
 // Inputs of the function never qualify (their caller holds them), so they pay the clone and the
-// copy_ epilogue.
+// copy_ epilogue. Rejected: the functional form always (a copy of every gradient bucket per step).
 
 namespace {
 

@@ -10,8 +10,10 @@
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tfz::detail {
 
@@ -25,7 +27,7 @@ using Handler = void (*)(const OpInfo& info, const c10::OperatorHandle& op,
 // The generic handlers: what an op's schema (OpKind) asks for.
 /// Without views, some argument (a wrapper) reports other strides than its value has:
 /// the op's fresh results then take eager's strides from a meta run
-/// (Note [Kernel: eager strides of results without views]).
+/// (Note [Strides: what eager gives], case "op results").
 bool reports_eager_strides_of_results(const c10::IValue& arg);
 /// `args` with every tensor replaced by its meta twin (core/Layout.h: same sizes, strides and
 /// offset, on the meta device); raises for a symbolic or non-strided tensor. Call under
@@ -35,7 +37,7 @@ std::vector<c10::IValue> meta_twins_of(std::vector<c10::IValue> args);
 void adopt_eager_strides(const at::Tensor& result, const at::Tensor& meta);
 /// Without views: replaces the storage's base by a copy in eager's strides where they differ, so
 /// storage coordinates name eager's elements.
-/// See Note [Kernel: storage coordinates of a value in another layout than eager's].
+/// See Note [Strides: what eager gives], case "storage coordinates".
 void base_in_eager_strides(FunctionalTensorImpl& impl);
 void functional_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                        const Layer& layer);
@@ -79,7 +81,7 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value, bool counts_
 /// resize_ of a wrapper (Note [Kernel: resize_]); `layer` is the layer the wrapper belongs to.
 /// With `then_strides`, the resized wrapper is then restrided to them in place (as_strided_ at its
 /// offset), as a structured out= kernel restrides the output it resized
-/// (Note [Kernel: strides of a resized out= tensor]). `overwritten`: the caller writes every
+/// (Note [Strides: what eager gives], case "resized out="). `overwritten`: the caller writes every
 /// element of the resized tensor next (an out= result), so none of the storage's old ones shows.
 void resize_functional(std::string_view op_name, const at::Tensor& self,
                        const std::vector<int64_t>& size, const c10::IValue& memory_format,
@@ -90,13 +92,13 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
 bool can_write_inner_in_place(const at::Tensor& wrapper);
 /// Whether the out= wrapper `wrapper` (inner value `out`) gets its value from the out= kernel
 /// itself run into fresh_out_like(wrapper, out), not from the functional `result`: eager's numbers
-/// in out's dtype, eager's strides after a resize (Note [Kernel: out= of another dtype, eagerly]).
+/// in out's dtype, eager's strides after a resize (Note [Kernel: out= of another dtype]).
 bool out_takes_eager_kernel(const at::Tensor& wrapper, const at::Tensor& out,
                             const at::Tensor& result);
 /// A private tensor of the wrapper's sizes and strides and the inner out's options.
 at::Tensor fresh_out_like(const at::Tensor& wrapper, const at::Tensor& out);
 /// A bool wrapper over a storage of wider elements (x.view(torch.bool) of a float x): its in-place
-/// writes take the boxed path (Note [Kernel: in-place writes to a bool view of other bytes]).
+/// writes take the boxed path (Note [Kernel: bool views of other bytes]).
 bool is_bool_view_of_wider_bytes(const at::Tensor& wrapper);
 /// After such a write: the inner value is the storage's new base.
 void commit_written_in_place(const at::Tensor& wrapper, bool counts_version = true);
@@ -118,6 +120,44 @@ extern const char* const kCopiedViewStorage;
 bool is_real(const at::Tensor& t);
 /// No tracer, torch.func transform, tensor subclass or autograd records ops on `value`.
 bool nothing_records(const at::Tensor& value);
+
+// Steps of mutable_kernel (MutationKernels.cpp) that live in files of their own.
+/// WriteChecks.cpp: refuses, before the call, a write that torch's functional copy or *_scatter
+/// cannot make (Note [Kernel: functional variants that clone a storage of partial elements]).
+void check_whole_elements_for_clone(const OpInfo& info, const std::vector<c10::IValue>& inner);
+/// WriteChecks.cpp: no argument may read memory the op writes in a way eager's kernel order would
+/// observe (Note [Kernel: writes that read their own memory]); `args` are the wrappers.
+void check_no_read_of_written_memory(const OpInfo& info, const c10::FunctionSchema& schema,
+                                     const std::vector<c10::IValue>& args);
+/// OutArguments.cpp: out= results that resize their out= tensor take the strides eager's out=
+/// kernel leaves (Note [Strides: what eager gives], case "resized out="); `fstack` holds the
+/// functional results.
+void out_results_in_eager_strides(const OpInfo& info, const c10::OperatorHandle& op,
+                                  const std::vector<c10::IValue>& args, torch::jit::Stack& fstack,
+                                  bool views_kept);
+/// OutArguments.cpp: replaces the functional result by the out= kernel's own where
+/// out_takes_eager_kernel says so (Note [Kernel: out= of another dtype], case "eagerly").
+void rerun_out_eagerly(const OpInfo& info, const c10::OperatorHandle& op,
+                       const std::vector<c10::IValue>& args, const std::vector<c10::IValue>& inner,
+                       torch::jit::Stack& fstack);
+/// OutArguments.cpp: an out= op whose composite decomposition is recorded in graphs, and the sizes
+/// out must be resized to first (Note [Kernel: out= of another dtype],
+/// case "composites in graphs").
+struct CompositeOut {
+  c10::DispatchKey key;
+  std::optional<std::vector<int64_t>> resize_to;  // the result's sizes, where out has others
+};
+std::optional<CompositeOut> composite_out_of_another_dtype(const OpInfo& info,
+                                                           const c10::OperatorHandle& op,
+                                                           const torch::jit::Stack& stack);
+/// BoolViewWrites.cpp: the written bool view's new value, computed byte-exactly where it must be,
+/// or nullopt for the functional path.
+/// See Note [Kernel: bool views of other bytes].
+std::optional<at::Tensor> write_bool_bytes_in_place(const OpInfo& info,
+                                                    const c10::OperatorHandle& op,
+                                                    const std::vector<c10::IValue>& args,
+                                                    const std::vector<c10::IValue>& inner,
+                                                    const Layer& layer);
 
 /// Wraps every tensor among the last `count` stack entries as a fresh base wrapper.
 void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id);

@@ -27,17 +27,56 @@ bool is_static_strided(const at::Tensor& t) {
 }  // namespace
 
 // Note [Kernel: random fills of strided tensors]
-// x.bernoulli_(0.5) on a transposed or strided x: eager's kernel fills x where it lies, in its
-// memory order and, for tensors that are not contiguous, with its scalar (not its vectorized)
-// sampler; the functional variant bernoulli(x, 0.5) fills a fresh contiguous tensor in logical
-// order. Same distribution, other numbers (the fuzzer found ~20 programs: bernoulli_, normal_,
-// dropout's mask, rand(out=) into a transposed tensor). When no graph is being recorded (the
+// Rule: a seeded random fill of a written tensor that is not contiguous (x.bernoulli_(0.5) of a
+// transposed x, normal_, dropout's mask, rand(out=) into a transposed tensor) draws eager's
+// numbers, untraced and in graphs. Why: eager's kernel fills x where it lies, in its memory
+// order and, for tensors that are not contiguous, with its scalar (not its vectorized) sampler,
+// while the functional variant bernoulli(x, 0.5) fills a fresh contiguous tensor in logical
+// order: same distribution, other numbers.
+// Case "untraced" (random_fill_in_eager_order, below): when no graph is being recorded (the
 // conditions of Note [Kernel: in-place on the inner value]: no dispatch mode, no torch.func
 // transform, no Python key, no autograd on the value), a seeded random op whose single written
 // tensor is not contiguous runs as called on a private tensor of the written tensor's exact
 // geometry (empty_strided, its current value copied in), so the generator is consumed exactly
-// as eagerly; that tensor becomes the new value. Under a tracer a graph must be functional:
-// see Note [Kernel: random fills of strided tensors in graphs].
+// as eagerly; that tensor becomes the new value.
+// Case "in graphs" (random_fill_in_memory_order, further down): a graph cannot run x.normal_() in
+// place, and which order eager uses depends on the op, the device and even the CPU: measured on
+// torch 2.13 (AMD CPU), every seeded TensorIterator fill draws in x's memory order; normal_ picks a
+// vectorized sampler for 16 or more contiguous elements and its scalar one otherwise; and ATen's
+// source (cpu/DistributionKernels.cpp) has bernoulli_(p) on an Intel CPU with MKL draw through a
+// contiguous buffer in logical order (not measured here: this machine's CPU is AMD). A rule written
+// down per op would be wrong somewhere, so the order is measured where the program is traced: the
+// in-place fill of the written tensor's geometry runs at trace time, hidden from the tracer, on
+// private tensors, and so does the functional variant on each candidate layout, each from the
+// generator's state before the op (restored afterwards, so the program draws as if none ran):
+//   packed:  a contiguous tensor of the sizes in memory order (outermost dimension first), the
+//            result permuted back to the written tensor's dimensions;
+//   strided: a dense tensor with the written tensor's stride order (variants that keep their
+//            input's layout then fill it in eager's memory order);
+//   paired:  for n = a * b elements, a dense (a, b) tensor with strides (1, a): its memory order
+//            is a contiguous sequence of n elements, but it is not contiguous, so normal_ keeps
+//            its scalar sampler where a gapped x has it; read back as the transposed (b, a) view
+//            and reshaped to the memory-order sizes;
+//   split:   for a prime n, where no pair exists: the first n - 1 elements paired as above and the
+//            last one drawn alone (one element keeps the scalar sampler too), concatenated in
+//            memory order. Each draw continues the generator where the previous one left it, as
+//            eager's single pass does; only fills that read no other tensor take it.
+// An out= factory that does not resize its out (torch.rand(size, out=x), randn, randint) fills
+// x the same way; it has no tensor to lay out, so packed passes the memory-order sizes as its
+// size, and randn, which is x.normal_(0, 1), tries the others through normal's variant.
+// The first candidate whose values and generator state equal eager's is recorded in the graph
+// (empty or empty_strided, the functional variant, then permute / t / view / cat, or their _copy
+// forms without views). When none matches, or nothing can be measured (symbolic sizes, meta
+// tensors, a tensor argument that is not real, a torch.func transform or autograd on the value),
+// the functional variant runs on the value and the graph samples in logical order. Only the
+// fills that read nothing of x are taken (bernoulli, cauchy, exponential, geometric, log_normal,
+// normal, random, uniform): the candidates start empty.
+// A graph replays the order of the machine that traced it, as any graph replays its kernels.
+// The measurement costs up to four fills of x's size at trace time, never in the graph; another
+// thread drawing from the same generator during that time would have its draws undone by the
+// restore.
+// Rejected: a table of orders per op (wrong on other CPUs and devices: MKL's bernoulli runs on
+// Intel only); a custom functional op that fills empty_strided in place (graphs of ATen ops).
 std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
                                                      const c10::OperatorHandle& op,
                                                      const std::vector<c10::IValue>& args,
@@ -61,47 +100,7 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
   return target;
 }
 
-// Note [Kernel: random fills of strided tensors in graphs]
-// A graph cannot run x.normal_() in place, and the functional variant on a contiguous tensor
-// draws in another order (or with another sampler) than eager's kernel on a strided x. Which
-// order eager uses depends on the op, the device and even the CPU: measured on torch 2.13 (AMD
-// CPU), every seeded TensorIterator fill draws in x's memory order; normal_ picks a vectorized
-// sampler for 16 or more contiguous elements and its scalar one otherwise; and ATen's source
-// (cpu/DistributionKernels.cpp) has bernoulli_(p) on an Intel CPU with MKL draw through a
-// contiguous buffer in logical order (not measured here: this machine's CPU is AMD). A rule
-// written down per op would be wrong somewhere, so the order is measured where the program is
-// traced: the in-place fill of the written tensor's geometry runs at trace time, hidden from the
-// tracer, on private tensors, and so does the functional variant on each candidate layout, each
-// from the generator's state before the op (restored afterwards, so the program draws as if none
-// ran):
-//   packed:  a contiguous tensor of the sizes in memory order (outermost dimension first), the
-//            result permuted back to the written tensor's dimensions;
-//   strided: a dense tensor with the written tensor's stride order (variants that keep their
-//            input's layout then fill it in eager's memory order);
-//   paired:  for n = a * b elements, a dense (a, b) tensor with strides (1, a): its memory order
-//            is a contiguous sequence of n elements, but it is not contiguous, so normal_ keeps
-//            its scalar sampler where a gapped x has it; read back as the transposed (b, a) view
-//            and reshaped to the memory-order sizes;
-//   split:   for a prime n, where no pair exists: the first n - 1 elements paired as above and the
-//            last one drawn alone (one element keeps the scalar sampler too), concatenated in
-//            memory order. Each draw continues the generator where the previous one left it, as
-//            eager's single pass does; only fills that read no other tensor take it.
-// An out= factory that does not resize its out (torch.rand(size, out=x), randn, randint) fills
-// x the same way; it has no tensor to lay out, so packed passes the memory-order sizes as its
-// size, and randn, which is x.normal_(0, 1), tries the others through normal's variant.
-// The first candidate whose values and generator state equal eager's is recorded in the graph
-// (empty or empty_strided, the functional variant, then permute / t / view / cat, or their _copy
-// forms without views). When none matches, or nothing can be measured (symbolic sizes, meta
-// tensors, a tensor argument that is not real, a torch.func transform or autograd on the value),
-// the functional variant runs on the value as before and the graph samples in logical order
-// (docs/reliability.md). Only the fills that read nothing of x are taken (bernoulli, cauchy,
-// exponential, geometric, log_normal, normal, random, uniform): the candidates start empty.
-// A graph replays the order of the machine that traced it, as any graph replays its kernels.
-// The measurement costs up to four fills of x's size at trace time, never in the graph; another
-// thread drawing from the same generator during that time would have its draws undone by the
-// restore.
-// Rejected: a table of orders per op (wrong on other CPUs and devices: MKL's bernoulli runs on
-// Intel only); a custom functional op that fills empty_strided in place (graphs of ATen ops).
+// See Note [Kernel: random fills of strided tensors], case "in graphs".
 namespace {
 
 enum class FillLayout { Packed, Strided, Paired, Split };

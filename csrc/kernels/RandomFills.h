@@ -1,7 +1,7 @@
 // Seeded random fills (x.normal_(), x.bernoulli_(p), dropout's mask) of a tensor that is not
 // contiguous: the two ways the mutation kernel draws eager's numbers for them, in place when
 // nothing records and through a functional layout measured against eager's kernel in graphs.
-// See Note [Kernel: random fills of strided tensors] and the Note on graphs in RandomFills.cpp.
+// See Note [Kernel: random fills of strided tensors].
 #pragma once
 
 #include "core/OpSchemaInfo.h"

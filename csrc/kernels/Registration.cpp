@@ -37,8 +37,8 @@ namespace tfz::detail {
 // therefore tagged with schema_epoch(), which the listener bumps on each deregistration: a kernel
 // whose tag is old classifies again on its next call (a process that never deregisters pays one
 // relaxed atomic load per op), and drain() drops the old op from the candidate table. Redefining
-// an op while another thread is calling it is not supported (as in torch itself).
-// Before this, a redefined op ran with the old schema's plan (argument indices) and crashed.
+// an op while another thread is calling it is not supported (as in torch itself). Without the
+// tag, a redefined op would run with the old schema's plan (argument indices) and crash.
 
 namespace {
 

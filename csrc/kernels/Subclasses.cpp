@@ -36,8 +36,8 @@ namespace tfz::detail {
 // captured constants). Rejected: unhiding Python for all of f (a tracer's mode would then see
 // every op on our wrappers, the very thing the TLS scheme prevents); a TorchDispatchMode that runs
 // subclasses (cannot serve the C++ API and costs every op, Note [Which dispatch key]); keeping the
-// subclass as our wrapper's inner value, the old behaviour (its dispatch then runs below our
-// layer: values right, but f sees a plain tensor and a tracer records subclass-level ops).
+// subclass as our wrapper's inner value (its dispatch then runs below our layer: values right,
+// but f sees a plain tensor and a tracer records subclass-level ops).
 
 namespace {
 std::atomic<SubclassPredicate> subclass_predicate{nullptr};

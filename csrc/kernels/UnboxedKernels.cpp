@@ -96,7 +96,7 @@ class Call {
 
   bool any() const { return any_; }
   /// Some wrapper reports other metadata than its value's (without views): the caller checks
-  /// Note [Kernel: eager strides of results without views].
+  /// Note [Strides: what eager gives], case "op results".
   bool reference() const { return reference_; }
   /// A wrapper subclass is among the arguments (Note [Kernel: wrapper subclasses]).
   bool subclass() const { return subclass_; }
@@ -230,7 +230,7 @@ struct Unboxed<Op, Ret(Args...)> {
     if (C10_UNLIKELY(call.reference()) && !current_layer()->reapply_views &&
         (reports_eager_strides_of_results(as_ivalue(args)) || ...)) {
       // The boxed kernel runs the meta replay this needs; calls without such an argument pay one
-      // flag read per wrapper (in scan). See Note [Kernel: eager strides of results without views]
+      // flag read per wrapper (in scan). See Note [Strides: what eager gives], case "op results".
       torch::jit::Stack stack = run_on_boxed_kernel<Op>(ks, args...);
       return c10::impl::PopResult<Ret>::call(stack);
     }
@@ -325,8 +325,8 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
   }
   // Untraced without views, an out= whose inputs report other strides than their values takes
   // the boxed kernel's stride correction when it resizes out (torch.sigmoid(x2, out=x1) of a
-  // transposed x2 resized x1 contiguous where eager follows x2, fuzzer program 867263).
-  // See Note [Kernel: eager strides of results without views].
+  // transposed x2 would resize x1 contiguous where eager follows x2).
+  // See Note [Strides: what eager gives], case "op results".
   static bool out_reads_reference(const Call<kTensors>& call, const Args&... args) {
     return C10_UNLIKELY(call.reference()) && !current_layer()->reapply_views &&
            (reports_eager_strides_of_results(as_ivalue(args)) || ...);
@@ -363,9 +363,9 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
       return MutOp::redispatch(zero_tensor_keys(), args...);  // See run_boxed_kernel.
     }
     check_writable(name(), kWrittenName, written);
-    // The boxed kernel's rules for these (Note [Kernel: out= strides in graphs] for a traced
-    // out=, Note [Kernel: in-place writes to a bool view of other bytes]), whose cost eager
-    // calls on other tensors never pay.
+    // The boxed kernel's rules for these (Note [Strides: what eager gives], case "resized out=",
+    // for a traced out=; Note [Kernel: bool views of other bytes]), whose cost eager calls on
+    // other tensors never pay.
     if (C10_UNLIKELY(kOut ? ops_are_recorded() || out_reads_reference(call, args...)
                           : is_bool_view_of_wider_bytes(written))) {
       run_on_boxed_kernel<MutOp>(ks, args...);
@@ -405,7 +405,7 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
       value = call_functional(call, refs, std::make_index_sequence<kFunctionalArgs>());
     }
     if constexpr (kOut) {
-      // See Note [Kernel: out= of another dtype, eagerly]. (Listed ops are not seeded random.)
+      // See Note [Kernel: out= of another dtype], case "eagerly". (Listed ops: none seeded.)
       const at::Tensor& out = unsafe_get_impl(written)->value();
       if (C10_UNLIKELY(out_takes_eager_kernel(written, out, value))) {
         at::Tensor fresh = fresh_out_like(written, out);

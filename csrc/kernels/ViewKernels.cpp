@@ -17,15 +17,10 @@ namespace tfz::detail {
 // A view op does not bring its input up to date first: it runs on the (possibly stale) inner
 // value and the new wrapper inherits the input's generation, so its first real use regenerates
 // it from the base by replaying the whole chain. This is what torch.func.functionalize does, and
-// it keeps our traced graphs op-for-op equal to its graphs (test_traces.py).
+// it keeps our traced graphs op-for-op equal to its graphs (test_traces.py). Rejected: syncing the
+// input first (graphs would then differ from torch.func's).
 
-// Note [Kernel: eager strides without views]
-// With remove="mutations_and_views" a view's value comes from its *_copy op, which is
-// contiguous; eager's view would have the base's strides. Code inside the function may branch on
-// strides (reshape copies a non-contiguous tensor but views a contiguous one; is_contiguous()
-// checks), so a view wrapper reports eager's metadata: the view op is run once on a meta tensor
-// laid out like the input, and the wrapper keeps that metadata while its value keeps the shape.
-// torch's own pass does the same (a "reference" meta run per view op).
+// See Note [Strides: what eager gives], case "view wrappers".
 
 namespace {
 
@@ -83,16 +78,16 @@ FunctionalTensorImpl* self_wrapper(const OpInfo& info, const torch::jit::Stack& 
 // Note [Kernel: as_strided without views]
 // as_strided reads storage coordinates: x[1:].as_strided((2,), (1,), 3) means elements 3 and 4
 // of x's storage, wherever x starts. Without views x's value is a *_copy, a fresh tensor whose
-// storage starts at x's first element, and as_strided_copy on it read the wrong elements or
-// failed ("setStorage: ... out of bounds", found by the fuzzer). With remove="mutations" the
-// view's value shares the base's storage, so the forward step is right, but its inverse is not:
-// as_strided_scatter clones the view (offset 0, its own elements only), so a write through
-// v.as_strided(..., 3) of a view v that starts elsewhere, or that reaches elements v does not
-// cover, was lost (fuzzer programs 102070, 102525). So in both modes the step of an as_strided
-// of a view is taken from the storage's base, whose element i is the storage's element i, and
-// the view's chain is that one step (the base's view inverse, as_strided_scatter, writes it back).
-// Rejected: the step on the view with remove="mutations" (what we did first, so that graphs
-// named the view as torch.func's do): the write-back was wrong.
+// storage starts at x's first element, so as_strided_copy on it reads the wrong elements or
+// fails ("setStorage: ... out of bounds"). With remove="mutations" the view's value shares the
+// base's storage, so the forward step is right, but its inverse is not: as_strided_scatter clones
+// the view (offset 0, its own elements only), so a write through v.as_strided(..., 3) of a view v
+// that starts elsewhere, or that reaches elements v does not cover, would be lost. So in both
+// modes the step of an as_strided of a view is taken from the storage's base, whose element i is
+// the storage's element i, and the view's chain is that one step (the base's view inverse,
+// as_strided_scatter, writes it back).
+// Rejected: the step on the view with remove="mutations" (graphs would name the view as
+// torch.func's do, but the write-back is wrong).
 bool is_as_strided(const c10::OperatorHandle& op) {
   static const c10::OperatorName name{"aten::as_strided", ""};
   return op.operator_name() == name;
@@ -103,15 +98,13 @@ bool is_as_strided(const c10::OperatorHandle& op) {
 // step from the base keeps neither). Where they are not, remove="mutations" keeps the step on
 // the view (reads are right, its value shares the storage), and without views it is refused.
 // With views kept, a base of another dtype is first reinterpreted as self's (view.dtype), whose
-// element i is then the storage's element i in self's dtype: as_strided of view_as_real(x) of a
-// complex x reaching floats the view does not cover lost its write (fuzzer program 581477). The
-// byte base of aliased inputs of two dtypes (Note [Inputs: aliased inputs]) gets the prefix its
-// members get (the bytes that regroup, then view.dtype): as_strided of an int64 input beside its
-// float64 view, reaching elements neither covers, lost its write (fuzzer program 591455), and
-// so did as_strided_ of x.view(torch.int32) of a float input x = b[:2] over its flat base (fuzzer
-// program 632135). An output made this way is rebuilt on the caller's storage, which the first
-// version did not do (fuzzer program 597756). Returns the steps from the base to the storage in
-// self's dtype, or nothing.
+// element i is then the storage's element i in self's dtype, so that a write reaching elements
+// the view does not cover lands (as_strided of view_as_real(x) of a complex x). The byte base of
+// aliased inputs of two dtypes (Note [Inputs: aliased inputs]) gets the prefix its members get
+// (the bytes that regroup, then view.dtype): as_strided of an int64 input beside its float64
+// view, or as_strided_ of x.view(torch.int32) of a float input x = b[:2] over its flat base. An
+// output made this way is rebuilt on the caller's storage. Returns the steps from the base to the
+// storage in self's dtype, or nothing.
 // See Note [Inputs: outputs that alias inputs].
 std::vector<std::shared_ptr<const ViewMeta>> base_in_dtype_of(const FunctionalTensorImpl& impl,
                                                               const at::Tensor& self,
@@ -158,7 +151,7 @@ bool check_storage_coordinates(std::string_view op_name, const FunctionalTensorI
               base.is_neg() == self.is_neg();
   if (layer.reapply_views) return same;
   // Without views a _conj / _neg_view step gives a *_copy value and the wrapper no bit to compare:
-  // the chain says it (x.mH.as_strided(..) lost the conjugation, fuzzer program 410965).
+  // the chain says it (x.mH.as_strided(..) would lose the conjugation).
   const auto [conj, neg] = impl.chain().bit_flips();
   same = same && !conj && !neg;
   TORCH_CHECK_NOT_IMPLEMENTED(
@@ -172,18 +165,7 @@ bool check_storage_coordinates(std::string_view op_name, const FunctionalTensorI
 
 }  // namespace
 
-// Note [Kernel: storage coordinates of a value in another layout than eager's]
-// Traced without views, a fresh result keeps the layout its op gave it from *_copy values
-// (contiguous), while its wrapper reports eager's strides. Storage coordinates then name other
-// elements: `x.t().exp().as_strided(..)` read the contiguous value's storage where eager reads a
-// transposed one, in graphs only and silently (fuzzer programs 620987, 622502). So the storage
-// remembers eager's strides for such a base, and before a step in storage coordinates
-// (as_strided, as_strided_) on it or on a view of it the base's value is replaced by a copy in
-// those strides (empty_strided + copy in the graph). The logical values are unchanged, so the
-// other aliases regenerate to the same values; later writes keep those strides
-// (Note [Kernel: writes keep the written tensor's strides]).
-// Rejected: laying every traced fresh result out in eager's strides (a copy per op in graphs).
-// See Note [Kernel: eager strides of results without views].
+// See Note [Strides: what eager gives], case "storage coordinates".
 void base_in_eager_strides(FunctionalTensorImpl& impl) {
   AliasStorage& storage = impl.alias_storage();
   const auto strides = storage.eager_strides();
@@ -202,7 +184,7 @@ void base_in_eager_strides(FunctionalTensorImpl& impl) {
 namespace {
 // Traced without views, a bool view of other bytes holds view_copy's 0 and 1, so reading its
 // bytes again as another dtype would give other numbers than eager's, silently: refused by name.
-// See Note [View: bool view of other bytes without views].
+// See Note [Kernel: bool views of other bytes], case "v without views".
 void check_bool_bytes_read(std::string_view op_name, const FunctionalTensorImpl& impl,
                            const at::Tensor& self, const c10::OperatorHandle& view_op,
                            const std::vector<c10::IValue>& extra) {
@@ -241,7 +223,7 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
     reference = meta_reference(view_op, self, extra);
   }
 
-  // See Note [Kernel: storage coordinates of a value in another layout than eager's].
+  // See Note [Strides: what eager gives], case "storage coordinates".
   if (is_as_strided(view_op) && !layer.reapply_views) base_in_eager_strides(*impl);
   bool from_base = is_as_strided(view_op) &&
                    check_storage_coordinates(info.name, *impl, self, layer) &&
@@ -317,16 +299,16 @@ void inplace_view_kernel(const OpInfo& info, const c10::OperatorHandle& op,
   if (!layer.reapply_views) reference = meta_reference(*info.view_op, self.toTensor(), extra);
   // x.as_strided_(...) reads storage coordinates like as_strided: taken from the storage's base
   // for the same reasons (Note [Kernel: as_strided without views]); without views, a second
-  // as_strided_ on the first one's *_copy failed out of bounds (fuzzer program 100014). The
+  // as_strided_ on the first one's *_copy would fail out of bounds. The
   // chain becomes that one step, as after resize_.
   static const c10::OperatorName as_strided_inplace{"aten::as_strided_", ""};
   const bool as_strided_ = op.operator_name() == as_strided_inplace;
-  // See Note [Kernel: storage coordinates of a value in another layout than eager's].
+  // See Note [Strides: what eager gives], case "storage coordinates".
   if (as_strided_ && !layer.reapply_views) base_in_eager_strides(*impl);
   const bool same =
       as_strided_ && check_storage_coordinates(info.name, *impl, self.toTensor(), layer);
-  // See base_in_dtype_of: a view of another dtype than its base's, with views kept (fuzzer
-  // program 632135: as_strided_ of x.view(torch.int32) reaching elements x does not cover).
+  // See base_in_dtype_of: a view of another dtype than its base's, with views kept (as_strided_
+  // of x.view(torch.int32) reaching elements x does not cover).
   auto prefix = as_strided_ && !same ? base_in_dtype_of(*impl, self.toTensor(), layer)
                                      : std::vector<std::shared_ptr<const ViewMeta>>{};
   if ((same || !prefix.empty()) && (!layer.reapply_views || !impl->chain().empty())) {

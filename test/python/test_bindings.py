@@ -39,6 +39,7 @@ def test_stubs_list_exactly_the_module_bindings():
         ("aten::native_batch_norm", "", "functional", "batch norm (hidden stat writes)"),
         ("aten::cudnn_batch_norm", "", "functional", "batch norm (hidden stat writes)"),
         ("aten::_unsafe_view", "", "view", "_unsafe_view"),
+        ("aten::copy_", "", "mutable", "copy_ onto itself"),
     ],
 )
 def test_classify_reports_kind_and_special_row(name, overload, kind, special):

@@ -1,0 +1,270 @@
+// Input wrapping with alias groups. See api/InputGroups.h.
+#include "api/InputGroups.h"
+
+#include "core/AutogradHistory.h"
+#include "core/Conversions.h"
+#include "core/DispatchKey.h"
+#include "core/Layout.h"
+#include "core/Recorder.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/Functions.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace tfz::detail {
+
+// Note [Inputs: aliased inputs]
+// f(x, x.view(-1)), f(x, x[1:]), f(x, x.t()), f(x, x): in eager a write through one argument is
+// visible through the other. torch.func.functionalize wraps each argument with its own storage,
+// so inside f the other argument keeps its old value (wrong numbers). Here arguments that share a
+// storage are grouped: the group gets one synthetic base, the whole storage seen as a flat 1-D
+// tensor (as_strided(first, [numel], [1], 0), or its _copy when views are removed), and each
+// member becomes a view of it through one as_strided(size, stride, offset) step. A write through
+// any member is then committed to the shared base with as_strided_scatter and the other members
+// regenerate from it, exactly like ordinary views. Members report their original metadata.
+// The epilogue writes a group back once, through a member that covers all the others (dense, and
+// its span contains theirs: typical for x with x.view(-1) / x[1:] / x.t()); when none does (two
+// overlapping slices), each member is written, which writes shared elements with equal values.
+// The base holds the storage's physical elements: a member with the conjugate or negative bit
+// (x with x.conj()) gets a _conj / _neg_view step after its as_strided, and the base is built with
+// the first member's bits undone. Members of different dtypes (x with x.view(torch.int32)) share
+// a byte base (the flat storage viewed as uint8); each member is then view(dtype) of it before its
+// as_strided, so a float write is seen as int32 bits through the other member, as in eager. The
+// base's dtype is the smallest member's, so every member's bytes lie inside it.
+// Rejected: wrapping mixed-dtype members independently with a warning (what torch.func does): a
+// write through one is silently not seen through the other.
+// Rejected: AOTAutograd's "synthetic base" as an extra graph input: a calling convention change
+// that user code calling functionalize(f) directly could not follow.
+
+namespace {
+
+// Note [Inputs: inputs that do not start their storage]
+// Storage coordinates (as_strided's offset, resize_'s room to grow, the elements a shrunk input
+// keeps) are only right on a base whose element i is the storage's element i. An input that is
+// its whole storage, densely from offset 0 (the usual case), is such a base, and so is every new
+// value a write gives it (same sizes, dense). An input like b[1:] or b[::2] is not: its base starts
+// at b's element 1, and after a write its fresh value starts at 0, so x.add_(1);
+// x.as_strided((2,), (1,), 1) would read the wrong elements. Such an input gets
+// the base aliased inputs get (Note [Inputs: aliased inputs]): the flat storage, with the input
+// as one as_strided view of it. That costs a scatter into the storage per write, so it is done
+// only when the storage is at most twice the input's extent plus 4 KiB; a slice of a large
+// buffer (a KV cache's used part), and an input with no element inside a storage that has some
+// (b[1:] of a one-row b), keep their own base, marked offset_base: as_strided and
+// as_strided_ on it and its views are refused by name (their inverse would write the base's
+// coordinates, not the storage's), and resize_ past its end too (Note [Kernel: resize_]).
+// Rejected: the flat base for every such input (a decode step writing one row of a slice
+// would scatter into the whole cache); translating offsets at each as_strided (only possible for
+// inputs without gaps, and every view inverse would need it too).
+constexpr const char* kInsideLargerStorage =
+    "the tensor is (a view of) an input that starts inside a larger storage (e.g. a slice of a "
+    "big buffer), and as_strided addresses that storage's elements, which the function does not "
+    "see. Pass the whole buffer as the input";
+
+bool wants_flat_base(const at::Tensor& t) {
+  return plain_strided(t) && !is_whole_storage(t) && storage_is_small(t);
+}
+
+// An input with its own base whose storage coordinates are not its base's: one with elements
+// that does not start its storage (a slice of a large buffer), or one with no element inside a
+// storage that has some, which as_strided can still address (a write through
+// x.as_strided((1,), (1,), 4) of an empty x = b[1:, ::2]). An empty input keeps
+// its own base rather than the flat one so that an out= op can still grow it as eager does
+// (Note [Inputs: writes to a grown storage]).
+bool is_offset_input(const at::Tensor& t) {
+  if (plain_strided(t)) return !is_whole_storage(t);
+  return t.layout() == c10::kStrided && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+         t.has_storage() && t.storage().nbytes() > 0;
+}
+
+bool can_group(const std::vector<at::Tensor>& members) {
+  for (const auto& t : members) {
+    if (t.layout() != c10::kStrided || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Runs `step` on `value` and returns the view wrapper of `base` it gives.
+at::Tensor view_step(const at::Tensor& base, at::Tensor& value,
+                     std::shared_ptr<const ViewMeta> step) {
+  {
+    InnerCallGuard guard;
+    value = step->forward(value);
+  }
+  return make_view_wrapper(value, base, std::move(step));
+}
+
+std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const Layer& layer) {
+  const bool reapply = layer.reapply_views;
+  // The member with the smallest element: its dtype addresses every byte the others can.
+  const at::Tensor* first = &members[0];
+  bool mixed = false;
+  for (const auto& m : members) {
+    mixed |= m.scalar_type() != first->scalar_type();
+    if (m.itemsize() < first->itemsize()) first = &m;
+  }
+  const int64_t numel = static_cast<int64_t>(first->storage().nbytes() / first->itemsize());
+  at::Tensor base_value;
+  {
+    // The storage's physical elements: conjugate and negative bits undone, then (mixed dtypes)
+    // seen as bytes. See Note [Inputs: aliased inputs].
+    InnerCallGuard guard;
+    base_value =
+        reapply ? first->as_strided({numel}, {1}, 0) : at::as_strided_copy(*first, {numel}, {1}, 0);
+    if (first->is_conj()) base_value = reapply ? at::_conj(base_value) : at::_conj_copy(base_value);
+    if (first->is_neg()) {
+      base_value = reapply ? at::_neg_view(base_value) : at::_neg_view_copy(base_value);
+    }
+    if (mixed) {
+      base_value = reapply ? base_value.view(at::kByte) : at::view_copy(base_value, at::kByte);
+    }
+  }
+  const at::Tensor base = make_fresh_wrapper(base_value, layer.id);
+  if (!mixed) {
+    unsafe_get_impl(base)->alias_storage().mark_flat(reapply);
+  } else {
+    unsafe_get_impl(base)->alias_storage().mark_bytes(reapply);
+  }
+  const int64_t base_bytes = numel * static_cast<int64_t>(first->itemsize());
+  std::vector<at::Tensor> wrapped;
+  for (const auto& m : members) {
+    at::Tensor value = base_value;
+    at::Tensor w = base;
+    if (mixed) {
+      const int64_t item = static_cast<int64_t>(m.itemsize());
+      const int64_t usable = base_bytes / item * item;
+      if (usable != base_bytes) {
+        w = view_step(
+            w, value,
+            ViewMeta::as_strided({c10::SymInt(usable)}, {c10::SymInt(1)}, c10::SymInt(0), reapply));
+      }
+      w = view_step(w, value,
+                    ViewMeta::of({"aten::view", "dtype"}, {c10::IValue(m.scalar_type())}, reapply));
+    }
+    w = view_step(
+        w, value,
+        ViewMeta::as_strided(m.sym_sizes(), m.sym_strides(), m.sym_storage_offset(), reapply));
+    if (!mixed) {
+      unsafe_get_impl(w)->alias_storage().add_member_step(unsafe_get_impl(w)->chain().back());
+      unsafe_get_impl(w)->mark_flat_member();
+    }
+    if (m.is_conj()) w = view_step(w, value, ViewMeta::of({"aten::_conj", ""}, {}, reapply));
+    if (m.is_neg()) w = view_step(w, value, ViewMeta::of({"aten::_neg_view", ""}, {}, reapply));
+    if (!reapply) unsafe_get_impl(w)->set_reference_metadata_(m);
+    wrapped.push_back(std::move(w));
+  }
+  return wrapped;
+}
+
+}  // namespace
+
+// Note [Inputs: one tensor passed twice]
+// f(x, x) passes one tensor object twice. In eager the two parameters are the same object, so a
+// metadata change through one (x1.t_(), x1.resize_(...)) is seen through the other, not only its
+// writes. Both parameters therefore get the same wrapper, and the epilogue treats the tensor once
+// (replaying its metadata ops twice would undo a t_()).
+// Rejected: grouping them as two aliases of one storage (what aliased inputs get): data stays
+// shared, but each alias has its own metadata, so x0 would keep its old strides after
+// x1.swapaxes_().
+std::optional<size_t> same_object(const std::vector<at::Tensor>& tensors,
+                                  c10::ArrayRef<size_t> group, const at::Tensor& t) {
+  for (size_t j : group) {
+    if (tensors[j].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return j;
+  }
+  return std::nullopt;
+}
+
+std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const Layer& layer) {
+  std::vector<at::Tensor> out(inputs.size());
+  // Most inputs are alone in their storage: one inline slot per group, no allocation.
+  std::unordered_map<const c10::StorageImpl*, c10::SmallVector<size_t, 1>> groups;
+  groups.reserve(inputs.size());
+  std::vector<const c10::StorageImpl*> order;  // groups in first-appearance order
+  order.reserve(inputs.size());
+  std::vector<std::pair<size_t, size_t>> repeats;  // (i, j): input i is input j (Note above)
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (!t.defined()) continue;
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !t.is_nested(), "functionalize: input ", i,
+        " is a nested tensor, which functionalize does not support. Pass its components "
+        "(t.unbind()) and rebuild it inside the function with torch.nested.nested_tensor.");
+    if (auto* impl = maybe_get_impl(t)) {
+      TORCH_CHECK(impl->layer_id() == layer.id,
+                  "functionalize: got a functional tensor that escaped the functionalize call "
+                  "that made it as an input. Pass plain tensors.");
+      out[i] = t;
+      continue;
+    }
+    const auto* storage =
+        t.unsafeGetTensorImpl()->has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+    if (storage == nullptr) {
+      out[i] = make_fresh_wrapper(t, layer.id);
+      continue;
+    }
+    auto& group = groups[storage];
+    if (group.empty()) order.push_back(storage);
+    if (auto j = same_object(inputs, group, t)) {
+      repeats.emplace_back(i, *j);
+      continue;
+    }
+    group.push_back(i);
+  }
+  for (const auto* storage : order) {
+    const auto& indices = groups[storage];
+    if (indices.size() == 1 && !wants_flat_base(inputs[indices[0]])) {  // the common case
+      const size_t i = indices[0];
+      out[i] = make_fresh_wrapper(inputs[i], layer.id);
+      if (is_offset_input(inputs[i])) {
+        unsafe_get_impl(out[i])->alias_storage().mark_offset_base(kInsideLargerStorage);
+      }
+      continue;
+    }
+    std::vector<at::Tensor> members;
+    for (size_t i : indices) members.push_back(inputs[i]);
+    if (members.size() > 1 && !can_group(members)) {
+      TORCH_WARN("functionalize: ", members.size(),
+                 " inputs share a storage but are not all strided tensors with static shapes; "
+                 "they are functionalized independently, so a write through one is not seen "
+                 "through the others inside the function.");
+    }
+    if ((members.size() == 1 && !wants_flat_base(members[0])) || !can_group(members)) {
+      for (size_t i : indices) {
+        out[i] = make_fresh_wrapper(inputs[i], layer.id);
+        if (is_offset_input(inputs[i])) {
+          unsafe_get_impl(out[i])->alias_storage().mark_offset_base(kInsideLargerStorage);
+        }
+      }
+      continue;
+    }
+    auto wrapped = wrap_group(members, layer);
+    for (size_t k = 0; k < indices.size(); ++k) out[indices[k]] = wrapped[k];
+  }
+  for (const auto& [i, j] : repeats) out[i] = out[j];
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (!t.defined() || maybe_get_impl(t) != nullptr) continue;
+    auto* impl = unsafe_get_impl(out[i]);
+    if (t.unsafeGetTensorImpl()->has_storage()) {
+      impl->alias_storage().mark_caller_storage(t.storage().unsafeGetStorageImpl());
+    }
+    // See Note [Inputs: version counters].
+    if (t.unsafeGetTensorImpl()->version_counter().enabled() && impl->version_counter().enabled()) {
+      impl->set_version_counter(c10::VariableVersion(t._version()));
+    }
+  }
+  return out;
+}
+
+}  // namespace tfz::detail

@@ -1,0 +1,24 @@
+// The passes over a recorded graph (core/Graph.h) that capture runs before handing it out:
+// region-precise epilogue copies, then dead-node elimination. Later passes (reinplacing) go here.
+// See Note [Capture: dead nodes] and Note [Capture: region-precise epilogue].
+#pragma once
+
+#include "core/Graph.h"
+
+namespace tfz::detail {
+
+/// Rewrites each input epilogue `copy_(x, new_x)` whose new value is a chain of *_scatter ops
+/// over x itself into copies of just the written regions, through views of x. Call before
+/// eliminate_dead_nodes, which then drops the scatters nobody else reads. Only for graphs that
+/// keep views (remove="mutations"). See Note [Capture: region-precise epilogue].
+void narrow_epilogue_copies(Graph& graph);
+
+/// Whether `op` is one of the guard ops the recorder adds (Note [Capture: guards on values read]).
+bool is_guard(const c10::OperatorHandle& op);
+
+/// Removes every node no output needs, except nodes that write an argument (the epilogue's
+/// copy_, as_strided_, resize_) or draw random numbers (dropping one would shift the generator
+/// for the random ops after it). See Note [Capture: dead nodes].
+void eliminate_dead_nodes(Graph& graph);
+
+}  // namespace tfz::detail

@@ -1,0 +1,12 @@
+// Whether the engine's work on inner tensors ends up in a graph: the one question the base
+// structures (ViewMeta, FunctionalTensorImpl) ask about recording, without knowing the recorder
+// (core/Recorder.h, which defines it) or the graph it builds.
+#pragma once
+
+namespace tfz::detail {
+
+/// True when what the engine runs on inner tensors ends up in a graph: a tracer's dispatch mode is
+/// set, or a capture is recording. Fast paths that mutate inner values in place are off then.
+bool ops_are_recorded();
+
+}  // namespace tfz::detail

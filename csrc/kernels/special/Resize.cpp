@@ -1,0 +1,188 @@
+// The resize_ row (resize_, resize_as_) and resize_functional, which out= writes share: a resize
+// that fits the storage is a view step, one past its end grows the storage.
+// See Note [Kernel: resize_].
+#include "kernels/special/Rows.h"
+
+#include "core/AutogradHistory.h"
+#include "core/Conversions.h"
+#include "core/Layout.h"
+#include "core/Recorder.h"
+#include "core/ViewInverses.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace tfz::detail {
+
+// Note [Kernel: resize_]
+// Eager resize_ keeps the storage while the new size fits in it (shrinking, or growing back into
+// elements the storage still holds) and only reallocates, copying the old storage, past its end.
+// Program:                        Functionalized:
+//   x = torch.arange(4.)            x0 = arange(4)
+//   x.resize_(2)                    x1 = as_strided(x0, [2], [1], 0)
+//   x.resize_(4)                    x2 = as_strided(x0, [4], [1], 0)
+//   return x + 1                    add(x2, 1)   (eager: [1, 2, 3, 4], the old elements back)
+// So a resize_ that fits is a view step: as_strided(size, strides, base offset) of the alias
+// storage's base at the tensor's own offset, replacing the wrapper's chain (views included: the
+// step restates the view over the storage). Past the end of the storage, a non-view wrapper (the
+// storage's only user: other live aliases would diverge from eager, so they are refused) moves to a
+// new storage whose base is aten::resize of the whole old storage. Either way the input epilogue
+// replays the resize_ call on the caller's tensor. Rejected: the functional aten::resize of the
+// current value alone: it drops the elements past the current size that eager keeps, so a shrink
+// followed by a grow would give garbage.
+namespace {
+
+constexpr const char* kGrownFromInside =
+    "the tensor's storage was grown by a resize (resize_, or an out= result larger than the out= "
+    "tensor) of a tensor that starts inside it, and as_strided addresses the elements before its "
+    "start, which the function does not hold. Resize a tensor that starts its storage";
+
+}  // namespace
+
+bool is_resize(const c10::OperatorHandle& op) {
+  return named(op, "aten::resize_", "") || named(op, "aten::resize_as_", "");
+}
+
+void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                   const Layer& layer) {
+  const size_t num_args = op.schema().arguments().size();
+  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
+  const at::Tensor self = args[0].toTensor();
+  const bool is_resize_as = op.schema().name() == "aten::resize_as_";
+  const std::vector<int64_t> size =
+      is_resize_as ? args[1].toTensor().sizes().vec() : args[1].toIntVector();
+  resize_functional(info.name, self, size, args[2], layer);
+  torch::jit::drop(*stack, num_args);
+  torch::jit::push(*stack, self);
+}
+
+void resize_functional(std::string_view op_name, const at::Tensor& self,
+                       const std::vector<int64_t>& size, const c10::IValue& memory_format,
+                       const Layer& layer, c10::IntArrayRef then_strides, bool overwritten) {
+  auto* impl = maybe_get_impl(self);
+  TORCH_CHECK(impl != nullptr, "functionalize: ", op_name,
+              ": cannot resize a plain tensor (created outside the function) inside it. Pass it "
+              "to the function as an input.");
+  TORCH_CHECK_NOT_IMPLEMENTED(!self.unsafeGetTensorImpl()->has_symbolic_sizes_strides(),
+                              "functionalize: ", op_name, ": symbolic sizes are not supported.");
+  const auto format =
+      memory_format.isNone() ? c10::MemoryFormat::Contiguous : memory_format.toMemoryFormat();
+  if (self.sizes() == c10::IntArrayRef(size) && memory_format.isNone()) {
+    return;  // same size: eager changes nothing, strides included
+  }
+  std::vector<int64_t> strides;
+  {
+    MetaComputeGuard guard;  // eager's strides for this size and memory format
+    strides =
+        at::empty(size, self.options().device(c10::kMeta).memory_format(format)).strides().vec();
+  }
+  const auto needed = static_cast<int64_t>(at::detail::computeStorageNbytes(size, strides, 1));
+  // Restriding keeps the storage resize_ made: only strides that fit in it are eager's.
+  const bool restride =
+      !then_strides.empty() && then_strides != c10::IntArrayRef(strides) &&
+      static_cast<int64_t>(at::detail::computeStorageNbytes(size, then_strides, 1)) <= needed;
+
+  // Storage coordinates below: without views the base may be laid out otherwise than eager's
+  // storage (a resize through an out= of a strided fresh result).
+  // See Note [Strides: what eager gives], case "storage coordinates".
+  if (!layer.reapply_views) base_in_eager_strides(*impl);
+  impl->sync_();
+  const at::Tensor base = impl->alias_storage().base();
+  // Inputs that reinterpret each other's dtype share a byte base (Note [Inputs: aliased inputs]);
+  // the as_strided step below counts in the base's elements, so it would hand back bytes.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      base.scalar_type() == self.scalar_type(), "functionalize: ", op_name, ": resizing a ",
+      self.scalar_type(), " tensor that shares memory with a tensor of another dtype (",
+      base.scalar_type(), " storage) is not supported. Clone it before resizing.");
+  // The wrapper's own offset is eager's (mirrored, or the reference metadata without views), and
+  // the storage's base starts where eager's storage does, so it is an offset into the base.
+  const int64_t offset = self.storage_offset();
+  // An input with no element may start past its storage's end (b[:, 1:] of a (0, 4) b starts
+  // at 1 of 0 elements): it then has no room, not a negative one.
+  const int64_t capacity = std::max<int64_t>(
+      0, static_cast<int64_t>(base.storage().nbytes() / base.itemsize()) - offset);
+  int64_t view_offset = offset;
+  if (needed > 0 && needed > capacity) {  // nothing grows for no element (offset past the end)
+    // Eager's copy holds the view's whole storage, whose other elements a grown tensor shows
+    // (slice_scatter of an empty slice, then resize_); an out= result overwrites them all.
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        overwritten || impl->alias_storage().offset_base_reason() != kCopiedViewStorage,
+        "functionalize: ", op_name, ": ", kCopiedViewStorage, ".");
+    // A lone input that does not start its storage is a view of the flat storage
+    // (Note [Inputs: inputs that do not start their storage]): it grows the whole storage, as
+    // eager reallocates it, and keeps its offset.
+    const bool flat = impl->alias_storage().flat();
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        impl->is_resizable_base() || flat, "functionalize: ", op_name,
+        ": growing a view past the end of its storage is not supported (eager would reallocate "
+        "the storage it shares). Resize the base tensor, or clone the view first.");
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        impl->storage().use_count() == 1, "functionalize: ", op_name,
+        ": growing a tensor past its storage while views of it are alive is not supported (the "
+        "views would no longer match eager). Resize before taking views, or clone first.");
+    at::Tensor grown;
+    {
+      InnerCallGuard guard;
+      if (flat) {
+        grown = at::resize(base, {offset + needed});
+      } else {
+        const at::Tensor old = layer.reapply_views
+                                   ? base.as_strided({capacity}, {1}, offset)
+                                   : at::as_strided_copy(base, {capacity}, {1}, offset);
+        grown = at::resize(old, {needed});
+      }
+    }
+    const int64_t grown_start = impl->alias_storage().grown_start().value_or(0) + offset;
+    const bool written_outside = impl->alias_storage().written_outside_members();
+    impl->replace_storage_(grown);
+    if (flat) {
+      impl->alias_storage().mark_flat(layer.reapply_views);
+      if (written_outside) impl->alias_storage().mark_written_outside_members();
+    } else {
+      view_offset = 0;
+      impl->alias_storage().mark_grown(grown_start);  // Note [Inputs: writes to a grown storage]
+      // The base's element 0 is eager's element grown_start: as_strided's storage coordinates
+      // would address the wrong elements.
+      if (grown_start != 0) impl->alias_storage().mark_offset_base(kGrownFromInside);
+    }
+  }
+  if (restride) strides = then_strides.vec();
+  auto step =
+      ViewMeta::as_strided(c10::fromIntArrayRefSlow(size), c10::fromIntArrayRefSlow(strides),
+                           view_offset, layer.reapply_views);
+  // Replayed on the caller's tensor as resize_(size, memory_format): resize_as_'s template may be
+  // a wrapper, which must not reach the epilogue.
+  static const auto resize = c10::Dispatcher::singleton().findSchemaOrThrow("aten::resize_", "");
+  static const auto restride_op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::as_strided_", "");
+  std::vector<MetadataMutation> mutations{{resize, {c10::IValue(size), memory_format}}};
+  if (restride) {
+    // Eager's offset, read before the storage grew: the grown wrapper mirrors its new base, which
+    // starts at that offset (a restrided out= into an empty input at offset 2 of its storage
+    // would be replayed at offset 0).
+    mutations.push_back(
+        {restride_op, {c10::IValue(size), c10::IValue(strides), c10::IValue(offset)}});
+  }
+  impl->resize_chain_(std::move(step), std::move(mutations));
+  if (!layer.reapply_views) {
+    // The value is an as_strided_copy (offset 0); the wrapper reports eager's geometry, whose
+    // offset the next resize_ or as_strided reads (Note [Strides: what eager gives], case
+    // "view wrappers").
+    MetaComputeGuard guard;
+    const auto meta = self.options().device(c10::kMeta);
+    const at::Tensor room = at::empty({view_offset + needed}, meta);
+    impl->set_reference_metadata_(room.as_strided(size, strides, view_offset));
+  }
+}
+
+}  // namespace tfz::detail
