@@ -5,25 +5,22 @@
 
 # Note [Build: one libstdc++ in the process]
 # A process that imports torch has one libstdc++: the shared libstdc++.so.6 that libtorch_cpu and
-# libc10 need. A shared library of ours must use that same copy. On the GPU image of issue #10
-# (torch 2.11.0+cu130, Python 3.12), the compiler on PATH is a gcc 13.3 installed under /opt/gcc
-# that links libstdc++ statically by default: our first build there (this file did not exist yet)
-# gave a libtfz_core.so with no NEEDED libstdc++.so.6 entry and about 4,700 exported std:: symbols
-# (logic_error, locale and codecvt members, ...) of its own libstdc++ copy, although it linked only
-# torch, torch_cpu and c10 (docs/cuda.md, first H100 run). Loaded beside torch, the two copies each
-# keep their own locale and facet state, and the exported copy interposes some of the shared one's
-# symbols for the whole process; the first `functionalize` call then died in
-# normalized_signature (core/OpSchemaInfo.cpp) where an ostringstream prints an IValue: the
-# segfault that issue #10 saw, with libstdc++'s ostream::_M_insert<long> reaching a codecvt
-# function. It was not the CUDA libraries (Note [Build: link only what we use] had guessed so: the
-# crash came back with those gone). So we name the shared libstdc++ on the link line ourselves: the
-# linker resolves every libstdc++ reference there, and a static libstdc++ the driver appends
-# afterwards contributes nothing. The file is the compiler's own libstdc++.so.6 where it has one,
-# else the system's (the one torch's wheels load). test_build.py checks the result (NEEDED entry,
-# no libstdc++ symbol defined by us).
+# libc10 need. A shared library of ours must use that same copy. A compiler that links libstdc++
+# statically by default (a gcc installed under /opt/gcc on some GPU images) gives a
+# libtfz_core.so with no NEEDED libstdc++.so.6 entry that exports thousands of std:: symbols
+# (logic_error, locale and codecvt members, ...) of its own libstdc++ copy, although it links only
+# torch, torch_cpu and c10. Loaded beside torch, the two copies each keep their own locale and
+# facet state, and the exported copy interposes some of the shared one's symbols for the whole
+# process: the first `functionalize` call then dies in normalized_signature
+# (core/OpSchemaInfo.cpp), where an ostringstream prints an IValue, with libstdc++'s
+# ostream::_M_insert<long> reaching a codecvt function. So we name the shared libstdc++ on the
+# link line ourselves: the linker resolves every libstdc++ reference there, and a static
+# libstdc++ the driver appends afterwards contributes nothing. The file is the compiler's own
+# libstdc++.so.6 where it has one, else the system's (the one torch's wheels load). test_build.py
+# checks the result (NEEDED entry, no libstdc++ symbol defined by us).
 # Rejected: -Wl,--exclude-libs (hides the copy's symbols but keeps two libstdc++ states in one
 # process, and the IValue printing crosses between them), and asking users to pick another
-# compiler (nothing told them why the first call crashed).
+# compiler (nothing tells them why the first call crashes).
 
 if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so.6

@@ -15,14 +15,12 @@
 # device-generic and reaches CUDA kernels through the dispatcher, which libtorch_cpu's loaded
 # CUDA backend registers at `import torch` / LibTorch start-up. So we never run torch's config: we
 # locate the libraries ourselves and link torch, torch_cpu and c10 only (and torch_python for the
-# module). This Note once also blamed those CUDA libraries for issue #10's GPU-image segfault; the
-# first H100 run of this build showed the crash without them (a static libstdc++ copy):
-# See Note [Build: one libstdc++ in the process] (cmake/SharedLibstdcxx.cmake).
+# module). Which libstdc++ they share: Note [Build: one libstdc++ in the process].
 # What torch's config would give us besides, _GLIBCXX_USE_CXX11_ABI and the C++ standard, is read
 # from TorchConfig.cmake.
-# Rejected: find_package(Torch) with CUDA variables faked (brittle,
-# and still links CUDA), or requiring the toolkit (most users have none: a CUDA wheel on a CPU-only
-# machine is the common case).
+# Rejected: find_package(Torch) with CUDA variables faked (brittle, and still links CUDA), or
+# requiring the toolkit (most users have none: a CUDA wheel on a CPU-only machine is the common
+# case).
 
 function(_tfz_torch_root_from_dir dir out)
   # .../share/cmake/Torch -> the LibTorch root

@@ -340,7 +340,7 @@ def test_as_strided_of_a_result_laid_out_otherwise_in_graphs(remove, case):
     # transposed strides; as_strided on it (or on a view of it, or written through it) reads the
     # storage in eager's layout: the base is copied into eager's strides first (empty_strided + copy
     # in the graph). See
-    # Note [Kernel: storage coordinates of a value in another layout than eager's].
+    # Note [Strides: what eager gives], case "storage coordinates".
     def f(x):
         v = x.t().exp()
         if case == "as_strided":

@@ -269,7 +269,7 @@ def test_generator_created_inside_f_replays_its_seeded_stream():
 
 def test_random_fill_of_transposed_input_replays_eager_numbers():
     # The graph fills a layout measured at capture time to draw eager's numbers in eager's order.
-    # See Note [Kernel: random fills of strided tensors in graphs].
+    # See Note [Kernel: random fills of strided tensors], case "in graphs".
     def f(x):
         return x.bernoulli_(0.5)
 

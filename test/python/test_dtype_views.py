@@ -1,8 +1,8 @@
 """Views that reinterpret a tensor's bytes as another dtype (x.view(dtype), bool views of other
 bytes), compared with eager: writes through them change only the bytes eager changes, reads give
 eager's bytes, and what a graph or a run without views cannot express is refused by name. See
-Note [Kernel: in-place writes to a bool view of other bytes] and Note [View: bool view of other
-bytes without views]."""
+Note [Kernel: bool views of other bytes], case "write to v" and
+Note [Kernel: bool views of other bytes], case "v without views"."""
 
 import pytest
 import torch
@@ -29,7 +29,7 @@ def test_view_dtype_of_an_overlapping_view(remove):
     # Without views the value of v = y.unfold(1, 4, 1) keeps eager's stride order: among eager's
     # tied strides (6, 1, 1) the last dimension stays innermost (infer_dense_strides' order would
     # move it outward), so v.view(torch.float16) works where eager's last stride is 1. See
-    # Note [Wrapper: values in eager's stride order without views].
+    # Note [Strides: what eager gives], case "value order".
     def f(x):
         v = (x * 2).unfold(1, 4, 1)
         return v, v.view(torch.float16)
@@ -41,7 +41,7 @@ def test_view_dtype_of_an_overlapping_view(remove):
 def test_write_through_a_bool_view_of_a_complex_input(remove):
     # x.view(torch.bool) shows each byte of x; a write through an as_strided of it must not be
     # scattered into a bool copy, whose conversion turns every byte of x into 0 or 1
-    # (Note [Alias: writes through a bool view of other bytes]).
+    # (Note [Kernel: bool views of other bytes], case "write through a view of v").
     def f(x):
         v = x.view(torch.bool)[3:30]
         v[::7] = torch.tensor([True, False, True, False])
@@ -73,7 +73,7 @@ def test_partial_write_to_a_bool_view_of_float_bytes(remove):
     # v = x.view(torch.bool); v[idx] = True (index_put_) writes some bytes of x and leaves the
     # others as they are; a functional form that starts from a bool copy of v would turn them into 0
     # or 1 (x's first row would read as tiny floats). See
-    # Note [Kernel: in-place writes to a bool view of other bytes].
+    # Note [Kernel: bool views of other bytes], case "write to v".
     def f(x):
         v = x.reshape_as(x).view(torch.bool)
         v[torch.tensor([2, 2])] = True
@@ -150,7 +150,7 @@ def test_view_dtype_of_an_empty_narrow(remove):
     # Eager's x.narrow(2, 4, 0) keeps x's strides (8, 4, 1), so its view(torch.float64) works;
     # without views the narrow's *_copy is a fresh empty tensor with strides (2, 1, 1), and its
     # view(dtype) works all the same, where view_copy raises "self.stride(1) must be divisible by 2"
-    # (Note [View: view(dtype) of an empty *_copy value]).
+    # (Note [Strides: what eager gives], case "empty views").
     def f(x):
         v = x.narrow(2, 4, 0).view(torch.float64)
         x.add_(1)
@@ -175,8 +175,8 @@ def test_bool_view_of_other_bytes_reads_them_back(remove):
     # Eager's x.view(torch.bool).view(torch.uint8) reads x's bytes as they are (255 for -1); without
     # views the bool view's value is not view_copy's clone, which turns every byte into 0 or 1
     # (torch.func gives 1). Untraced the value keeps the bytes
-    # (Note [View: bool view of other bytes without views]); a graph without views refuses the read
-    # (the next test).
+    # (Note [Kernel: bool views of other bytes], case "v without views"); a graph without views
+    # refuses the read (the next test).
     assert_matches_eager(_bool_view_bytes, make_inputs=_int64_bytes, remove=remove,
                          check_graph=remove == "mutations")
 

@@ -1,9 +1,10 @@
 """Ops called with out= under functionalize, compared with eager: the out tensor (an input, an
 intermediate, a view of one, several for multi-output ops) is written; an out of another size is
 resized to the result, keeping the storage elements it no longer covers and the views of it
-(Note [Kernel: out= resize]), and restrided as eager's kernel restrides it (Note [Kernel: out=
-strides in graphs]); an out of another dtype gets the numbers eager's out= kernel computes in
-that dtype (Note [Kernel: out= of another dtype, eagerly])."""
+(Note [Kernel: out= resize]), and restrided as eager's kernel restrides it
+(Note [Strides: what eager gives], case "resized out="); an out of another dtype gets the numbers
+eager's out= kernel computes in that dtype (Note [Kernel: out= of another dtype],
+case "eagerly")."""
 
 import warnings
 
@@ -176,8 +177,8 @@ def test_out_resize_keeps_the_storage(remove, program):
 def test_resized_out_tensor_takes_eager_strides(remove, name, f):
     # A structured out= kernel restrides the output it resized to the strides of its result
     # (transposed here, following the input); others keep contiguous strides, which the out= kernel
-    # itself gives (Note [Kernel: out= of another dtype, eagerly],
-    # Note [Kernel: out= strides in graphs]).
+    # itself gives (Note [Kernel: out= of another dtype], case "eagerly",
+    # Note [Strides: what eager gives], case "resized out=").
     def make_inputs():
         x0 = torch.tensor([0.5, -1.5])
         if name == "fft":
@@ -209,7 +210,7 @@ def test_out_of_the_same_number_of_elements_keeps_its_shape(remove, op):
 @pytest.mark.parametrize("op", ["sum", "mean", "cumsum", "prod"])
 def test_reduction_into_an_out_of_another_dtype_reduces_in_its_dtype(remove, op):
     # sum(x_bf16, out=y_f32) accumulates in float32 in eager, and so does ours; it does not reduce
-    # in bfloat16 and cast (Note [Schema: reductions into an out= of another dtype]).
+    # in bfloat16 and cast (Note [Kernel: out= of another dtype], case "reductions").
     def f(x, y):
         if op == "cumsum":
             torch.cumsum(x, 0, out=y)
@@ -265,8 +266,8 @@ def test_out_resize_grows_an_input_whose_offset_is_past_its_storage(remove):
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
 def test_logsumexp_into_an_out_of_another_dtype_sums_in_its_dtype(remove, x_dtype):
     # logsumexp(x_f32, out=y_f64) sums in float64 inside its out= kernel, and so does ours; it does
-    # not sum in float32 and cast on the write (Note [Kernel: out= of another dtype, eagerly]).
-    # Checked bit for bit.
+    # not sum in float32 and cast on the write (Note [Kernel: out= of another dtype],
+    # case "eagerly"). Checked bit for bit.
     def f(x, y):
         torch.logsumexp(x, 1, keepdim=True, out=y)
         return y
@@ -305,7 +306,8 @@ def test_out_resize_in_a_graph_without_views_takes_eager_strides():
     # add(x1.diagonal(-1, 0, 1), 0.0, out=x0) resizes x0 to the result, whose eager strides follow
     # the diagonal's (1, 2); a graph without views computes it from the diagonal's contiguous *_copy
     # and still leaves the caller's x0 with eager's strides, not (2, 1)
-    # (Note [Kernel: out= strides in graphs]). Both kernels: add's is unboxed, abs's boxed.
+    # (Note [Strides: what eager gives], case "resized out="). Both kernels: add's is unboxed, abs's
+    # boxed.
     def f(x0, x1, y):
         torch.add(x1.diagonal(-1, 0, 1), 0.0, out=x0)
         torch.abs(x1.transpose(0, 2), out=y)
@@ -322,7 +324,7 @@ def test_out_resize_in_a_graph_without_views_takes_eager_strides():
 def test_matmul_out_restrides_a_strided_out_like_eager(remove):
     # torch.matmul(v, m, out=y) of a 1-D v hands y to mm_out at shape (1, n); its resize gives y
     # contiguous strides, so eager leaves y = b.diagonal() with stride 1 and writes b's first
-    # elements, not its diagonal (Note [Kernel: composites that restride out]).
+    # elements, not its diagonal (Note [Strides: what eager gives], case "composite out=").
     def f(m, v, y):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # eager's own "output was resized"
@@ -342,7 +344,7 @@ def test_logsumexp_into_a_float64_out_in_graphs(remove, dtype, out_shape):
     # logsumexp's out= kernel (a composite) sums into a float64 out in float64; graphs record the
     # composite's ops (amax, exp, sum(.., dtype=float64), log, add), not the functional logsumexp in
     # float32 and a cast, which is off in the last bits. An out of another shape is resized first.
-    # See Note [Kernel: composite out= ops of another dtype in graphs].
+    # See Note [Kernel: out= of another dtype], case "composites in graphs".
     def f(x, y):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # eager's warning for a resized out
@@ -389,7 +391,7 @@ def _strided_input():
 
 def test_resize_through_out_of_a_strided_fresh_result_in_graphs(remove):
     # Traced, the base takes eager's strides before the resize's storage coordinates: see
-    # Note [Kernel: storage coordinates of a value in another layout than eager's].
+    # Note [Strides: what eager gives], case "storage coordinates".
     f = _resize_through_out_of_a_strided_fresh_result
     expected = f(*_strided_input())
     for graph in (capture(f, *_strided_input(), remove=remove),
@@ -403,7 +405,7 @@ def test_resize_through_out_of_a_strided_fresh_result_in_graphs(remove):
 def test_resize_through_out_of_a_strided_fresh_result_without_views_untraced():
     # Untraced, the strided input's value is packed, and diagonal_scatter's result reported the
     # packed layout where eager's keeps the input's gaps; now it reports eager's strides
-    # (Note [Kernel: eager strides of results without views]) and its base takes them before the
+    # (Note [Strides: what eager gives], case "op results") and its base takes them before the
     # resize's storage coordinates, as traced.
     f = _resize_through_out_of_a_strided_fresh_result
     expected = f(*_strided_input())

@@ -147,7 +147,7 @@ STRIDED_LAYOUTS = [
 ]
 # normal_ on the CPU draws 16 or more contiguous elements with another sampler than a gapped
 # tensor's, and 17 elements have no dense non-contiguous layout: the graph draws 16 paired and 1
-# alone (the split layout of Note [Kernel: random fills of strided tensors in graphs]).
+# alone (the split layout of Note [Kernel: random fills of strided tensors], case "in graphs").
 
 
 # out= factories of the out's own size fill it in place too (rand_out is out.uniform_(0, 1),
@@ -506,7 +506,7 @@ def test_generator_passed_as_an_argument(remove):
         ("dropout of a transposed input", lambda x: torch.nn.functional.dropout(x, 0.5, True),
          lambda: torch.randn(4, 3).t()),
         # Without views a view's value is contiguous; *_like ops still lay out their result as
-        # eager's view is laid out (Note [Kernel: *_like ops take eager's strides]).
+        # eager's view is laid out (Note [Strides: what eager gives], case "*_like templates").
         ("dropout of a transposed view", lambda x: torch.nn.functional.dropout(x.t(), 0.5, True),
          lambda: torch.randn(4, 3)),
         ("rand_like of a view after swapaxes_",
@@ -526,7 +526,7 @@ def test_random_fills_of_strided_tensors_follow_eager(remove, name, f, make):
         return (make(),)
 
     # A graph replays eager's numbers too.
-    # See Note [Kernel: random fills of strided tensors in graphs].
+    # See Note [Kernel: random fills of strided tensors], case "in graphs".
     assert_matches_eager(seeded, make_inputs=make_inputs, remove=remove)
 
 
@@ -543,7 +543,7 @@ def test_random_fills_of_strided_tensors_follow_eager(remove, name, f, make):
 def test_seeded_ops_of_transposed_values_replay_eager_in_graphs(remove, name, op):
     # Without views a traced value keeps its contiguous *_copy layout, and multinomial draws in its
     # input's memory order: the graph reads its input in eager's layout, so it draws eager's numbers
-    # (Note [Kernel: seeded ops read their inputs in eager's layout]).
+    # (Note [Strides: what eager gives], case "seeded arguments").
     def f(x):
         torch.manual_seed(3)
         v = x.t()

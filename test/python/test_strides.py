@@ -1,8 +1,8 @@
-"""Strides under functionalize are eager's: a written tensor keeps its strides (Note [Kernel:
-writes keep the written tensor's strides]), a base keeps its strides through writes of its views
-(Note [Alias: the base keeps its strides]), and without views results and outputs report eager's
-strides, not those of their packed values (Note [Kernel: eager strides of results without
-views], Note [Inputs: outputs in eager's strides without views]). Strides of out= tensors:
+"""Strides under functionalize are eager's: a written tensor keeps its strides
+(Note [Strides: what eager gives], case "written base"), a base keeps its strides through writes of
+its views (Note [Strides: what eager gives], case "inverted base"), and without views results and
+outputs report eager's strides, not those of their packed values (Note [Strides: what eager gives],
+case "op results", Note [Strides: what eager gives], case "outputs"). Strides of out= tensors:
 test_out_arguments.py."""
 
 import warnings
@@ -17,7 +17,7 @@ from torch_functionalize import functionalize
 @pytest.mark.parametrize("write", ["atan_", "out=", "index_fill_"])
 def test_writes_keep_the_strides_of_a_non_dense_tensor(write):
     # The functional result of a write into a tensor that is not dense keeps that tensor's strides,
-    # it does not come back contiguous (Note [Kernel: writes keep the written tensor's strides]).
+    # it does not come back contiguous (Note [Strides: what eager gives], case "written base").
     # Views are kept only with remove="mutations"; without views the inner values are dense copies.
     def f(x):
         y = x.select_scatter(torch.randn(()), 0, 0)
@@ -42,7 +42,7 @@ def test_writes_keep_the_strides_of_a_non_dense_tensor(write):
 def test_write_through_a_transposed_base_keeps_the_base_strides(remove):
     # After x.t_(), mm(out=x) writes x through its transpose; the base keeps its own strides, so the
     # view taken before t_() still replays (a transposed base fails with "view size is not
-    # compatible") (Note [Alias: the base keeps its strides]).
+    # compatible") (Note [Strides: what eager gives], case "inverted base").
     def f(x):
         v1 = x.select_scatter(torch.ones(4), 0, 1)
         v4 = x.view((2, 1, 4, 2))
@@ -56,7 +56,7 @@ def test_write_through_a_transposed_base_keeps_the_base_strides(remove):
 def test_as_strided_after_a_write_through_a_dtype_view_of_a_transposed_input(remove):
     # x = b.t() written through x.view(int32).diagonal(), then x.as_strided_ reads storage elements
     # from the base, which the inverses leave in its own strides, not row-major
-    # (Note [Alias: the base keeps its strides]).
+    # (Note [Strides: what eager gives], case "inverted base").
     def f(x):
         v1 = x.view(torch.int32)
         v3 = v1.diagonal(0, 1, 0)
@@ -71,7 +71,7 @@ def test_as_strided_after_a_write_through_a_dtype_view_of_a_transposed_input(rem
 def test_written_input_keeps_the_strides_of_its_size_one_dimensions(remove):
     # x = b.t() of a (6, 1) b has strides (1, 1) and keeps them after a write, not (6, 1), so
     # x.adjoint().view(torch.int16) works where eager's last stride is 1
-    # (Note [Kernel: writes keep the written tensor's strides]).
+    # (Note [Strides: what eager gives], case "written base").
     def f(x):
         v = x.adjoint()
         x.clamp_max_(0.5)
@@ -85,7 +85,7 @@ def test_results_of_views_report_eager_strides_in_graphs_without_views():
     # Traced without views, a result computed from a view's value reports eager's layout, not the
     # value's: v0.view(6) works where eager's v0 is contiguous, and an out= tensor resized to x2 /
     # x0 of two transposed inputs takes eager's strides. See
-    # Note [Kernel: eager strides of results without views].
+    # Note [Strides: what eager gives], case "op results".
     def f(x0, x1):
         v0 = x1.diagonal_scatter(torch.full((2,), 7.0))
         v0.t_()
@@ -115,7 +115,7 @@ def test_outputs_without_views_keep_eager_strides_with_gaps():
     # not come back packed as (4, 1), and neither do overlapping outputs (unfold): an output whose
     # eager strides have gaps, stride-0 dims or overlapping elements is a copy in those strides;
     # outputs never alias inputs without views. See
-    # Note [Inputs: outputs in eager's strides without views].
+    # Note [Strides: what eager gives], case "outputs".
     def f(x0, x1):
         x0.add_(x0)
         return (x1.unsqueeze(1), x1, x1[:, ::2], x1.expand(2, 3, 4), x1.diagonal(),
