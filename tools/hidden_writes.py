@@ -19,11 +19,12 @@ argument, is a finding: (op overload, argument name, what changed, the OpInfo sa
 
 Limits, stated so the list is read right: it sees the ATen ops that OpInfo samples reach on the
 given device (cudnn_batch_norm / miopen_batch_norm exist on CUDA / ROCm only, so a CPU run cannot
-see them: they are in SpecialOps.cpp's table by reading their schemas and kernels); values are
-compared, so a write of the value already there is invisible. docs/reports/hidden_writes.md keeps
-the list with how each finding is handled; test/python/test_hidden_writes.py checks that each finding
-is handled (a row of the special-op table, csrc/kernels/SpecialOps.cpp) and repeats the search on
-the OpInfo entries that reach one. The search itself (the dispatch mode and `scan`) is in
+see them: their row in the special-op table, kernels/SpecialOps.cpp, comes from reading their
+schemas and kernels); values are compared, so a write of the value already there is invisible.
+docs/reports/hidden_writes.md keeps the list with how each finding is handled;
+test/python/test_hidden_writes.py checks that each finding is handled (a row of the special-op
+table, csrc/kernels/SpecialOps.cpp) and repeats the search on the OpInfo entries that reach one.
+The search itself (the dispatch mode and `scan`) is in
 torch_functionalize.testing._internal.hidden_writes; this file is its command line and report.
 """
 
@@ -55,7 +56,7 @@ HANDLING = {
 # Known from reading schemas and kernels, not reachable from CPU OpInfo samples.
 NOT_SEARCHABLE_HERE = [
     ("aten.cudnn_batch_norm / aten.miopen_batch_norm", "running_mean, running_var",
-     "CUDA / ROCm kernels only; same row as native_batch_norm (see SpecialOps.cpp: "
+     "CUDA / ROCm kernels only; same row as native_batch_norm (see kernels/special/BatchNorm.cpp: "
      "Note [Kernel: cudnn_batch_norm and miopen_batch_norm]); CPU stand-ins test it"),
     ("aten._cudnn_rnn", "dropout_state",
      "cuDNN keeps its dropout RNG state in this buffer; it is not the program's: ATen's CUDA "

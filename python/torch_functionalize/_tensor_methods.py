@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 # Note [API: Tensor.new_tensor on wrappers]
 # `t.new_tensor(data)` is not an ATen op: torch's Python binding derives the new tensor's backend
 # from t's dispatch keys (legacyExtractDispatchKey). A wrapper carries our PrivateUse3 keys and
-# not its value's CPU/CUDA keys (Note [Which dispatch key]), so eager torch failed with "DispatchKey
-# PrivateUse3 doesn't correspond to a device" (found by the fuzzer, tools/fuzz.py). For wrappers the
+# not its value's CPU/CUDA keys (Note [Which dispatch key]), so torch's method fails with "DispatchKey
+# PrivateUse3 doesn't correspond to a device". For wrappers the
 # method is what its documentation says it is, torch.tensor(data) with t's dtype and device
 # (torch.tensor then reaches our kernel through lift_fresh, like any constant in the function);
 # every other tensor takes torch's own method. Rejected: giving wrappers their value's backend

@@ -386,9 +386,9 @@ def _track(t: torch.Tensor, proxy: Any, tracer: Any) -> None:
 
 # Note [API: subclasses as graph inputs]
 # make_fx(functionalize(f))(dtensor): make_fx holds the DTensor as one graph input and knows
-# nothing of its local tensor, which our call reads, so the local program used to enter the graph
+# nothing of its local tensor, which our call reads, so the local program would enter the graph
 # with the local tensor as a constant (plain make_fx of a DTensor program gives exactly that
-# graph: every result a constant). Now, before the call, each inner tensor of a subclass input
+# graph: every result a constant). So before the call, each inner tensor of a subclass input
 # the tracer holds becomes a `getattr(x, "_local_tensor")` node of that input (recursively for
 # subclasses of subclasses), and after it, each subclass output is rebuilt in the graph by one
 # node, rebuild_traced_subclass(key, *inner), whose plan (type, flatten context, outer size and

@@ -489,10 +489,10 @@ class _CapturedModule(_LazyGraphModule):
 # Note [Capture: overloads named by a keyword]
 # FX writes an OpOverload target as its qualified name, so aten.random.from (random_(from, to)'s
 # functional form) becomes `torch.ops.aten.random.from(...)` in the generated code: a
-# SyntaxError when the module first runs (make_fx's graphs have the same bug, upstream; the
-# fuzzer's largest class of graph errors, ~1.2% of its programs). Capture's graphs generate their
-# code with a CodeGen that writes such a name as getattr(torch.ops.aten.random, 'from'), which
-# is the same object, so the node's target stays the OpOverload for every pass that reads it.
+# SyntaxError when the module first runs (make_fx's graphs have the same bug, upstream). Capture's
+# graphs generate their code with a CodeGen that writes such a name as
+# getattr(torch.ops.aten.random, 'from'), which is the same object, so the node's target stays
+# the OpOverload for every pass that reads it.
 # Rejected: a Python function as the node's target (graph passes look for OpOverloads).
 _KEYWORD_OVERLOAD = re.compile(r"\b(torch\.ops\.\w+\.\w+)\.(" + "|".join(keyword.kwlist) + r")\b")
 

@@ -39,6 +39,19 @@ def remove(request):
 
 
 @pytest.fixture
+def deterministic_fill():
+    # Uninitialized memory is filled (NaN / max int): a graph that replays torch.empty's fill onto a
+    # constant, or leaves new memory unwritten, shows up as wrong values.
+    was_det = torch.are_deterministic_algorithms_enabled()
+    was_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(was_det)
+    torch.utils.deterministic.fill_uninitialized_memory = was_fill
+
+
+@pytest.fixture
 def device():
     """The device under test (TFZ_TEST_DEVICE, default cpu)."""
     return TEST_DEVICE

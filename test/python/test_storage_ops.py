@@ -287,19 +287,6 @@ def test_set_onto_a_captured_storage_refuses_writes_inputs_tracers_and_the_cpu(r
         functionalize(_read_through_set(cpu_parameter), remove=remove)(torch.ones(3, device="cpu"))
 
 
-@pytest.fixture
-def deterministic_fill():
-    # Uninitialized memory is filled (NaN / max int): a graph that replays torch.empty's fill onto a
-    # constant, or leaves new memory unwritten, shows up as wrong values.
-    was_det = torch.are_deterministic_algorithms_enabled()
-    was_fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    yield
-    torch.use_deterministic_algorithms(was_det)
-    torch.utils.deterministic.fill_uninitialized_memory = was_fill
-
-
 def _slice_input():
     return (torch.arange(6.0)[1:],)
 

@@ -232,19 +232,6 @@ def test_input_restrided_then_written_is_copied_back_once(remove):
     assert_matches_eager(_restrided_then_written, torch.arange(6.0), remove=remove)
 
 
-@pytest.fixture
-def deterministic_fill():
-    # Uninitialized memory is filled (NaN / max int): a graph that replays torch.empty's fill onto a
-    # constant, or leaves new memory unwritten, shows up as wrong values.
-    was_det = torch.are_deterministic_algorithms_enabled()
-    was_fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    yield
-    torch.use_deterministic_algorithms(was_det)
-    torch.utils.deterministic.fill_uninitialized_memory = was_fill
-
-
 def test_constant_index_tensor_survives_graph_replay(remove, deterministic_fill):
     # torch.tensor's own construction (empty + raw copy) must stay out of the graph
     # (Note [Layer: torch's untraced regions]); it used to record empty's deterministic fill_
