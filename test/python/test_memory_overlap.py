@@ -122,3 +122,14 @@ def test_copy_into_a_conj_view_of_its_source_writes(remove):
     assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
     assert_matches_eager(lambda x: (x.conj().copy_(x), x + 0)[1],
                          torch.randn(3, dtype=torch.complex64), remove=remove)
+
+
+def test_write_to_an_empty_tensor_with_overlapping_strides_is_allowed(remove):
+    # No element, no overlap: eager writes nothing and raises nothing, whatever the strides of the
+    # other dimensions say (core/MemoryOverlap.h, may_self_overlap).
+    def f(x):
+        v = x.as_strided((0, 3, 2), (1, 1, 0))
+        v.add_(1)
+        return x + 0
+
+    assert_matches_eager(f, torch.arange(6.0), remove=remove)

@@ -6,6 +6,7 @@
 #include "core/AutogradHistory.h"
 #include "core/Conversions.h"
 #include "core/Layout.h"
+#include "core/MemoryOverlap.h"
 #include "core/Recorder.h"
 #include "core/ViewInverses.h"
 
@@ -214,11 +215,8 @@ bool foreach_elements_overlap(const c10::OperatorHandle& op, const torch::jit::S
   auto add = [&](const at::Tensor& t, int64_t position, bool written) {
     const auto* storage = alias_of(t);
     if (storage == nullptr || t.numel() == 0) return;
-    int64_t last = 0;
-    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * std::abs(t.stride(d));
-    const auto item = static_cast<int64_t>(t.dtype().itemsize());
-    const int64_t begin = t.storage_offset() * item;
-    extents.push_back({storage, begin, begin + (last + 1) * item, position, written, t});
+    const Span span = span_of(t);
+    extents.push_back({storage, span.begin, span.end, position, written, t});
   };
   const auto& args = op.schema().arguments();
   const auto first = stack.end() - static_cast<std::ptrdiff_t>(args.size());
@@ -242,9 +240,8 @@ bool foreach_elements_overlap(const c10::OperatorHandle& op, const torch::jit::S
       if (b.storage != a.storage || b.begin >= a.end) break;
       if (!a.written && !b.written) continue;
       // x written at index i from x at the same index (add_(xs, xs)) is elementwise, not a race.
-      const bool same_view = a.position == b.position && a.position != -1 && a.begin == b.begin &&
-                             a.tensor.sizes() == b.tensor.sizes() &&
-                             a.tensor.strides() == b.tensor.strides() &&
+      const bool same_view = a.position == b.position && a.position != -1 &&
+                             same_geometry(a.tensor, b.tensor) &&
                              a.tensor.dtype() == b.tensor.dtype();
       if (!same_view) return true;
     }
