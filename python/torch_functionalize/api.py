@@ -217,30 +217,36 @@ class _Shallow:
     """The ``Arguments`` of a call whose arguments are all tensors or exact lists / tuples of
     tensors, read without pytree."""
 
-    __slots__ = ("args", "kwargs", "inputs")
+    __slots__ = ("args", "kwargs", "inputs", "tensors_only")
 
-    def __init__(self, args: tuple, kwargs: dict[str, Any], inputs: list[torch.Tensor]) -> None:
+    def __init__(self, args: tuple, kwargs: dict[str, Any], inputs: list[torch.Tensor],
+                 tensors_only: bool) -> None:
         self.args, self.kwargs, self.inputs = args, kwargs, inputs
+        self.tensors_only = tensors_only  # positional tensors only: f(x, y), the common call
 
     @staticmethod
     def of(args: tuple, kwargs: dict[str, Any]) -> _Shallow | None:
         """The arguments when every one is a tensor or an exact list / tuple of tensors (their
         tensors in pytree's order), else None."""
         inputs: list[torch.Tensor] = []
+        tensors_only = not kwargs
         for a in (*args, *kwargs.values()) if kwargs else args:
             if isinstance(a, torch.Tensor):
                 inputs.append(a)
             elif type(a) in _SHALLOW and all(isinstance(t, torch.Tensor) for t in a):
                 inputs.extend(a)
+                tensors_only = False
             else:
                 return None
-        return _Shallow(args, kwargs, inputs)
+        return _Shallow(args, kwargs, inputs, tensors_only)
 
     def tensors(self) -> list[torch.Tensor]:
         return self.inputs
 
     def rebuild(self, tensors: Sequence[torch.Tensor]) -> tuple[tuple, dict[str, Any]]:
         """``args`` and ``kwargs`` with ``tensors`` in place of their tensors."""
+        if self.tensors_only:
+            return tuple(tensors), {}
         pos = 0
 
         def take(a: Any) -> Any:
