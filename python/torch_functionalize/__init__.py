@@ -1,7 +1,8 @@
 """torch-functionalize: remove mutations (and optionally views) from PyTorch programs.
 
 Public surface: ``functionalize`` (the contract of ``torch.func.functionalize``), ``capture``
-(the functional program of f as an FX GraphModule, recorded in C++), ``functionalize_graph`` (FX GraphModule in, functional GraphModule out), and the helpers
+(the functional program of f as an FX GraphModule, recorded in C++), ``functionalize_graph`` (FX GraphModule in, functional GraphModule out), ``reinplace`` (a functional graph
+rewritten to write in place where nothing can tell), and the helpers
 ``to_functional``, ``from_functional``, ``is_functional``, ``sync`` and ``enable``; ``backend``,
 the torch.compile backend (also registered by name: ``torch.compile(m, backend="tfz")``).
 """
@@ -31,6 +32,7 @@ from .api import enable, from_functional, functionalize, is_functional, sync, to
 from .capture import capture, graph_module_of
 from .dynamo import backend
 from .graph import functionalize_graph
+from .reinplace import reinplace
 
 __version__ = "0.1.0"
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "capture",
     "graph_module_of",
     "functionalize_graph",
+    "reinplace",
     "to_functional",
     "from_functional",
     "is_functional",

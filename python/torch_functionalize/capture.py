@@ -19,6 +19,7 @@ from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.utils import _pytree as pytree
 
 from . import _C
+from ._alias_analysis import InputLayout
 from ._fx import placeholders, run_without_grad
 from ._tree import Flat, call_with
 from .api import Remove, _is_wrapper_subclass, check_remove
@@ -38,7 +39,7 @@ def _resolve(qualified: str, overload: str) -> tuple[Any, str]:
 
 
 def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
-            dynamic: bool = False, **kwargs: Any) -> fx.GraphModule:
+            dynamic: bool = False, reinplace: bool = False, **kwargs: Any) -> fx.GraphModule:
     """Runs ``functionalize(func, remove=remove)(*args, **kwargs)`` once and returns the functional
     program it ran as an ``fx.GraphModule`` of ATen ops (called with the same pytrees as ``func``),
     recorded in C++ as it runs: the program ``make_fx(functionalize(func))`` records, without the
@@ -53,7 +54,19 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
 
     Raises NotImplementedError, naming ``make_fx(functionalize(func))`` as the alternative, for
     wrapper subclasses (DTensor), symbolic shapes, active torch.func transforms, autocast and
-    active TorchDispatchModes (FakeTensorMode)."""
+    active TorchDispatchModes (FakeTensorMode).
+
+    With ``reinplace=True`` the graph is then rewritten to write buffers in place where nothing
+    can observe it (``torch_functionalize.reinplace``, Note [Reinplace: the rules])."""
+    gm = _capture(func, args, kwargs, remove, dynamic)
+    if reinplace:
+        from .reinplace import reinplace as _reinplace
+        return _reinplace(gm)
+    return gm
+
+
+def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remove: Remove,
+             dynamic: bool) -> fx.GraphModule:
     if not callable(func):
         raise TypeError(f"capture: expected a callable, got {type(func).__name__}.")
     check_remove(remove)
@@ -382,6 +395,7 @@ def _graph_module(captured: Any, func: Callable[..., Any] | None, args: tuple,
         i: leaf for i, leaf in enumerate(flat) if i not in input_of}
     gm._tfz_inputs = _InputCheck(captured.input_guards(), orig_args, len(args), kwargs, in_spec,
                                  positions, leaf_names, constants)
+    gm._tfz_input_layout = InputLayout(flat)
     return gm
 
 

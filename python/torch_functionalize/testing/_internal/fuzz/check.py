@@ -20,8 +20,10 @@ from .program import Program, compile_program
 
 # ours_* / fx_* / cap_* / tf_*: our functionalize called directly, our functionalize traced by
 # make_fx and the graph replayed on fresh inputs, torch_functionalize.capture's graph replayed on
-# fresh inputs, torch.func.functionalize called directly.
-OURS_PATHS = ("ours_mut", "ours_mav", "fx_mut", "fx_mav", "cap_mut", "cap_mav")
+# fresh inputs, torch.func.functionalize called directly; rip_* / fxrip_*: capture's / make_fx's
+# graph after torch_functionalize.reinplace, replayed on fresh inputs.
+OURS_PATHS = ("ours_mut", "ours_mav", "fx_mut", "fx_mav", "cap_mut", "cap_mav",
+              "rip_mut", "rip_mav", "fxrip_mut")
 TF_PATHS = ("tf_mut", "tf_mav")
 ALL_PATHS = OURS_PATHS + TF_PATHS
 MODE = {"mut": "mutations", "mav": "mutations_and_views"}
@@ -135,12 +137,15 @@ def run_path(prog: Program, path: str, compiled=None) -> Outcome:
         elif path.startswith("tf_"):
             inputs = make_inputs()
             outs = torch.func.functionalize(f, remove=MODE[path[3:]])(*inputs)
-        elif path.startswith(("fx_", "cap_")):
+        elif path.startswith(("fx_", "cap_", "rip_", "fxrip_")):
+            # rip_: capture's graph after reinplace; fxrip_: make_fx's graph after reinplace.
             mode = MODE[path.split("_")[1]]
-            if path.startswith("fx_"):
+            if path.startswith(("fx_", "fxrip_")):
                 gm = make_fx(torch_functionalize.functionalize(f, remove=mode))(*make_inputs())
             else:
                 gm = torch_functionalize.capture(f, *make_inputs(), remove=mode)
+            if path.startswith(("rip_", "fxrip_")):
+                gm = torch_functionalize.reinplace(gm)
             inputs = make_inputs()
             # f seeds the generator at its start; the graph does not, so its replay does.
             torch.manual_seed(prog.rng_seed)
@@ -192,7 +197,7 @@ def _desc(s: TSnap):
 def compare(eager: Outcome, got: Outcome, path: str) -> list[Diff]:
     """Differences of got from eager under the rules of path (see tools/fuzz.py's header)."""
     diffs = []
-    graph = path.startswith(("fx_", "cap_"))
+    graph = path.startswith(("fx_", "cap_", "rip_", "fxrip_"))
     ours = not path.startswith("tf_")
     keep_views = path.endswith("_mut")
     if len(got.outputs) != len(eager.outputs):
@@ -298,7 +303,7 @@ def judge(prog: Program, eager: Outcome, path: str, compiled=None) -> PathResult
     if got.error is not None:
         e = got.error
         message = f"{type(e).__name__}: {str(e)[:2000]}"
-        if path.startswith("fx_") and not is_named_error(e):
+        if path.startswith(("fx_", "fxrip_")) and not is_named_error(e):
             plain = plain_make_fx_error(compiled)
             if type(plain) is type(e) and norm_message(str(plain)) == norm_message(str(e)):
                 return PathResult(MAKE_FX_ITSELF, message=message, stmt=got.error_stmt)

@@ -1,0 +1,320 @@
+"""torch_functionalize.reinplace: graphs that write in place give eager's outputs and inputs, and
+each rule of Note [Reinplace: the rules] keeps the candidates it must keep, with the rule named.
+Every expected value comes from running the program eagerly (or the un-rewritten graph, for
+graphs built by hand). The fuzzer's rip_* / fxrip_* paths (test_fuzz.py, tools/fuzz.py) run the
+same check on random programs.
+"""
+import pytest
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torch_functionalize as tfz
+from torch_functionalize.testing._internal import workloads
+from torch_functionalize.testing._internal.reference import assert_trees_match
+
+aten = torch.ops.aten
+
+
+def _clone_tree(tree):
+    """Clones every tensor of a pytree, keeping views of one base views of one clone."""
+    clones = {}
+
+    def clone(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        base = t._base if t._base is not None else t
+        key = id(base)
+        if key not in clones:
+            clones[key] = base.detach().clone().requires_grad_(base.requires_grad)
+        b = clones[key]
+        if t._base is None:
+            return b
+        return b.as_strided(t.size(), t.stride(), t.storage_offset())
+
+    return torch.utils._pytree.tree_map(clone, tree)
+
+
+def _reinplaced_matches_eager(f, *args, graph="capture"):
+    """Runs f eagerly and its graph (capture's or make_fx(torch.func.functionalize)'s) after
+    reinplace, each on its own copy of args; compares outputs and inputs; returns the report."""
+    eager_args, graph_args, trace_args = (_clone_tree(args) for _ in range(3))
+    expected = f(*eager_args)
+    if graph == "capture":
+        gm = tfz.capture(f, *trace_args)
+    else:
+        gm = make_fx(torch.func.functionalize(f))(*trace_args)
+    rewritten, report = tfz.reinplace(gm, explain=True)
+    actual = rewritten(*graph_args)
+    assert_trees_match(actual, expected, "outputs")
+    assert_trees_match(graph_args, eager_args, "inputs after the call")
+    return rewritten, report
+
+
+def _targets(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _decision(report, node):
+    found = [d for d in report if d.node == node]
+    assert found, f"no decision for {node}:\n{report}"
+    return found[0]
+
+
+# -- what it rewrites -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("graph", ["capture", "make_fx"])
+def test_kv_cache_write_happens_in_the_cache(graph):
+    def step(cache, pos, k):
+        cache.index_copy_(2, pos, k)
+        return cache.index_select(2, torch.tensor([0, 3])).sum()
+
+    gm, report = _reinplaced_matches_eager(
+        step, torch.randn(1, 2, 16, 4), torch.tensor([3]), torch.randn(1, 2, 1, 4), graph=graph)
+    targets = _targets(gm)
+    assert aten.index_copy_.default in targets and aten.index_copy.default not in targets
+    assert aten.copy_.default not in targets, "the epilogue copy of the cache is gone"
+    assert _decision(report, "index_copy").action == "in place"
+
+
+@pytest.mark.parametrize("graph", ["capture", "make_fx"])
+def test_slice_write_into_input_becomes_a_copy_through_the_view(graph):
+    def f(x, y):
+        x[:, 0:4] = y * 2
+        x[:, 8:12].mul_(3)
+        return x[:, 4:8].sum()
+
+    gm, report = _reinplaced_matches_eager(f, torch.randn(4, 16), torch.randn(4, 4), graph=graph)
+    targets = _targets(gm)
+    assert aten.slice_scatter.default not in targets
+    assert aten.mul_.Tensor in targets
+    # Left: one copy_ of y * 2 into its slice; no copy of the whole input.
+    copies = [n for n in gm.graph.nodes if n.target is aten.copy_.default]
+    assert len(copies) == 1 and copies[0].args[0].target is aten.slice.Tensor
+
+
+def test_result_copied_into_an_input_is_computed_into_it_with_out():
+    def f(x, a, b):
+        torch.mm(a, b, out=x)
+        return x.sum()
+
+    gm, report = _reinplaced_matches_eager(f, torch.randn(3, 5), torch.randn(3, 4),
+                                           torch.randn(4, 5))
+    assert _decision(report, "mm").action == "out="
+    assert aten.copy_.default not in _targets(gm)
+
+
+def test_foreach_update_of_optimizer_state_happens_in_place():
+    # The Adam step from the benchmarks (torch.optim's capturable _multi_tensor_adam): every
+    # state list updated with _foreach_*_ ops is written in place.
+    w = workloads.get("real/adam_foreach")
+    gm, report = _reinplaced_matches_eager(w.fn, *w.make_inputs())
+    assert any(d.op.startswith("aten._foreach") and d.action == "in place" for d in report)
+    # 400 input writes before: exp_avgs, exp_avg_sqs and steps are now written where they are
+    # computed; the 100 params stay copied, because the step returns them (the graph's output
+    # would start sharing memory with its input: rule 4).
+    assert sum(t is aten.copy_.default for t in _targets(gm)) == 100
+
+
+@pytest.mark.parametrize("name", ["real/gpt_kv_cache", "real/mlp_train", "real/resnet_block",
+                                  "real/transformer_stack"])
+def test_benchmark_workloads_give_eager_results_after_reinplace(name):
+    w = workloads.get(name)
+    gm, report = _reinplaced_matches_eager(w.fn, *w.make_inputs())
+    assert report.changed(), str(report)
+
+
+def test_training_step_of_an_nn_module_with_batch_norm():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU())
+    params = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def step(params, x):
+        return torch.func.functional_call(model, params, (x,)).relu_().sum()
+
+    _reinplaced_matches_eager(step, params, torch.randn(6, 8))
+
+
+def test_capture_with_reinplace_keeps_the_input_guards():
+    def f(x):
+        x.add_(1)
+        return x * 2
+
+    gm = tfz.capture(f, torch.zeros(3), reinplace=True)
+    assert aten.add_.Tensor in _targets(gm)
+    x = torch.zeros(3)
+    assert torch.equal(gm(x), torch.full((3,), 2.0)) and torch.equal(x, torch.ones(3))
+    with pytest.raises(RuntimeError, match="captured"):
+        gm(torch.zeros(4))
+
+
+# -- what it keeps, and why -------------------------------------------------------------------
+
+def test_operand_overlapping_the_written_region_keeps_the_op():
+    # pytorch/pytorch#198031 and #197829: a clone dropped though another operand overlaps the
+    # written region; in place, add would read elements it already wrote.
+    def f(x):
+        x[1:] = x[1:] + x[:-1]
+        return x
+
+    gm, report = _reinplaced_matches_eager(f, torch.arange(6.0))
+    assert _decision(report, "add").action == "kept"
+    assert "rule 3" in _decision(report, "add").rule
+
+
+def test_transposed_operand_keeps_the_op():
+    def f(x):
+        x.copy_(x + x.t())
+
+    gm, report = _reinplaced_matches_eager(f, torch.randn(4, 4))
+    assert "rule 3" in _decision(report, "add").rule
+
+
+def test_same_tensor_twice_in_a_pointwise_op_is_written_in_place():
+    # pytorch/pytorch#196657: a tensor passed twice to a mutating kernel keeps its aliasing;
+    # a pointwise op reading exactly the region it writes is safe.
+    def f(x):
+        x.add_(x)
+        torch.addcmul(x, x, x, out=x)
+
+    gm, report = _reinplaced_matches_eager(f, torch.randn(5))
+    assert _decision(report, "add").action == "in place"
+
+
+def test_result_read_after_the_epilogue_overwrote_its_buffer_stays_functional():
+    # pytorch/pytorch#198094: a scatter reinplaced into an input that a later epilogue copy_
+    # overwrites, while the scatter's result is still read. Built by hand (a program cannot
+    # make this graph: its functional copy_ reads the input); the reference is the graph itself.
+    graph = fx.Graph()
+    x, src, other = (graph.placeholder(n) for n in ("x", "src", "other"))
+    scattered = graph.call_function(aten.select_scatter.default, (x, src, 0, 0))
+    graph.call_function(aten.copy_.default, (x, other))
+    graph.output(graph.call_function(aten.sum.default, (scattered,)))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    args = (torch.randn(3, 4), torch.randn(4), torch.randn(3, 4))
+    rewritten, report = tfz.reinplace(gm, *args, explain=True)
+    assert "rule 4" in _decision(report, "select_scatter_default").rule
+    a, b = _clone_tree(args), _clone_tree(args)
+    assert_trees_match(rewritten(*b), gm(*a), "outputs")
+    assert_trees_match(b, a, "inputs")
+
+
+def test_write_only_op_on_an_input_keeps_no_copy():
+    # pytorch/pytorch#189080: fill_ / zero_ / copy_ need no functional buffer at all.
+    def f(x, y, z):
+        x.fill_(2)
+        y.zero_()
+        z.copy_(x)
+
+    gm, report = _reinplaced_matches_eager(f, torch.randn(8), torch.randn(8), torch.randn(8))
+    targets = _targets(gm)
+    assert aten.fill.Scalar not in targets and aten.zero.default not in targets
+    assert targets.count(aten.copy_.default) == 1  # z.copy_(x) itself
+
+
+def test_input_the_program_does_not_write_is_never_written():
+    def f(x):
+        return (x + 1).relu()
+
+    gm, report = _reinplaced_matches_eager(f, torch.randn(6))
+    assert "rule 5" in _decision(report, "add").rule
+    assert _decision(report, "relu").action == "in place"  # its input is the fresh x + 1
+
+
+def test_returned_result_does_not_start_sharing_memory_with_an_input():
+    # Found by the fuzzer (program 82): add's result is returned, and in place it would have
+    # been the input itself, which eager's returned tensor is not.
+    def f(x):
+        v0 = x + x
+        v1 = x.to(torch.float32)
+        v1.copy_(v0)
+        return v0, v1
+
+    eager_x, graph_x = torch.randn(3), torch.randn(3)
+    graph_x.copy_(eager_x)
+    gm = tfz.reinplace(tfz.capture(f, eager_x.clone()))
+    expected, actual = f(eager_x), gm(graph_x)
+    assert_trees_match(actual, expected, "outputs")
+    assert actual[0].untyped_storage().data_ptr() != graph_x.untyped_storage().data_ptr()
+
+
+def test_random_op_keeps_its_functional_form():
+    def f(x):
+        x.uniform_()
+        return x
+
+    torch.manual_seed(0)
+    gm, report = tfz.reinplace(tfz.capture(f, torch.zeros(4)), explain=True)
+    assert "rule 1" in _decision(report, "uniform").rule
+
+
+def test_op_recorded_by_autograd_stays_functional_and_gradients_match():
+    def f(x, w):
+        h = x * w
+        h.add_(1)  # autograd records this add on h, which requires grad
+        return h.exp().sum()
+
+    x = torch.randn(4, requires_grad=True)
+    w = torch.randn(4, requires_grad=True)
+    gm, report = tfz.reinplace(tfz.capture(f, x, w), explain=True)
+    assert "rule 1" in _decision(report, "add").rule
+    xa, wa = (t.detach().clone().requires_grad_() for t in (x, w))
+    xb, wb = (t.detach().clone().requires_grad_() for t in (x, w))
+    f(xa, wa).backward()
+    gm(xb, wb).backward()
+    assert torch.allclose(xa.grad, xb.grad) and torch.allclose(wa.grad, wb.grad)
+
+
+def test_aliased_inputs():
+    base = torch.randn(8)
+
+    def f(a, b):
+        a.mul_(2)
+        return b.sum()
+
+    args = (base, base[2:6])
+    gm, report = _reinplaced_matches_eager(f, *args)
+    # b is read after the write: in place, the read would see the new value too, as eager's does
+    # (b is a view of a); the analysis knows they share memory, so nothing it keeps is wrong.
+    assert report
+
+
+def test_explain_lists_each_candidate_with_its_rule():
+    def f(x, y):
+        y.add_(1)
+        return (x * 2).relu()
+
+    _, report = tfz.reinplace(tfz.capture(f, torch.randn(3), torch.randn(3)), explain=True)
+    text = str(report)
+    assert text.splitlines()[0].split() == ["node", "op", "action", "rule"]
+    for d in report:
+        assert d.rule and d.action in ("in place", "out=", "scatter in place", "copy removed",
+                                       "kept")
+    assert {d.node for d in report} >= {"add", "mul", "relu"}
+
+
+def test_graph_without_recorded_inputs_asks_for_them():
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(aten.add.Tensor, (x, 1)))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    with pytest.raises(ValueError, match=r"reinplace\(gm, \*inputs\)"):
+        tfz.reinplace(gm)
+
+
+def test_reinplace_leaves_the_given_graph_unchanged():
+    gm = tfz.capture(lambda x: x.add_(1), torch.zeros(2))
+    before = gm.code
+    tfz.reinplace(gm)
+    assert gm.code == before
+
+
+def test_getitem_of_foreach_result_after_in_place_is_the_written_tensor():
+    def f(xs, ys):
+        torch._foreach_mul_(xs, ys)
+        return [x.sum() for x in xs]
+
+    gm, report = _reinplaced_matches_eager(f, [torch.randn(3), torch.randn(2)],
+                                           [torch.randn(3), torch.randn(2)])
+    foreach = [n for n in gm.graph.nodes if n.target is aten._foreach_mul_.List]
+    assert len(foreach) == 1 and not foreach[0].users  # its getitems became the inputs
+    assert _decision(report, "_foreach_mul").action == "in place"
