@@ -7,6 +7,7 @@
 #include "core/Conversions.h"
 #include "core/Layer.h"
 #include "core/Recorder.h"
+#include "core/UndoLog.h"
 #include "kernels/Registration.h"
 
 namespace tfz::detail {
@@ -28,8 +29,10 @@ std::vector<at::Tensor> call_functionalized(const std::vector<at::Tensor>& input
   ensure_registered();
   std::vector<at::Tensor> wrapped, outputs;
   std::unique_ptr<LayerAutograd> autograd;  // See Note [Autograd: .backward() inside the function]
-  {
+  UndoLog undo;                             // See Note [Undo: writes into the caller's memory]
+  try {
     LayerGuard layer(remove == Remove::Mutations);
+    UndoScope undo_scope(layer.layer().id, undo);
     wrapped = wrap_inputs(inputs, layer.layer());
     outputs = fn(wrapped);
     for (const auto& t : outputs) {
@@ -39,6 +42,9 @@ std::vector<at::Tensor> call_functionalized(const std::vector<at::Tensor>& input
       if (auto* impl = maybe_get_impl(t)) impl->sync_();
     }
     autograd = layer.take_autograd();
+  } catch (...) {
+    undo.rollback();  // after the layer is gone: plain ops on the caller's tensors
+    throw;
   }
   write_back_inputs(inputs, wrapped);
   if (autograd) autograd->finish(ops_are_recorded());

@@ -4,6 +4,8 @@
 // bool views of wider bytes in BoolViewWrites.cpp. See Note [Schema: argument plan].
 #include "kernels/Handlers.h"
 
+#include "kernels/CallerMemoryWrites.h"
+
 #include "core/AutogradHistory.h"
 #include "core/Conversions.h"
 #include "core/FunctorchInterop.h"
@@ -306,6 +308,8 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
 
 void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                     const Layer& layer) {
+  // See Note [Undo: writes into the caller's memory].
+  if (write_into_caller_memory(info, op, stack, layer)) return;
   // See Note [Kernel: out= of another dtype], case "composites in graphs". (The schema test first:
   // in-place ops, the common case, skip the TLS reads.)
   if (info.written.size() == 1 && info.written[0].is_out && C10_UNLIKELY(ops_are_recorded())) {

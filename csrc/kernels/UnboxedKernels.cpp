@@ -2,6 +2,7 @@
 // ops of a training step, and the in-place / out= twins of the pointwise ones). Each does what
 // the boxed kernel does for its op, without boxing arguments into a stack. Which ops get one is
 // decided at registration from the op's classification. See Note [Kernel: unboxed fast path].
+#include "kernels/CallerMemoryWrites.h"
 #include "kernels/Registration.h"
 #include "kernels/Subclasses.h"
 
@@ -372,6 +373,11 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
       return written;
     }
     if constexpr (!kOut) {
+      // See Note [Undo: writes into the caller's memory]: the boxed kernel takes those.
+      if (C10_UNLIKELY(writes_through_view_of_caller_memory(written, *current_layer()))) {
+        run_on_boxed_kernel<MutOp>(ks, args...);
+        return written;
+      }
       if (can_write_inner_in_place(written)) {  // See Note [Kernel: in-place on the inner value]
         at::Tensor inner = unsafe_get_impl(written)->value();
         bool done = true;

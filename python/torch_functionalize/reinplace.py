@@ -358,6 +358,12 @@ class _Reinplacer:
             raise _Rejected("rule 4: the copy_ does not overwrite the target region first")
         if kill is None and w.storage in self.a.input_storages:
             raise _Rejected("rule 5: a graph input the program does not overwrite there")
+        if out is not None:
+            # The result's buffer becomes w's: a write into it later (an earlier rewrite made
+            # one) would then change w's memory under readers that expect w's value.
+            for use in self.a.uses_after(out.storage, position):
+                if use.role in (WRITE, DEST) and use.node is not kill:
+                    raise _Rejected(f"rule 4: {use.node.name} writes the result's buffer later")
         if out is not None and any(u.role == OUTPUT for u in self.a.uses.get(out.storage, [])) \
                 and (w.storage in self.a.input_storages or
                      any(u.role == OUTPUT for u in self.a.uses.get(w.storage, []))):
@@ -365,24 +371,46 @@ class _Reinplacer:
                             "with an input or another output")
         if kill is None or out is None:
             return
-        src = kill.args[1]
-        s = self.a.region(src) if isinstance(src, fx.Node) else None
-        dest = self.a.region(kill.args[0])  # type: ignore[arg-type]
-        if s is not None and dest is not None and s.storage == out.storage:
-            # Where src will be once the result lives in w: w itself for the result, or a view
-            # of it at the same distance when the result is laid out as w is.
-            if s.same(out):
-                moved: Region | None = replace(w, requires_grad=s.requires_grad)
-            elif out.geometry()[1:] == replace(w, offset=out.offset).geometry()[1:]:
-                moved = s.shifted(w.storage, at - out.offset)
-            else:
-                moved = None
-            if moved is not None and moved.same(dest):
-                return  # the copy_ writes the value back onto itself
+        if self._writes_back(kill, out, w, at):
+            # The copy_ writes the value back onto itself: w holds the result from here on, so
+            # nothing may write w again while the result is still read (other such copies of it
+            # back are no writes).
+            for use in self.a.uses_after(w.storage, self.a.position[kill]):
+                r = self.a.region(use.value, use.index)
+                if use.role in (WRITE, DEST) and r is not None and r.overlaps(w) and not (
+                        use.role == DEST and (self._writes_back(use.node, out, w, at) or
+                                              self._onto_itself(use.node))):
+                    raise _Rejected(f"rule 4: {use.node.name} overwrites the region after "
+                                    f"{kill.name}")
+            return
         later = self.a.uses_after(out.storage, self.a.position[kill])
         if later:
             raise _Rejected(f"rule 4: {later[0].node.name} reads the result after "
                             f"{kill.name} overwrote it")
+
+    def _onto_itself(self, copy: fx.Node) -> bool:
+        """Whether a copy_ copies a region onto itself (a no-op the clean-up removes)."""
+        dest, src = copy.args[0], copy.args[1]
+        d = self.a.region(dest) if isinstance(dest, fx.Node) else None
+        s = self.a.region(src) if isinstance(src, fx.Node) else None
+        return d is not None and s is not None and d.same(s)
+
+    def _writes_back(self, copy: fx.Node, out: Region, w: Region, at: int) -> bool:
+        """Whether ``copy`` (a copy_) will copy the result onto itself once the result lives in
+        w's storage at byte offset ``at``: its source is the result (or a view of it, when the
+        result is laid out as w is) and its destination is where that lands."""
+        src = copy.args[1]
+        s = self.a.region(src) if isinstance(src, fx.Node) else None
+        dest = self.a.region(copy.args[0])  # type: ignore[arg-type]
+        if s is None or dest is None or s.storage != out.storage:
+            return False
+        if s.same(out):
+            moved = replace(w, requires_grad=s.requires_grad)
+        elif out.geometry()[1:] == replace(w, offset=out.offset).geometry()[1:]:
+            moved = s.shifted(w.storage, at - out.offset)
+        else:
+            return False
+        return moved.same(dest)
 
     # -- rewrites ------------------------------------------------------------------------------
     def _in_place(self, node: fx.Node, variant: Any) -> None:
@@ -508,11 +536,8 @@ class _Reinplacer:
         for node in list(self.graph.nodes):
             if node.target is not _COPY_:
                 continue
-            dest, src = node.args[0], node.args[1]
-            d = self.a.region(dest) if isinstance(dest, fx.Node) else None
-            s = self.a.region(src) if isinstance(src, fx.Node) else None
-            if d is not None and s is not None and d.same(s):
-                node.replace_all_uses_with(dest)
+            if self._onto_itself(node):
+                node.replace_all_uses_with(node.args[0])
                 self.graph.erase_node(node)
                 self._decide(node, str(_COPY_), "copy removed",
                              "the value is already in place (rule 5)")
