@@ -70,6 +70,9 @@ Place place_of(const at::Tensor& wrapper, const Layer& layer) {
   if (impl == nullptr || impl->layer_id() != layer.id || impl->has_metadata_mutation()) {
     return Place::Elsewhere;
   }
+  // A view made from a base that a write left stale is itself stale until synced; syncing is
+  // what the functional path does first too (a replay of its views when nothing is queued).
+  impl->sync_();
   const auto& storage = impl->alias_storage();
   if (storage.has_pending_updates() || !impl->is_up_to_date()) return Place::Elsewhere;
   const at::Tensor& value = impl->value();
