@@ -395,7 +395,8 @@ def _graph_module(captured: Any, func: Callable[..., Any] | None, args: tuple,
         i: leaf for i, leaf in enumerate(flat) if i not in input_of}
     gm._tfz_inputs = _InputCheck(captured.input_guards(), orig_args, len(args), kwargs, in_spec,
                                  positions, leaf_names, constants)
-    gm._tfz_input_layout = InputLayout(flat)
+    # graph_module_of's stand-in leaves are not the inputs: reinplace then asks for them.
+    gm._tfz_input_layout = InputLayout(flat) if func is not None else None
     return gm
 
 

@@ -318,3 +318,25 @@ def test_getitem_of_foreach_result_after_in_place_is_the_written_tensor():
     foreach = [n for n in gm.graph.nodes if n.target is aten._foreach_mul_.List]
     assert len(foreach) == 1 and not foreach[0].users  # its getitems became the inputs
     assert _decision(report, "_foreach_mul").action == "in place"
+
+
+def test_graph_recorded_in_cpp_is_reinplaced_with_example_inputs():
+    # tfz::capture's graph (here through the binding) as FX: graph_module_of records no input
+    # layout, so reinplace asks for the inputs, then rewrites as for capture's graphs.
+    from torch_functionalize import _C
+    from torch_functionalize.capture import graph_module_of
+
+    def run(tensors):
+        cache, pos, k = tensors
+        cache.index_copy_(2, pos, k)
+        return [cache.sum()]
+
+    args = (torch.randn(1, 2, 8, 4), torch.tensor([3]), torch.randn(1, 2, 1, 4))
+    gm = graph_module_of(_C._capture(list(_clone_tree(args)), "mutations", run))
+    with pytest.raises(ValueError, match="pass them"):
+        tfz.reinplace(gm)
+    rewritten, report = tfz.reinplace(gm, *_clone_tree(args), explain=True)
+    assert _decision(report, "index_copy").action == "in place"
+    a, b = _clone_tree(args), _clone_tree(args)
+    assert_trees_match(rewritten(*b), gm(*a), "outputs")
+    assert_trees_match(b, a, "inputs")
