@@ -258,15 +258,21 @@ class _Reinplacer:
                              "base not read after; src copied through the view")
                 return True
             variant = _inplace_variant(target)
+            in_place_refused: _Rejected | None = None
             if variant is not None:
-                self._in_place(node, variant)
-                self._decide(node, name, "in place", f"self dead after: {variant}")
-                return True
+                try:
+                    self._in_place(node, variant)
+                    self._decide(node, name, "in place", f"self dead after: {variant}")
+                    return True
+                except _Rejected as why:  # the out= form may still write the copy_'s target
+                    in_place_refused = why
             if _out_variant(target) is not None and self._copied_whole(node) is not None:
                 out_op = self._out_form(node)
                 self._decide(node, name, "out=", f"result's copy_ target written directly: "
                              f"{out_op}")
                 return True
+            if in_place_refused is not None:
+                raise in_place_refused
         except _Rejected as why:
             self._decide(node, name, "kept", str(why))
         except Exception as error:  # noqa: BLE001  (an op the analysis cannot follow stays)
