@@ -67,7 +67,9 @@ enum class Place { Elsewhere, CallerTensor, ViewOfCallerTensor };
 // Where a written wrapper's value lies, for the Note's conditions on self.
 Place place_of(const at::Tensor& wrapper, const Layer& layer) {
   auto* impl = maybe_get_impl(wrapper);
-  if (impl == nullptr || impl->layer_id() != layer.id || impl->has_metadata_mutation()) {
+  // Most writes are to values made inside the call: one flag tells them apart before any sync.
+  if (impl == nullptr || impl->layer_id() != layer.id || impl->has_metadata_mutation() ||
+      !impl->alias_storage().has_caller_storage()) {
     return Place::Elsewhere;
   }
   // A view made from a base that a write left stale is itself stale until synced; syncing is
@@ -126,19 +128,20 @@ bool write_into_caller_memory(const OpInfo& info, const c10::OperatorHandle& op,
   if (info.written.size() != 1 || info.written[0].index != 0 || info.written[0].is_out) {
     return false;
   }
-  UndoLog* log = undo_log_of(layer.id);
-  if (log == nullptr) return false;
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
-  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
-  if (!args[0].isTensor()) return false;
-  const at::Tensor self = args[0].toTensor();
+  const c10::IValue& first = *(stack->end() - static_cast<std::ptrdiff_t>(num_args));
+  if (!first.isTensor()) return false;
+  const Place place = place_of(first.toTensor(), layer);
+  if (place == Place::Elsewhere) return false;
   const Recipe recipe = recipe_of(op);
-  const Place place = place_of(self, layer);
-  if (place == Place::Elsewhere || (place == Place::CallerTensor && recipe == Recipe::None) ||
-      is_bool_view_of_wider_bytes(self)) {
+  UndoLog* log = undo_log_of(layer.id);
+  if (log == nullptr || (place == Place::CallerTensor && recipe == Recipe::None) ||
+      is_bool_view_of_wider_bytes(first.toTensor())) {
     return false;
   }
+  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
+  const at::Tensor self = args[0].toTensor();
   bool other_layer_or_grad = false;
   for (size_t i = 1; i < args.size(); ++i) {
     for_each_tensor(args[i], [&](const at::Tensor& t) {
