@@ -325,7 +325,11 @@ class _Reinplacer:
                 continue
             r = self.a.region(value, index)
             for _, w in written:
-                if r is not None and r.overlaps(w) and not (pointwise and r.same(w)):
+                # Exactly the same geometry, size-1 strides included: eager's in-place kernels
+                # call anything else a partial overlap and raise.
+                exact = r is not None and r.storage == w.storage and r.offset == w.offset and \
+                    r.sizes == w.sizes and r.strides == w.strides and r.dtype == w.dtype
+                if r is not None and r.overlaps(w) and not (pointwise and exact):
                     raise _Rejected(f"rule 3: operand {value.name} overlaps the written region")
         regions = [w for _, w in written]
         for i in range(len(regions)):

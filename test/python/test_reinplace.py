@@ -353,3 +353,17 @@ def test_op_with_an_in_place_twin_refused_there_still_writes_its_copy_target_wit
     gm, report = _reinplaced_matches_eager(f, torch.zeros(3), torch.randn(3), torch.randn(3))
     assert _decision(report, "add").action == "out="
     assert aten.copy_.default not in _targets(gm)
+
+
+def test_operand_with_the_same_elements_but_other_size_one_strides_keeps_the_op():
+    # Found by the fuzzer (program 31010): v1 - v1[:, 0::2] on a (2, 1) tensor reads exactly the
+    # written elements, but through other strides of the size-1 dimension, which eager's sub_
+    # refuses as a partial overlap.
+    def f(x0):
+        v1 = x0.clone()
+        v1 - v1[:, 0::2]
+        return x0.unfold(0, 2, 2)
+
+    gm = make_fx(torch.func.functionalize(f))(torch.randn(1, 2).t())
+    rewritten, report = tfz.reinplace(gm, explain=True)
+    assert "rule 3" in _decision(report, "sub").rule
