@@ -139,25 +139,11 @@ def _callable(variant: str, fn: Callable[..., Any], make_inputs: Callable[[], tu
 
 
 def _peak_bytes(g: Callable[..., Any], inputs: tuple) -> int:
-    from torch.profiler import ProfilerActivity, profile
+    """Peak live CPU tensor bytes during one call above those live before it (the allocator
+    events of _harness.py, shared with run.py's memory table)."""
+    from _harness import allocation_events, peak_live
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = g(*inputs)
-        del out
-    events = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        fields = node.extra_fields
-        if isinstance(fields, torch._C._profiler._ExtraFields_Allocation) and \
-                fields.device.type == "cpu":
-            events.append((node.start_time_ns, fields.alloc_size))
-        stack.extend(node.children)
-    live = peak = 0
-    for _, size in sorted(events):
-        live += size
-        peak = max(peak, live)
-    return peak
+    return peak_live(allocation_events(g, inputs))
 
 
 def worker(name: str, variant: str) -> dict[str, Any]:
