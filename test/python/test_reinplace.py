@@ -10,29 +10,12 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_functionalize as tfz
+# Copies a pytree's tensors keeping strides, offsets and which of them share memory.
+from torch_functionalize.graph import _clone_preserving_aliases as _clone_tree
 from torch_functionalize.testing._internal import workloads
 from torch_functionalize.testing._internal.reference import assert_trees_match
 
 aten = torch.ops.aten
-
-
-def _clone_tree(tree):
-    """Clones every tensor of a pytree, keeping views of one base views of one clone."""
-    clones = {}
-
-    def clone(t):
-        if not isinstance(t, torch.Tensor):
-            return t
-        base = t._base if t._base is not None else t
-        key = id(base)
-        if key not in clones:
-            clones[key] = base.detach().clone().requires_grad_(base.requires_grad)
-        b = clones[key]
-        if t._base is None:
-            return b
-        return b.as_strided(t.size(), t.stride(), t.storage_offset())
-
-    return torch.utils._pytree.tree_map(clone, tree)
 
 
 def _reinplaced_matches_eager(f, *args, graph="capture"):
