@@ -350,3 +350,20 @@ def test_operand_with_the_same_elements_but_other_size_one_strides_keeps_the_op(
     gm = make_fx(torch.func.functionalize(f))(torch.randn(1, 2).t())
     rewritten, report = tfz.reinplace(gm, explain=True)
     assert "rule 3" in _decision(report, "sub").rule
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_torch_optim_sgd_step_after_reinplace(foreach):
+    # torch.optim's own functional SGD with momentum and weight decay (its Adam reads the step
+    # with .item() on the CPU, which a graph cannot replay), not a copy of it.
+    from torch.optim.sgd import sgd
+
+    def step(params, grads, buffers):
+        sgd(params, grads, buffers, foreach=foreach, weight_decay=1e-2, momentum=0.9, lr=1e-1,
+            dampening=0.0, nesterov=True, maximize=False)
+
+    def state():
+        return [torch.randn(4, 3) for _ in range(3)]
+
+    gm, report = _reinplaced_matches_eager(step, state(), state(), state())
+    assert report.changed(), str(report)
