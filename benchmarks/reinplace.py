@@ -12,6 +12,15 @@ torch.fx.passes.reinplace on make_fx(torch.func.functionalize(f)); Inductor's re
 the allocator's peak of live CPU tensor bytes during one call above what was live before it
 (torch.profiler allocation events); time is the median of up to 400 calls (2 s) on the same
 inputs, after a warm-up call. Each variant runs in its own process, one after the other.
+
+  python benchmarks/reinplace.py --device cuda   # the same on CUDA tensors
+
+On CUDA (`--device cuda`), peak memory is the caching allocator's peak of allocated bytes during
+the call above those allocated before it (torch.cuda.max_memory_allocated, exact for tensor bytes),
+the clock waits for the device, and every variant runs in one process, one after the other.
+Rejected on CUDA: a process per variant, as on the CPU. A fresh process guards the CPU figures
+against malloc's state; the CUDA allocator's counters need no such guard, and each process would
+pay CUDA's start-up (~20 s on the GPU machines here) 54 times.
 """
 from __future__ import annotations
 
@@ -146,10 +155,34 @@ def _peak_bytes(g: Callable[..., Any], inputs: tuple) -> int:
     return peak_live(allocation_events(g, inputs))
 
 
-def worker(name: str, variant: str) -> dict[str, Any]:
+def _cuda_peak_bytes(g: Callable[..., Any], inputs: tuple) -> int:
+    """Peak CUDA bytes allocated during one call above those allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = g(*inputs)
+    torch.cuda.synchronize()
+    del out
+    return torch.cuda.max_memory_allocated() - before
+
+
+def _clock(device: str) -> Callable[[], float]:
+    if device == "cpu":
+        return time.perf_counter
+
+    def synchronized() -> float:
+        torch.cuda.synchronize()
+        return time.perf_counter()
+    return synchronized
+
+
+def worker(name: str, variant: str, device: str = "cpu") -> dict[str, Any]:
     from torch_functionalize.testing import compare
 
     torch.set_num_threads(1)
+    if device != "cpu":
+        torch.set_default_device(device)  # before the workloads build their modules
+    clock = _clock(device)
     fn, make_inputs, _ = _workloads()[name]
     maker = make_inputs
 
@@ -170,13 +203,13 @@ def worker(name: str, variant: str) -> dict[str, Any]:
         del expected, expected_inputs, actual
         inputs = make_inputs()
         g(*inputs)  # warm-up
-        peak = _peak_bytes(g, inputs)
+        peak = _peak_bytes(g, inputs) if device == "cpu" else _cuda_peak_bytes(g, inputs)
         times: list[float] = []
         budget = time.perf_counter() + 2.0
         while len(times) < 5 or (time.perf_counter() < budget and len(times) < 400):
-            t0 = time.perf_counter()
+            t0 = clock()
             g(*inputs)
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
         return {"status": "ok", "peak": peak, "time": statistics.median(times)}
     except Exception as e:  # noqa: BLE001  (a variant that fails is a result, shown as n/a)
         return {"status": "error", "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
@@ -192,6 +225,22 @@ def _run(name: str, variant: str) -> dict[str, Any]:
         if line.startswith(RESULT_TAG):
             return json.loads(line[len(RESULT_TAG):])
     return {"status": "error", "reason": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+
+
+def _run_all_cuda(names: list[str], device: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every workload and variant in one process on `device` (the module header says why)."""
+    results: dict[str, dict[str, dict[str, Any]]] = {
+        n: {v: {"status": "error", "reason": "the worker process ended before this variant"}
+            for v in VARIANTS} for n in names}
+    with subprocess.Popen([sys.executable, __file__, "--device", device, "--worker-all"] + names,
+                          stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # results as they come: a run cut short still shows its part
+            if line.startswith(RESULT_TAG):
+                name, variant, r = json.loads(line[len(RESULT_TAG):])
+                results[name][variant] = r
+                print(f"{name:<24} {variant:<26} {r}", flush=True)
+    return results
 
 
 def _fmt_bytes(b: int) -> str:
@@ -230,14 +279,24 @@ def _targets(results: dict[str, dict[str, dict]]) -> list[tuple[str, str, str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "VARIANT"))
+    parser.add_argument("--worker-all", nargs="+", metavar="WORKLOAD")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--only", action="append", metavar="GLOB")
     parser.add_argument("--out", default=os.path.join(HERE, "results_reinplace.md"))
     parser.add_argument("--from-json", metavar="PATH",
                         help="write the tables from a run's raw results (the .json beside --out)")
     args = parser.parse_args()
     if args.worker:
-        print(RESULT_TAG + json.dumps(worker(*args.worker)), flush=True)
+        print(RESULT_TAG + json.dumps(worker(*args.worker, device=args.device)), flush=True)
         return
+    if args.worker_all:
+        for name in args.worker_all:
+            for variant in VARIANTS:
+                r = worker(name, variant, device=args.device)
+                print(RESULT_TAG + json.dumps([name, variant, r]), flush=True)
+        return
+    if args.device != "cpu" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch {torch.__version__} sees no CUDA device")
     table = _workloads()
     raw = os.path.splitext(args.out)[0] + ".json"
     if args.from_json:
@@ -249,20 +308,27 @@ def main() -> None:
         names = [n for n in table
                  if not args.only or any(fnmatch.fnmatch(n, g) for g in args.only)]
         start = time.time()
-        results = {}
-        for name in names:
-            results[name] = {}
-            for variant in VARIANTS:
-                results[name][variant] = r = _run(name, variant)
-                print(f"{name:<24} {variant:<26} {r}", flush=True)
+        if args.device == "cpu":
+            results = {}
+            for name in names:
+                results[name] = {}
+                for variant in VARIANTS:
+                    results[name][variant] = r = _run(name, variant)
+                    print(f"{name:<24} {variant:<26} {r}", flush=True)
+            where = "1 thread; each variant in a fresh process"
+        else:
+            results = _run_all_cuda(names, args.device)
+            where = (f"{args.device} ({torch.cuda.get_device_name(args.device)}); every variant in "
+                     "one process; peak = CUDA allocator's max allocated above the start")
         header = (f"- date: {datetime.now().isoformat(timespec='seconds')}, wall time "
-                  f"{time.time() - start:.0f} s; torch {torch.__version__}; 1 thread; each "
-                  "variant in a fresh process")
+                  f"{time.time() - start:.0f} s; torch {torch.__version__}; {where}")
         with open(raw, "w") as f:
             json.dump({"header": header, "results": results}, f, indent=1)
     lines = [
         "# Reinplacing: functional programs against eager's cost (issue #33)", "",
-        "Generated by `python benchmarks/reinplace.py` (see its header for the method).", "",
+        "Generated by `python benchmarks/reinplace.py" +
+        (f" --device {args.device}" if args.device != "cpu" else "") +
+        "` (see its header for the method).", "",
         header, "",
         "## Targets", "", "| target | measured | result |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {r} |" for t, m, r in _targets(results)]

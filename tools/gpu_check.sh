@@ -11,7 +11,8 @@
 # with a 90 s build that fits one 10-minute call of a lent GPU machine. TFZ_GPU_SKIP, step names
 # to leave out (e.g. "hidden-writes-cuda", whose result depends on torch alone, not on our code);
 # TFZ_GPU_BENCH_ARGS, the workload selection of benchmarks/run.py (default: 8 quick workloads);
-# TFZ_GPU_CUDA_WORKERS, pytest-xdist processes for the suite on CUDA tensors (default 10).
+# TFZ_GPU_CUDA_WORKERS, pytest-xdist processes for the suite on CUDA tensors (default 10);
+# TFZ_GPU_REINPLACE_BUDGET and TFZ_GPU_REINPLACE_ARGS, the same for benchmarks/reinplace.py (150 s).
 # Each step runs under `timeout`; a step cut short says so in summary.txt instead of stopping the rest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -109,4 +110,9 @@ budget=$bench_budget step bench-cuda "$py" benchmarks/run.py --device cuda \
   --only real/mlp_train --only real/resnet_block --only real/gpt_kv_cache \
   --only real/transformer_stack --only real/adam_foreach} \
   --out "$out/results-cuda.md" --plot "$out/scaling-cuda.png"
+# Issue #33's table on CUDA tensors: every variant of a workload in one process (the benchmark's
+# header says why); TFZ_GPU_REINPLACE_ARGS selects workloads (default: all nine).
+# shellcheck disable=SC2086
+budget=${TFZ_GPU_REINPLACE_BUDGET:-150} step reinplace-cuda "$py" benchmarks/reinplace.py \
+  --device cuda ${TFZ_GPU_REINPLACE_ARGS:-} --out "$out/results_reinplace-cuda.md"
 note "total: $(elapsed) s"
