@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import inspect
 import json
 import os
 import statistics
@@ -140,8 +141,11 @@ def _callable(variant: str, fn: Callable[..., Any], make_inputs: Callable[[], tu
         from torch._inductor.fx_passes.reinplace import reinplace_inplaceable_ops
         from torch._inductor.fx_utils import FakeTensorUpdater
         from torch._inductor.virtualized import V
+        # FakeTensorUpdater takes the GraphModule in recent torch, the Graph in 2.11.
+        first = list(inspect.signature(FakeTensorUpdater.__init__).parameters)[1]
+        updater = FakeTensorUpdater(gm.graph if first == "graph" else gm)
         with V.set_fake_mode(detect_fake_mode(values)):
-            reinplace_inplaceable_ops(FakeTensorUpdater(gm), gm.graph)
+            reinplace_inplaceable_ops(updater, gm.graph)
         gm.recompile()
         return gm
     raise ValueError(variant)

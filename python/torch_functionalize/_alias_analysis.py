@@ -35,6 +35,7 @@ class Region:
     strides: tuple[int, ...]
     dtype: torch.dtype
     requires_grad: bool
+    device: torch.device | None = None  # None: not known (a value the run did not place)
 
     @property
     def itemsize(self) -> int:
@@ -254,7 +255,7 @@ class AliasAnalysis:
                       value.offset * item if static else 0,
                       value.sizes if static else None,
                       tuple(s * item for s in value.strides) if static else (),
-                      value.dtype, value.requires_grad)
+                      value.dtype, value.requires_grad, value.device)
 
     def _flat(self, node: fx.Node) -> Iterator[Region]:
         r = self.regions.get(node)
@@ -373,6 +374,13 @@ class InputLayout:
                                    leaf.storage_offset(), leaf.dtype, leaf.device,
                                    leaf.requires_grad)
 
+    def devices(self) -> list[torch.device | None]:
+        """Each input's device (None for a value that is not a tensor)."""
+        out: list[torch.device | None] = [None] * len(self.leaves)
+        for i, fields in self.tensors.items():
+            out[i] = fields[6]
+        return out
+
     def tensors_on(self, mode: FakeTensorMode | None) -> list[Any]:
         """The inputs rebuilt with their geometry, dtypes and sharing of memory: fake tensors of
         ``mode`` on the inputs' devices, or meta tensors when mode is None."""
@@ -401,38 +409,80 @@ def propagate(gm: fx.GraphModule, layout: InputLayout) -> tuple[dict[fx.Node, An
     depends on values, a device-specific kernel) runs again on fake tensors, which can."""
     try:
         return _propagate(gm, layout.tensors_on(None), contextlib.nullcontext(),
-                          lambda t: t.to("meta"))
+                          lambda t: t.to("meta"), layout.devices())
     except PropagationError:
         mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")
         level = fake_log.level
         fake_log.setLevel(logging.CRITICAL)  # an op it cannot run is our answer, not its error
         try:
-            return _propagate(gm, layout.tensors_on(mode), mode, mode.from_tensor)
+            return _propagate(gm, layout.tensors_on(mode), mode, mode.from_tensor, None)
         finally:
             fake_log.setLevel(level)
 
 
+# Note [Reinplace: devices on meta tensors]
+# Meta tensors have no device, yet a rewrite must not move a computation between devices: a
+# CPU constant (a Python scalar written into a CUDA tensor is lifted as one) copied into a CUDA
+# input cannot become `lift_fresh_copy.out(constant, out=input)`, which fails where the copy_
+# it replaced crossed devices. The meta run carries each value's device beside it, by ATen's
+# rule: a factory's `device=` argument, else the device of the first tensor argument that is not
+# a 0-dimensional CPU tensor (those mix with any device), else the first tensor argument's. The
+# fake-tensor run reads the devices off its fake tensors. Rejected: fake tensors always (about
+# ten times slower than meta on large graphs, the common case has one device).
+
+
+def _device_by_rule(node: fx.Node, values: dict[fx.Node, Any],
+                    devices: dict[fx.Node, Any]) -> torch.device | None:
+    named = node.kwargs.get("device")
+    if named is not None:
+        return torch.device(named)
+    seen: list[tuple[bool, torch.device]] = []
+
+    def visit(n: fx.Node) -> fx.Node:
+        d = devices.get(n)
+        if d is not None:
+            v = values.get(n)
+            mixes = isinstance(v, torch.Tensor) and v.dim() == 0 and d.type == "cpu"
+            seen.append((mixes, d))
+        return n
+
+    fx.node.map_arg((node.args, node.kwargs), visit)
+    for mixes, d in seen:
+        if not mixes:
+            return d
+    return seen[0][1] if seen else None
+
+
 def _propagate(gm: fx.GraphModule, inputs: list[Any], mode: Any,
-               constant: Callable[[torch.Tensor], torch.Tensor]) -> tuple[dict[fx.Node, Any],
-                                                                          dict[fx.Node, bool]]:
+               constant: Callable[[torch.Tensor], torch.Tensor],
+               input_devices: list[torch.device | None] | None
+               ) -> tuple[dict[fx.Node, Any], dict[fx.Node, bool]]:
+    """``input_devices``: the inputs' devices when ``inputs`` are meta tensors (None: the
+    values carry their own; Note [Reinplace: devices on meta tensors])."""
     def fake(x: Any) -> Any:
         return constant(x) if isinstance(x, torch.Tensor) else x
 
     values: dict[fx.Node, Any] = {}
+    devices: dict[fx.Node, torch.device | None] = {}
     snapshots: dict[fx.Node, Any] = {}
     grad: dict[fx.Node, bool] = {}
     placeholders = iter(inputs)
+    placeholder_devices = iter(input_devices or [])
     with torch.set_grad_enabled(True), mode:
         for node in gm.graph.nodes:
             grad[node] = torch.is_grad_enabled()
             if node.op == "placeholder":
                 values[node] = next(placeholders)
+                if input_devices is not None:
+                    devices[node] = next(placeholder_devices)
             elif node.op == "get_attr":
                 target: Any = gm
                 for part in node.target.split("."):  # type: ignore[union-attr]
                     target = getattr(target, part)
                 values[node] = fake(target)
+                if input_devices is not None and isinstance(target, torch.Tensor):
+                    devices[node] = target.device
             elif node.op == "call_function":
                 args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
                 try:
@@ -441,11 +491,14 @@ def _propagate(gm: fx.GraphModule, inputs: list[Any], mode: Any,
                     raise PropagationError(
                         f"{node.format_node()}: {type(error).__name__}: "
                         f"{str(error).splitlines()[0] if str(error) else ''}") from error
+                if input_devices is not None:
+                    devices[node] = _device_by_rule(node, values, devices)
             elif node.op != "output":
                 raise PropagationError(f"{node.format_node()}: a {node.op} node (only ATen "
                                        "call_function graphs are analysed)")
             if node in values:
-                snapshots[node] = _snapshot(values[node])
+                snapshots[node] = _snapshot(values[node], devices.get(node)
+                                            if input_devices is not None else None)
     return snapshots, grad
 
 
@@ -460,16 +513,18 @@ class Snapshot:
     strides: tuple[Any, ...]
     dtype: torch.dtype
     requires_grad: bool
+    device: torch.device | None
 
 
-def _snapshot(value: Any) -> Any:
+def _snapshot(value: Any, device: torch.device | None) -> Any:
+    """``device``: the value's device where it is a meta tensor (else read off the value)."""
     if isinstance(value, (list, tuple)):
-        return [_snapshot(v) if isinstance(v, torch.Tensor) else None for v in value]
+        return [_snapshot(v, device) if isinstance(v, torch.Tensor) else None for v in value]
     if not isinstance(value, torch.Tensor):
         return None
     return Snapshot(StorageWeakRef(value.untyped_storage()), value.storage_offset(),
                     tuple(value.size()), tuple(value.stride()), value.dtype,
-                    value.requires_grad)
+                    value.requires_grad, device if value.device.type == "meta" else value.device)
 
 
 def placeholder_values(gm: fx.GraphModule) -> list[Any] | None:

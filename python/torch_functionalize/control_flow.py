@@ -4,8 +4,10 @@ the package is imported (install()); costs nothing outside a functionalize call.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import TYPE_CHECKING, Any, Callable
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from torch._C import DispatchKey
@@ -56,6 +58,55 @@ def _hop_compile_and_call(fn: Callable[..., Any], args: tuple,
     if _C._layer_active():
         return fn(*args, **(kwargs or {}))
     return _original_compile_and_call(fn, args, kwargs)  # type: ignore[misc]
+
+
+# Note [Control flow: torch 2.11's eager entry]
+# torch 2.11 has no shared _hop_compile_and_call: each operator's Python function (cond,
+# while_loop, map, scan, associative_scan) runs `with setup_compilation_env() as backend:
+# return torch.compile(wrapper, backend=backend, fullgraph=True)(*args)`, looking up both names
+# at call time (utils.setup_compilation_env through its module, torch.compile through torch). On
+# such a torch, piece 1 of Note [Control flow: higher-order operators] replaces
+# setup_compilation_env: inside a layer it arms a one-shot, per-thread bypass instead of setting
+# up dynamo, and torch.compile (wrapped once, at the first such call) returns the wrapper
+# uncompiled when the bypass is armed on its thread, so the operator is called directly, as the
+# later shared entry lets us do. Every other torch.compile call, on any thread, reaches torch's.
+# Rejected: patching torch.compile only for the with block (another thread compiling meanwhile
+# would race on the module attribute), and patching cond & co. one by one (the reason in the
+# Note above).
+_bypass = threading.local()
+_original_setup_env: Callable[..., Any] | None = None
+_original_compile: Callable[..., Any] | None = None
+
+
+@contextlib.contextmanager
+def _setup_compilation_env(*args: Any, **kwargs: Any) -> Iterator[Any]:
+    if not _C._layer_active():
+        with _original_setup_env(*args, **kwargs) as backend:  # type: ignore[misc]
+            yield backend
+        return
+    _wrap_compile()
+    _bypass.armed = True
+    try:
+        yield "eager"
+    finally:
+        _bypass.armed = False
+
+
+def _wrap_compile() -> None:
+    global _original_compile
+    if _original_compile is not None:
+        return
+    original = torch.compile
+
+    @functools.wraps(original)
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_bypass, "armed", False) and (args or "model" in kwargs):
+            _bypass.armed = False
+            return args[0] if args else kwargs["model"]
+        return original(*args, **kwargs)
+
+    _original_compile = original
+    torch.compile = compile  # type: ignore[assignment]
 
 
 def _kernel(op: Any, dense: Callable[..., Any]) -> Callable[..., Any]:
@@ -237,19 +288,20 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
 def install() -> None:
     """Points torch's eager entry for higher-order operators at ours and registers our kernel on
     every operator that has a dense kernel. Idempotent."""
-    global _original_compile_and_call
+    global _original_compile_and_call, _original_setup_env
     import torch._higher_order_ops  # noqa: F401  (registers the operators)
     from torch._higher_order_ops import utils
     from torch._ops import _higher_order_ops
 
-    if _original_compile_and_call is not None:
+    if _original_compile_and_call is not None or _original_setup_env is not None:
         return
-    # A torch without the shared eager entry compiles each operator in its own function: there
-    # the operators still fail in dynamo inside functionalize (docs/reports/compat.md).
     original = getattr(utils, "_hop_compile_and_call", None)
     if original is not None:
         _original_compile_and_call = original
         utils._hop_compile_and_call = _hop_compile_and_call
+    else:  # Note [Control flow: torch 2.11's eager entry]
+        _original_setup_env = utils.setup_compilation_env
+        utils.setup_compilation_env = _setup_compilation_env
     for op in list(_higher_order_ops.values()):
         dense = op.py_kernels.get(DispatchKey.CompositeExplicitAutograd)
         if dense is None:

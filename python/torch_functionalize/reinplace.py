@@ -25,8 +25,8 @@ _COPY_ = aten.copy_.default
 # 1. the op is deterministic (a random op's in-place form may draw differently), its geometry
 #    is static, and autograd does not record it with a tensor that requires grad (an in-place
 #    write could change a tensor saved for backward, or a leaf);
-# 2. `out` has a's dtype, sizes and strides (later views of out must see the same layout), is a
-#    fresh allocation, and a addresses each byte once;
+# 2. `out` has a's dtype, sizes, strides (later views of out must see the same layout) and
+#    device, is a fresh allocation, and a addresses each byte once;
 # 3. no other operand of the op overlaps the written region W (a pointwise op may read exactly
 #    W: each element is read before it is written; any other overlap is the upstream bug
 #    pytorch/pytorch#198031);
@@ -307,6 +307,9 @@ class _Reinplacer:
             raise _Rejected("rule 2: result not a tensor of static geometry")
         if self.a.first_node.get(out.storage) is not node:
             raise _Rejected("rule 2: result aliases an existing buffer")
+        if out.device != like.device:  # Note [Reinplace: devices on meta tensors]
+            raise _Rejected(f"rule 2: result on {out.device}, the written tensor on "
+                            f"{like.device}")
         if out.dtype != like.dtype or out.sizes != like.sizes:
             raise _Rejected(f"rule 2: result {out.sizes} {out.dtype} differs from the written "
                             f"tensor's {like.sizes} {like.dtype}")
@@ -495,7 +498,8 @@ class _Reinplacer:
         t = view_op(base.meta_tensor(), *view_args)
         item = t.dtype.itemsize
         return Region(base.storage, t.storage_offset() * item, tuple(t.size()),
-                      tuple(s * item for s in t.stride()), t.dtype, base.requires_grad)
+                      tuple(s * item for s in t.stride()), t.dtype, base.requires_grad,
+                      base.device)
 
     def _copied_whole(self, node: fx.Node) -> fx.Node | None:
         """The copy_ that writes this node's whole result into another region, if one does."""

@@ -14,7 +14,7 @@ from torch.func import functional_call
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from torch_functionalize.testing._internal.reference import (
-    REMOVE_MODES, assert_client_matches_eager, assert_trees_match,
+    REMOVE_MODES, TEST_DEVICE, assert_client_matches_eager, assert_trees_match,
 )
 from torch_functionalize import capture, functionalize
 
@@ -252,8 +252,24 @@ CASES = {
 }
 
 
+# Known failures on one device, strict: each must keep failing there until fixed.
+_DEVICE_XFAILS = {
+    ("lstm_steps", "cuda"): "cuDNN's RNN checks for flat weights with "
+    "`at::empty({0}).set_(weights[0].storage())`; with the parameters passed into f, that storage "
+    "is a wrapper's, and set_ onto a wrapper's storage is refused by name "
+    "(Note [Kernel: set_ onto a storage from outside the function] covers module-held weights "
+    "only); first GPU run of this test",
+}
+
+
+def _idiom(name):
+    reason = _DEVICE_XFAILS.get((name, torch.device(TEST_DEVICE).type))
+    return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=reason) if reason
+                        else ())
+
+
 @pytest.mark.parametrize("remove", REMOVE_MODES)
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", [_idiom(n) for n in sorted(CASES)])
 def test_training_idiom_matches_eager(name, remove):
     f, make_inputs = CASES[name]
     assert_client_matches_eager(f, make_inputs, remove=remove)

@@ -156,13 +156,14 @@ def _scale_by_numpy(x):
     return x * float(x.numpy()[0])
 
 
-def test_numpy_of_a_wrapper_is_a_read_only_copy_of_its_value():
+def test_numpy_of_a_wrapper_is_a_read_only_copy_of_its_value(device):
     # Eager's values (the array used to read unrelated memory), eager's refusal for a tensor that
     # requires grad, and a write through the array fails instead of being lost
-    # (Note [API: Tensor.numpy on wrappers]).
+    # (Note [API: Tensor.numpy on wrappers]). Tensor.numpy() takes CPU tensors only: the values
+    # are checked on CPU tensors, and on another device ours refuses as eager does.
     from torch_functionalize import functionalize
 
-    x = torch.arange(1.0, 4.0)
+    x = torch.arange(1.0, 4.0, device="cpu")
     assert_trees_match(functionalize(_scale_by_numpy)(x.clone()), _scale_by_numpy(x.clone()),
                        "output")
 
@@ -171,9 +172,15 @@ def test_numpy_of_a_wrapper_is_a_read_only_copy_of_its_value():
         return t
 
     with pytest.raises(ValueError, match="read-only"):
-        functionalize(write_through_array)(torch.ones(3))
+        functionalize(write_through_array)(torch.ones(3, device="cpu"))
     with pytest.raises(RuntimeError, match="requires grad"):
-        functionalize(lambda t: t.numpy())(torch.ones(2, requires_grad=True))
+        functionalize(lambda t: t.numpy())(torch.ones(2, requires_grad=True, device="cpu"))
+    if torch.device(device).type != "cpu":
+        on_device = torch.arange(1.0, 4.0, device=device)
+        with pytest.raises(TypeError) as eager:
+            _scale_by_numpy(on_device.clone())
+        with pytest.raises(TypeError, match=str(eager.value).split(".")[0]):
+            functionalize(_scale_by_numpy)(on_device.clone())
 
 
 def test_numpy_of_a_wrapper_is_refused_by_name_when_captured():

@@ -566,6 +566,15 @@ def test_seeded_ops_of_transposed_values_replay_eager_in_graphs(remove, name, op
         torch.testing.assert_close(g, e, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("remove", [
+    "mutations",
+    pytest.param("mutations_and_views", marks=pytest.mark.xfail(
+        torch.device(TEST_DEVICE).type == "cuda", strict=True,
+        reason="CUDA's fused dropout draws its mask in groups on a contiguous input and element "
+               "by element on a strided one; without views the as_strided view's value is a "
+               "contiguous *_copy, so the first dropout's mask differs from eager's (first GPU "
+               "run of this test)")),
+])
 def test_dropout_of_an_overlapping_as_strided_view_twice(remove):
     # Without views an as_strided view with a stride 0 keeps its contiguous *_copy as its value; the
     # unboxed mul inside F.dropout still lays its result out in eager's order, the view's (12, 1,

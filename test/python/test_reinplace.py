@@ -352,6 +352,24 @@ def test_operand_with_the_same_elements_but_other_size_one_strides_keeps_the_op(
     assert "rule 3" in _decision(report, "sub").rule
 
 
+def test_value_made_on_another_device_is_not_computed_into_the_written_tensor(device):
+    # A Python scalar written into a tensor is a CPU constant in the graph; on CUDA its
+    # lift_fresh_copy cannot take the input as out= (fuzzer programs 23 and 38, first GPU run of
+    # reinplace). Note [Reinplace: devices on meta tensors]. Without a GPU, a meta input stands
+    # for the other device.
+    def f(x):
+        x[...] = 4
+        return x + 1
+
+    gm = tfz.capture(f, torch.zeros((), dtype=torch.int64, device="cpu"))
+    _, report = tfz.reinplace(gm, torch.zeros((), dtype=torch.int64, device="meta"),
+                              explain=True)
+    kept = _decision(report, "lift_fresh_copy")
+    assert kept.action == "kept" and "result on cpu, the written tensor on meta" in kept.rule
+    if torch.device(device).type != "cpu":
+        _reinplaced_matches_eager(f, torch.zeros((), dtype=torch.int64, device=device))
+
+
 @pytest.mark.parametrize("foreach", [False, True])
 def test_torch_optim_sgd_step_after_reinplace(foreach):
     # torch.optim's own functional SGD with momentum and weight decay (its Adam reads the step
