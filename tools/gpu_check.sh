@@ -85,6 +85,10 @@ step() {  # step NAME COMMAND...: run under the budget, log to OUT/NAME.log, not
   timeout -s INT -k 30 "$budget" "$@" >"$out/$name.log" 2>&1
   local rc=$?
   local tail; tail=$(grep -E "passed|failed|error" "$out/$name.log" | tail -1)
+  if [ -z "$tail" ]; then  # no summary line (cut short): count pytest's progress characters
+    tail="progress: $(grep -E '^[.FxEsX]+ +\[ *[0-9]+%\]' "$out/$name.log" | sed 's/ *\[.*//' |
+      tr -d '\n' | fold -w1 | sort | uniq -c | tr -s ' \n' ' ')"
+  fi
   [ $rc -eq 124 ] && tail="CUT SHORT at the ${budget} s budget; $tail"
   note "$name: rc $rc in $(($(date +%s) - t0)) s: $tail"
 }

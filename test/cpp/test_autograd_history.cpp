@@ -5,6 +5,7 @@
 #include "core/AutogradHistory.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -21,7 +22,7 @@ TEST(AutogradHistoryTest, NewValueOfANonLeafKeepsItsGradFn) {
   const at::Tensor h = w * 2;
   at::Tensor written;
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     written = with_history_of(h * 3, h, {}, /*views_kept=*/true);
   }
   EXPECT_EQ(written.grad_fn(), h.grad_fn());
@@ -34,7 +35,7 @@ TEST(AutogradHistoryTest, NewValueOfALeafStandsForTheLeaf) {
   const at::Tensor w = at::arange(3.0).requires_grad_();
   at::Tensor written;
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     written = with_history_of(w - 1, w, {}, /*views_kept=*/true);
   }
   EXPECT_TRUE(leaf_standing_for(written).is_same(w));
