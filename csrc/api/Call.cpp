@@ -23,6 +23,10 @@ namespace tfz::detail {
 //      value; inputs sharing a storage are written once (Note [Inputs: aliased inputs]).
 //      Inputs that were only viewed or whose metadata alone changed get no copy_.
 // call_functionalized runs it; the work is done by write_back_inputs (api/Epilogue.cpp).
+// Rejected: a copy_ of every input whatever f did to it (simpler, but every graph would then
+// write every input in full, a mutation a backend must keep even for inputs f only read); and
+// returning the new values for the caller to write back, as AOTAutograd does (functionalize(f)
+// keeps f's contract: the caller's inputs end as eager leaves them).
 
 std::vector<at::Tensor> call_functionalized(const std::vector<at::Tensor>& inputs, Remove remove,
                                             bool alias_outputs, const FlatFn& fn) {

@@ -187,6 +187,10 @@ void FunctionalTensorImpl::set_value_(const at::Tensor& value_in) {
 // sizes and strides, so they are copied through its public, policy-respecting getters (a
 // subclass with custom strides answers for itself). Symbolic shapes keep the recomputing path,
 // where the flags are symbolic expressions.
+// Rejected: set_sizes_and_strides() on every wrapper and write (the cost above), and a
+// CustomStrides policy forwarding each query to the inner value (a virtual call per
+// is_contiguous(), and a wrapper could not report strides other than its value's, which it must
+// under Note [Strides: what eager gives]).
 void FunctionalTensorImpl::copy_metadata_(const c10::TensorImpl& inner) {
   sizes_and_strides_.set_sizes(inner.sizes());
   sizes_and_strides_.set_strides(inner.strides());

@@ -32,9 +32,9 @@ namespace tfz::detail {
 // copied into the tensor that was .grad before the call (eager accumulates in place, and code such
 // as DDP's gradient buckets holds that tensor) or becomes the new .grad; under a tracer the traced
 // value becomes .grad, so the graph writes no captured tensor. A call that raises puts back every
-// .grad it changed. A leaf wrapper's own .grad reads its value's (MirroredLeafMeta, beside
-// Note [Wrapper: autograd mirrored]), so `w.grad` inside f sees the accumulated gradient for
-// leaves made inside f too.
+// .grad it changed. A leaf wrapper's own .grad reads its value's (MirroredLeafMeta, found
+// beside Note [Wrapper: autograd mirrored]), so `w.grad` inside f sees the accumulated gradient
+// for leaves made inside f too.
 // Rejected: handing AccumulateGrad plain gradients (the accumulation then ran eagerly, .grad read
 // inside f was a plain tensor no tracer saw, and without views AccumulateGrad's detach() of it
 // lifted it back into a wrapper), and hooks in the leaf's own hook list (the user's tensor hooks:

@@ -250,6 +250,10 @@ bool reduces_in_out_dtype(const std::string& name) {
 // where every other out= op resizes x to (12,). Their plan says so
 // (OpInfo::out_keeps_shape_of_same_numel), and the mutable kernel reshapes a result with out's
 // number of elements to out's shape before writing it.
+// Rejected: keeping out's shape for every out= op of out's number of elements (torch.neg(y,
+// out=x) with x of shape (2, 6) and y of (12,) leaves x of shape (12,): resize_output), and
+// learning out's final shape per call by running the out= op on meta tensors (a second dispatch
+// on every out= call, for four ops).
 bool keeps_shape_of_same_numel(const std::string& name) {
   return name == "aten::arange" || name == "aten::range" || name == "aten::linspace" ||
          name == "aten::logspace";

@@ -24,6 +24,9 @@ namespace tfz::detail {
 // wrapped even though their argument is a plain tensor. Any other op whose tensors are all plain
 // (tensors from outside the function) passes through untouched, with the layer's TLS undone,
 // like torch.func.functionalize does.
+// Rejected: leaving factory results plain like every other all-plain result: a buffer the
+// function allocates and then fills (torch.zeros(n), then index_put_ or add_) would keep its
+// in-place ops in the program.
 
 void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id) {
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(count); it != stack->end(); ++it) {

@@ -31,8 +31,8 @@ namespace tfz::detail {
 //   y2 = _c10d_functional.wait_tensor(y1)            # y := y2 (write_back)
 // and y2 is written back through the ordinary mutation path (replace_, commit to the alias
 // storage), so a collective on a view updates its base and every alias, and on an input it lands
-// in the copy_ epilogue. The group is passed by its registered name and size (see
-// Note [Collectives: c10d objects]). The table kCollectives pairs each in-place op with its
+// in the copy_ epilogue. The group is passed by its registered name and size
+// (Note [Collectives: c10d objects]). The table kCollectives pairs each in-place op with its
 // functional form:
 //   allreduce_                          all_reduce
 //   allreduce_coalesced_                all_reduce_coalesced

@@ -39,6 +39,10 @@ namespace tfz::detail {
 // relaxed atomic load per op), and drain() drops the old op from the candidate table. Redefining
 // an op while another thread is calling it is not supported (as in torch itself). Without the
 // tag, a redefined op would run with the old schema's plan (argument indices) and crash.
+// Rejected: one boxed fallback, the shape of torch's own Functionalize key (a functionality key
+// of its own, which no Autograd or CompositeExplicitAutograd kernel fills; borrowed keys are
+// filled, as above), and a fixed list of ops, which would miss every operator not on it, custom
+// ops included.
 
 namespace {
 

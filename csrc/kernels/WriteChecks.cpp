@@ -95,6 +95,9 @@ void check_whole_elements_for_clone(const OpInfo& info, const std::vector<c10::I
 // everything the smaller ones reach. It is conservative for exotic interleavings (which eager
 // itself only handles as "too hard to tell").
 // (The test is core/MemoryOverlap.h's may_self_overlap.)
+// Rejected: torch's at::has_internal_overlap as the test: it answers Yes only for stride-0
+// dimensions and "too hard" for the rest, so a write to an unfold with size > step or an
+// overlapping as_strided would pass it and leave the choice of the winning write to an inverse.
 
 namespace {
 

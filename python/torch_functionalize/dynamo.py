@@ -27,8 +27,8 @@ Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 # meta["example_value"]. The backend retraces that graph with functionalize_graph on those fake
 # values (no real execution at compile time, so random ops draw from the generator only when the
 # graph runs; symbolic sizes stay symbolic), giving a graph of functional ATen ops whose input
-# mutations are the trailing copy_ (as_strided_/resize_ for metadata) epilogue of
-# Note [API: input epilogue]. Running that graph on the real inputs therefore leaves them as
+# mutations are the trailing copy_ (as_strided_/resize_ for metadata) of the input epilogue
+# (Note [API: input epilogue]). Running that graph on the real inputs therefore leaves them as
 # eager would, which is what the code after a graph break reads.
 #   What the graph cannot express is aliasing between an output and an input: graph outputs
 # never alias graph inputs (Note [Inputs: outputs that alias inputs]), but code after a graph

@@ -46,6 +46,8 @@ void plan_unsafe_view(const c10::OperatorHandle& op, OpInfo& info) {
 // reshape emits _reshape_alias(size, stride) only where view(size) is legal; its stride argument
 // is eager's, which a *_copy value (remove="mutations_and_views") does not have, and it has no
 // *_copy twin. It is replayed as view(size): the same elements, and a view_copy when views go.
+// Rejected: as_strided with the recorded size and stride, the op's literal meaning: the stride
+// names elements in eager's layout, so on a *_copy value it would read the wrong ones.
 bool is_reshape_alias(const c10::OperatorHandle& op) {
   return named(op, "aten::_reshape_alias", "");
 }
@@ -68,6 +70,9 @@ void plan_reshape_alias(const c10::OperatorHandle& /*op*/, OpInfo& info) {
 // see no view in unsafe_split, so they resolve the bit into a copy first, and the outputs alias
 // that copy, not self: a write to self leaves them alone in eager. There the outputs are split
 // from a resolved copy and wrapped fresh.
+// Rejected: a view plan that replays unsafe_split as called: it has no *_copy twin for use
+// without views, and with views kept the graph would hold a view whose schema says "fresh
+// tensor", which alias analyses that read schemas (reinplace's is_view_op) take for a copy.
 bool is_unsafe_split(const c10::OperatorHandle& op) {
   return named(op, "aten::unsafe_split", "Tensor") ||
          named(op, "aten::unsafe_split_with_sizes", "");

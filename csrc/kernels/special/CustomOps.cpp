@@ -53,6 +53,10 @@ void plan_custom_mutable(const c10::OperatorHandle& op, OpInfo& info) {
 // ViewMeta replays by calling the op again (fine), but writing through its output needs an
 // inverse, which only ATen's view ops have (core/ViewInverses.cpp). Refused with a clear error
 // instead of a View plan that would fail at the first write.
+// Rejected: ignoring the annotation and planning it as functional (a write through the output
+// would silently miss the argument, as for the ops of Note [Kernel: unsafe_split]), and a generic
+// as_strided_scatter inverse from the output's geometry (right only for a same-dtype strided view,
+// which an alias annotation does not promise; and without views no *_copy op replaces it).
 bool is_custom_view(const c10::OperatorHandle& op) {
   return !is_aten(op) && !writes_an_argument(op) && returns_an_alias(op);
 }

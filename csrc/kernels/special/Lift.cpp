@@ -30,6 +30,10 @@ namespace tfz::detail {
 // plain, so the generic rule would pass it through and later mutations of the constant would stay
 // in the program as in-place ops. The row marks its outputs for wrapping, as for factories
 // (Note [Kernel: factories]); torch's own functionalization lifts them the same way.
+// Rejected: planning lift_fresh by its schema, as a view of its plain argument (Tensor(a) ->
+// Tensor(a)): with views kept it passes through as above, and without them it would be lifted
+// like a captured tensor (Note [Kernel: views of captured tensors]), refusing writes to the
+// function's own constant that eager allows.
 bool is_lift(const c10::OperatorHandle& op) {
   const auto& name = op.operator_name().name;
   return name == "aten::lift" || name == "aten::lift_fresh" || name == "aten::lift_fresh_copy";

@@ -30,6 +30,9 @@ namespace tfz::detail {
 // variant (aten::set.source_Tensor, ...), so the generic plan would replace x's value with a copy
 // and keep x in its old alias storage: silently wrong aliasing. Refused with a clear error until
 // alias storages can be merged, except for the case below.
+// Rejected: leaving set_ to the generic plan and that functional variant: values would read
+// right until the first write through x or source, which the other would not see and x's old
+// aliases still would.
 //
 // Note [Kernel: set_ onto a storage from outside the function]
 // cuDNN's RNN (LSTM, GRU and RNN modules on CUDA) checks whether the weights already lie in one
@@ -46,6 +49,9 @@ namespace tfz::detail {
 // a Python buffer, which all_gather_object then sends through collectives whose results ours cannot
 // turn back into bytes (the error case of test_distributed.py), and no CPU kernel of torch makes
 // them.
+// Rejected: letting writes through that storage reach the memory, as eager's would: it belongs to
+// a tensor the function captured, so the write would be a side effect that no graph input or
+// output carries (the reason Note [Kernel: views of captured tensors] refuses such writes).
 bool is_set(const c10::OperatorHandle& op) {
   return op.operator_name().name == "aten::set_";
 }
