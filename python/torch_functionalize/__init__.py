@@ -31,6 +31,7 @@ _autograd_function.install()
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
 from .capture import capture, graph_module_of
 from .dynamo import backend
+from .export import export
 from .graph import functionalize_graph
 from .reinplace import reinplace
 
@@ -40,6 +41,7 @@ __all__ = [
     "capture",
     "graph_module_of",
     "functionalize_graph",
+    "export",
     "reinplace",
     "to_functional",
     "from_functional",

@@ -1,0 +1,288 @@
+"""torch_functionalize.export: a module or function -> torch.export.ExportedProgram built from our
+engine's functional graph, with parameters, buffers and constants lifted and every mutation of a
+buffer or user input declared in the graph signature. See Note [Export: from our graph to an
+ExportedProgram] and docs/export.md.
+"""
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+if TYPE_CHECKING:
+    from .api import Remove
+
+# Note [Export: from our graph to an ExportedProgram]
+# torch.export's own path keeps in-place ops in its training IR with no declared mutation, and
+# functionalizes only in run_decompositions (pytorch/pytorch#147318), refusing inputs that alias
+# each other. Ours traces `functional_call(module, state, args, kwargs)` with every parameter,
+# buffer and user input as a graph input, under make_fx(functionalize(...), tracing_mode="fake")
+# (fake tensors: every node gets the meta["val"] that serialization and AOTInductor read). The
+# engine ends that graph with one copy_ per input the program wrote (the epilogue of the Note
+# [API: input epilogue]); each such copy_ is taken out and its value becomes an output, in
+# torch.export's conventions, as BUFFER_MUTATION (a buffer), PARAMETER_MUTATION or
+# USER_INPUT_MUTATION, before the user outputs. Tensor constants the program made become
+# CONSTANT_TENSOR inputs. The graph then holds no in-place op, and ExportedProgram.module()
+# replays the declared writes itself. Inputs whose metadata the program changed (t_, resize_:
+# an as_strided_/resize_ epilogue) have no signature form and are refused by name.
+# Rejected: torch.export.export followed by rewriting its graph with our engine (its tracer
+# refuses aliased inputs before we could see them, and its training IR decides what a mutation
+# is), and building the signature from a capture() graph (capture records no meta["val"]).
+
+_EPILOGUE_METADATA = {torch.ops.aten.as_strided_.default, torch.ops.aten.resize_.default}
+
+
+# Note [Export: inputs as values]
+# An ExportedProgram's inputs are values: ep.module() is called later with tensors of any
+# storage. So each example input is traced as a tensor that owns its storage (a copy where the
+# example is a view into a larger storage: our engine would otherwise write its whole storage
+# back through as_strided, a write no signature declares), and inputs that share memory are
+# refused by name: the graph our engine records for them is right only for callers that pass
+# them aliased again, which nothing in an ExportedProgram checks. Rejected: exporting the
+# aliased program with a guard (ep.module() loses Python guards on save/load).
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    if t.storage_offset() == 0 and t.is_contiguous() and \
+            t.untyped_storage().nbytes() == t.numel() * t.element_size():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _refuse_shared_memory(tensors: list[tuple[str, torch.Tensor]]) -> None:
+    owners: dict[Any, str] = {}
+    for name, t in tensors:
+        if t.numel() == 0:
+            continue
+        key = (t.device, t.untyped_storage().data_ptr())
+        if key in owners:
+            raise NotImplementedError(
+                f"torch_functionalize.export: {owners[key]} and {name} share memory; an "
+                "ExportedProgram's inputs are independent values, so a program of aliased inputs "
+                "cannot be exported (torch_functionalize.capture records it with a guard). Pass "
+                "the base tensor once and take the views inside the program.")
+        owners[key] = name
+
+
+def _rename_placeholders(placeholders: list[fx.Node], state: list[tuple[str, Any, Any, bool]],
+                         module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    """torch.export's names: p_/b_ + the state's name, user inputs by the forward's parameter
+    names (with the path inside a nested argument)."""
+    import inspect
+    import re
+
+    from torch.export.graph_signature import InputKind
+
+    try:
+        params = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        params = []
+    if isinstance(module, _FunctionModule):
+        try:
+            params = list(inspect.signature(module.fn).parameters)
+        except (TypeError, ValueError):
+            params = []
+    used: set[str] = set()
+
+    def clean(name: str) -> str:
+        name = re.sub(r"\W", "_", name).strip("_") or "arg"
+        name = name if not name[0].isdigit() else f"_{name}"
+        base, k = name, 1
+        while name in used:
+            name, k = f"{base}_{k}", k + 1
+        used.add(name)
+        return name
+
+    names = [clean(("p_" if kind is InputKind.PARAMETER else "b_") + n)
+             for n, _, kind, _ in state]
+    for path, _ in pytree.tree_flatten_with_path((args, kwargs))[0]:
+        where, first, rest = path[0].idx, path[1], path[2:]  # type: ignore[attr-defined]
+        if where == 0:
+            i = first.idx  # type: ignore[attr-defined]
+            head = params[i] if i < len(params) and not params[i].startswith("*") else f"arg{i}"
+        else:
+            head = str(first.key)  # type: ignore[attr-defined]
+        names.append(clean(head + "".join(f"_{getattr(k, 'idx', getattr(k, 'key', ''))}"
+                                          for k in rest)))
+    if not hasattr(fx.Node, "_rename"):
+        return
+    for ph, name in zip(placeholders, names):
+        ph._rename(name)
+        ph.target = name
+
+
+class _FunctionModule(torch.nn.Module):
+    """A function with no state, exported as the forward of a module without parameters."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def export(
+    m_or_f: torch.nn.Module | Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None = None,
+    *,
+    remove: Remove = "mutations",
+    dynamic_shapes: Any = None,
+) -> torch.export.ExportedProgram:
+    """An ExportedProgram of `m_or_f(*args, **kwargs)` built from the functional graph of our
+    engine: parameters, buffers and constants lifted, mutations declared in the graph signature
+    (`ep.graph_signature.buffers_to_mutate`, `user_inputs_to_mutate`), no in-place op left.
+    `remove="mutations_and_views"` also replaces views by *_copy ops. The program is specialized
+    to the example inputs' shapes (dynamic_shapes is not supported yet)."""
+    from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
+    from torch.export.graph_signature import (ExportGraphSignature, InputKind, InputSpec,
+                                              OutputKind, OutputSpec, TensorArgument)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .api import check_remove, functionalize
+
+    check_remove(remove)
+    if dynamic_shapes is not None:
+        raise NotImplementedError(
+            "torch_functionalize.export: dynamic_shapes is not supported yet; export with the "
+            "shapes of the example inputs (the program is specialized to them), or use "
+            "torch.export.export for dynamic shapes.")
+    kwargs = dict(kwargs or {})
+    module = m_or_f if isinstance(m_or_f, torch.nn.Module) else _FunctionModule(m_or_f)
+    if not isinstance(args, tuple):
+        raise TypeError(f"torch_functionalize.export: args must be a tuple, got "
+                        f"{type(args).__name__}")
+
+    # Module state, one graph input per distinct tensor (tied weights share one, named by their
+    # first name, as torch.export does).
+    state: list[tuple[str, torch.Tensor, InputKind, bool]] = []
+    seen: dict[int, str] = {}
+    persistent = {name for name, _ in module.state_dict(keep_vars=True).items()}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) not in seen:
+            seen[id(p)] = name
+            state.append((name, p, InputKind.PARAMETER, True))
+    for name, b in module.named_buffers(remove_duplicate=False):
+        if id(b) not in seen:
+            seen[id(b)] = name
+            state.append((name, b, InputKind.BUFFER, name in persistent))
+    names = [name for name, *_ in state]
+    all_names = {n: seen[id(t)] for n, t in [*module.named_parameters(remove_duplicate=False),
+                                             *module.named_buffers(remove_duplicate=False)]}
+    flat_user, in_spec = pytree.tree_flatten((args, kwargs))
+    for leaf in flat_user:
+        if leaf is not None and not isinstance(leaf, (torch.Tensor, int, float, bool, str)):
+            raise TypeError(f"torch_functionalize.export: an input of type "
+                            f"{type(leaf).__name__} is not supported (tensors and Python "
+                            "scalars are)")
+    _refuse_shared_memory([(f"input {i}", t) for i, t in enumerate(flat_user)
+                           if isinstance(t, torch.Tensor)] + [(n, t) for n, t, _, _ in state])
+    flat_user = [_own_storage(t) if isinstance(t, torch.Tensor) else t for t in flat_user]
+    n_state = len(state)
+    out_spec: list[Any] = []
+
+    def run(*flat: Any) -> list[Any]:
+        by_name = dict(zip(names, flat[:n_state]))
+        tensors = {n: by_name[first] for n, first in all_names.items()}
+        a, kw = pytree.tree_unflatten(list(flat[n_state:]), in_spec)
+        out = torch.func.functional_call(module, tensors, a, kw)
+        leaves, spec = pytree.tree_flatten(out)
+        out_spec[:] = [spec]
+        return leaves
+
+    state_values = [_own_storage(t) for _, t, _, _ in state]
+    # Non-fake inputs allowed in the fake mode, as in torch.export's: AOTInductor reruns the
+    # graph's ops in the mode of its meta["val"]s on the real weights of ep.module().
+    gm = make_fx(functionalize(run, remove=remove), tracing_mode="fake",
+                 _allow_non_fake_inputs=True)(*state_values, *flat_user)
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    _rename_placeholders(placeholders, state, module, args, kwargs)
+    output = next(n for n in graph.nodes if n.op == "output")
+    user_outputs = list(output.args[0])
+
+    # The input epilogue: copy_(placeholder, value) -> a declared mutation output.
+    role = {ph: i for i, ph in enumerate(placeholders)}
+    mutations: list[tuple[fx.Node, fx.Node]] = []
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in _EPILOGUE_METADATA and node.args[0] in role:
+            raise NotImplementedError(
+                f"torch_functionalize.export: the program changes the metadata of an input "
+                f"({node.target.name()}: an in-place view op or resize_ of it), which an "
+                "ExportedProgram's signature cannot declare. Return the new view instead of "
+                "changing the input in place.")
+        if node.target is torch.ops.aten.copy_.default and node.args[0] in role:
+            mutations.append((node.args[0], node.args[1]))  # type: ignore[arg-type]
+            node.replace_all_uses_with(node.args[0])  # type: ignore[arg-type]
+            graph.erase_node(node)
+
+    # Tensor constants the program made: CONSTANT_TENSOR inputs.
+    constants: dict[str, torch.Tensor] = {}
+    fake_mode = torch._guards.detect_fake_mode([ph.meta.get("val") for ph in placeholders])
+    first_user = placeholders[n_state] if len(placeholders) > n_state else None
+    constant_nodes: list[tuple[fx.Node, str]] = []
+    for node in list(graph.nodes):
+        if node.op == "get_attr":
+            value = operator.attrgetter(node.target)(gm)  # type: ignore[arg-type]
+            if not isinstance(value, torch.Tensor):
+                continue
+            target = f"lifted_tensor_{len(constants)}"
+            constants[target] = value
+            with graph.inserting_before(first_user) if first_user is not None else \
+                    graph.inserting_before(next(iter(graph.nodes))):
+                ph = graph.placeholder(f"c_{target}")
+            ph.meta["val"] = fake_mode.from_tensor(value) if fake_mode is not None else value
+            node.replace_all_uses_with(ph)
+            graph.erase_node(node)
+            delattr(gm, node.target)  # type: ignore[arg-type]
+            constant_nodes.append((ph, target))
+
+    kinds_out = {InputKind.PARAMETER: OutputKind.PARAMETER_MUTATION,
+                 InputKind.BUFFER: OutputKind.BUFFER_MUTATION}
+    output_specs = []
+    outputs = []
+    for ph, value in mutations:
+        i = role[ph]
+        if i < n_state:
+            name, _, kind, _ = state[i]
+            output_specs.append(OutputSpec(kinds_out[kind], TensorArgument(value.name), name))
+        else:
+            output_specs.append(OutputSpec(OutputKind.USER_INPUT_MUTATION,
+                                           TensorArgument(value.name), ph.name))
+        outputs.append(value)
+    for value in user_outputs:
+        arg = TensorArgument(value.name) if isinstance(value, fx.Node) else None
+        if arg is None:
+            from torch.export.graph_signature import ConstantArgument
+            arg = ConstantArgument(name="", value=value)
+        output_specs.append(OutputSpec(OutputKind.USER_OUTPUT, arg, None))
+        outputs.append(value)
+    output.args = (tuple(outputs),)
+
+    input_specs = [InputSpec(kind, TensorArgument(ph.name), name,
+                             persistent=keep if kind is InputKind.BUFFER else None)
+                   for ph, (name, _, kind, keep) in zip(placeholders[:n_state], state)]
+    input_specs += [InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), target)
+                    for ph, target in constant_nodes]
+    input_specs += [InputSpec(InputKind.USER_INPUT, TensorArgument(ph.name), None)
+                    for ph in placeholders[n_state:]]
+    graph.eliminate_dead_code()
+    gm.recompile()
+
+    state_dict = {name: t for name, t, kind, keep in state
+                  if kind is InputKind.PARAMETER or keep}
+    for name, t, kind, keep in state:
+        if kind is InputKind.BUFFER and not keep:
+            constants[name] = t
+    signature = ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec[0])
+    return torch.export.ExportedProgram(
+        root=gm, graph=graph,
+        graph_signature=ExportGraphSignature(input_specs, output_specs),
+        state_dict=state_dict, range_constraints={},
+        module_call_graph=[ModuleCallEntry(fqn="", signature=signature)],
+        example_inputs=(args, kwargs), constants=constants)

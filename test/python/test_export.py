@@ -1,0 +1,150 @@
+"""torch_functionalize.export: ExportedPrograms built from our functional graph declare every
+buffer and input mutation, hold no in-place op, and ep.module() (also after torch.export.save /
+load, and compiled by AOTInductor) gives eager's outputs and leaves inputs and buffers as eager
+does. Expected values come from running the module or function eagerly on copies.
+"""
+import io
+
+import pytest
+import torch
+
+from torch_functionalize import export
+from torch_functionalize.graph import _clone_preserving_aliases as _clone_tree
+from torch_functionalize.testing._internal import workloads
+from torch_functionalize.testing._internal.reference import REMOVE_MODES, assert_trees_match
+
+_VIEW_OPS = {"view", "t", "transpose", "slice", "select", "expand", "permute", "as_strided",
+             "unsqueeze", "squeeze", "_unsafe_view", "alias", "diagonal", "unfold"}
+
+
+class KVCache(torch.nn.Module):
+    """A decode step: the new key written into its slot of a buffer, then a read."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(2, 8, 4))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64), persistent=False)
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x, pos):
+        self.cache.index_copy_(1, pos, self.proj(x))
+        self.steps += 1
+        return self.cache.sum(1)
+
+
+def _kv_module():
+    torch.manual_seed(0)
+    return KVCache()
+
+
+def _kv_inputs():
+    return torch.randn(2, 1, 4), torch.tensor([3])
+
+
+def write_input_through_views(x, y):
+    x[:, 1].mul_(2)
+    y.add_(1)
+    return x.sum() + y.sum(), torch.tensor([1.0, 2.0]) * x[0, :2]
+
+
+def _assert_functional(ep, remove):
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            assert not node.target._schema.is_mutable, f"in-place op left: {node.format_node()}"
+            if remove == "mutations_and_views":
+                assert node.target._schema.name.split("::")[1] not in _VIEW_OPS, \
+                    f"view op left without views: {node.format_node()}"
+
+
+def _module_matches_eager(ep, make_module, inputs):
+    """ep.module() on copies of inputs against a fresh eager module with the same state."""
+    eager = make_module()
+    expected = eager(*_clone_tree(inputs))
+    exported = ep.module()
+    actual = exported(*_clone_tree(inputs))
+    assert_trees_match(actual, expected, "outputs")
+    for name, value in eager.named_buffers():
+        assert_trees_match(getattr(exported, name), value, f"buffer {name}")
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_buffer_written_in_forward_is_a_declared_mutation(remove):
+    ep = export(_kv_module(), _kv_inputs(), remove=remove)
+    signature = ep.graph_signature
+    assert sorted(signature.buffers_to_mutate.values()) == ["cache", "steps"]
+    assert signature.user_inputs_to_mutate == {}
+    assert "steps" in ep.constants, "a non-persistent buffer is a constant, as torch.export has"
+    _assert_functional(ep, remove)
+    _module_matches_eager(ep, _kv_module, _kv_inputs())
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_inputs_written_through_views_are_declared_and_written_back(remove):
+    x, y = torch.randn(3, 4), torch.randn(3, 4)[1]  # y views a larger storage
+    ep = export(write_input_through_views, (x, y), remove=remove)
+    assert sorted(ep.graph_signature.user_inputs_to_mutate.values()) == ["x", "y"]
+    _assert_functional(ep, remove)
+    e_args, a_args = _clone_tree((x, y)), _clone_tree((x, y))
+    expected = write_input_through_views(*e_args)
+    actual = ep.module()(*a_args)
+    assert_trees_match(actual, expected, "outputs")
+    assert_trees_match(a_args, e_args, "inputs after the call")
+
+
+def test_save_and_load_round_trip():
+    ep = export(_kv_module(), _kv_inputs())
+    buffer = io.BytesIO()
+    torch.export.save(ep, buffer)
+    buffer.seek(0)
+    loaded = torch.export.load(buffer)
+    assert loaded.graph_signature.buffers_to_mutate == ep.graph_signature.buffers_to_mutate
+    _module_matches_eager(loaded, _kv_module, _kv_inputs())
+
+
+def test_inputs_that_share_memory_are_refused_by_name():
+    x = torch.randn(3, 4)
+    with pytest.raises(NotImplementedError, match="input 0 and input 1 share memory"):
+        export(write_input_through_views, (x, x[1]))
+
+
+def test_input_whose_metadata_the_program_changes_is_refused_by_name():
+    def f(x):
+        x.t_()
+        return x + 1
+
+    with pytest.raises(NotImplementedError, match="changes the metadata of an input"):
+        export(f, (torch.randn(2, 3),))
+
+
+def test_dynamic_shapes_are_refused_by_name():
+    with pytest.raises(NotImplementedError, match="dynamic_shapes is not supported yet"):
+        export(_kv_module(), _kv_inputs(), dynamic_shapes={"x": {0: torch.export.Dim("b")}})
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", ["real/mlp_train", "real/mlp_autograd", "real/resnet_block",
+                                  "real/gpt_kv_cache", "real/adam_foreach"])
+def test_benchmark_workloads_export_and_match_eager(name, remove):
+    w = workloads.get(name)
+    torch.manual_seed(0)
+    inputs = w.make_inputs()
+    ep = export(w.fn, _clone_tree(inputs), remove=remove)
+    _assert_functional(ep, remove)
+    e_args, a_args = _clone_tree(inputs), _clone_tree(inputs)
+    expected = w.fn(*e_args)
+    actual = ep.module()(*a_args)
+    assert_trees_match(actual, expected, "outputs")
+    assert_trees_match(a_args, e_args, "inputs after the call")
+
+
+def test_aot_inductor_package_of_a_buffer_writing_module_matches_eager(tmp_path):
+    # One compile (~40 s on 2 cores): the package runs the buffer write itself.
+    ep = export(_kv_module(), _kv_inputs())
+    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "kv.pt2"))
+    runner = torch._inductor.aoti_load_package(path)
+    eager = _kv_module()
+    for pos in (3, 5):
+        x, _ = _kv_inputs()
+        expected = eager(x, torch.tensor([pos]))
+        actual = runner(x, torch.tensor([pos]))
+        assert_trees_match(actual, expected.detach(), f"outputs at position {pos}")
