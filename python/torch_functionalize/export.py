@@ -113,6 +113,37 @@ def _rename_placeholders(placeholders: list[fx.Node], state: list[tuple[str, Any
         ph.target = name
 
 
+class _ExportedProgram(torch.export.ExportedProgram):
+    """An ExportedProgram whose module() refuses, by name, a call that passes inputs sharing
+    memory when the program writes one of them (Note [Export: inputs as values]: its graph is
+    right for independent inputs only; torch.export's own program gives wrong values there).
+    torch.export.load returns a plain ExportedProgram, without this check."""
+
+    def module(self, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        m = super().module(*args, **kwargs)
+        written = set(self.graph_signature.user_inputs_to_mutate.values())
+        if not written:
+            return m
+        names = [s.arg.name for s in self.graph_signature.input_specs
+                 if s.kind.name == "USER_INPUT"]
+
+        def check(_module: Any, call_args: tuple, call_kwargs: dict | None = None) -> None:
+            leaves = pytree.tree_leaves((call_args, call_kwargs or {}))
+            tensors = [(n, t) for n, t in zip(names, leaves) if isinstance(t, torch.Tensor)]
+            for i, (name, t) in enumerate(tensors):
+                for other, u in tensors[i + 1:]:
+                    if (name in written or other in written) and t.numel() and u.numel() and \
+                            t.untyped_storage().data_ptr() == u.untyped_storage().data_ptr():
+                        raise RuntimeError(
+                            f"torch_functionalize.export: inputs {name} and {other} share "
+                            "memory, and the program writes one of them; the exported program "
+                            "treats its inputs as independent values. Pass copies, or export "
+                            "a program that takes the base once.")
+
+        m.register_forward_pre_hook(check, with_kwargs=True)
+        return m
+
+
 class _FunctionModule(torch.nn.Module):
     """A function with no state, exported as the forward of a module without parameters."""
 
@@ -280,7 +311,7 @@ def export(
         if kind is InputKind.BUFFER and not keep:
             constants[name] = t
     signature = ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec[0])
-    return torch.export.ExportedProgram(
+    return _ExportedProgram(
         root=gm, graph=graph,
         graph_signature=ExportGraphSignature(input_specs, output_specs),
         state_dict=state_dict, range_constraints={},

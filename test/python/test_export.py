@@ -107,6 +107,14 @@ def test_inputs_that_share_memory_are_refused_by_name():
         export(write_input_through_views, (x, x[1]))
 
 
+def test_module_of_the_program_refuses_inputs_that_share_memory_at_call_time():
+    # torch.export's functional program gives wrong values for such a call (docs/export.md).
+    x = torch.randn(3, 4)
+    ep = export(write_input_through_views, (x.clone(), x.clone()[1]))
+    with pytest.raises(RuntimeError, match="inputs x and y share memory"):
+        ep.module()(x, x[1])
+
+
 def test_input_whose_metadata_the_program_changes_is_refused_by_name():
     def f(x):
         x.t_()
@@ -119,6 +127,29 @@ def test_input_whose_metadata_the_program_changes_is_refused_by_name():
 def test_dynamic_shapes_are_refused_by_name():
     with pytest.raises(NotImplementedError, match="dynamic_shapes is not supported yet"):
         export(_kv_module(), _kv_inputs(), dynamic_shapes={"x": {0: torch.export.Dim("b")}})
+
+
+def test_custom_op_that_writes_its_input_exports_as_a_declared_mutation():
+    # torch.export keeps the mutating custom op in its training IR (declaring nothing).
+    @torch.library.custom_op("tfz_test_export::scale_", mutates_args={"x"})
+    def scale_(x: torch.Tensor, s: float) -> None:
+        x.mul_(s)
+
+    @scale_.register_fake
+    def _(x, s):
+        return None
+
+    def f(x):
+        scale_(x, 3.0)
+        return x + 1
+
+    x = torch.randn(3)
+    ep = export(f, (x.clone(),))
+    assert list(ep.graph_signature.user_inputs_to_mutate.values()) == ["x"]
+    _assert_functional(ep, "mutations")
+    e_x, a_x = x.clone(), x.clone()
+    assert_trees_match(ep.module()(a_x), f(e_x), "outputs")
+    assert_trees_match(a_x, e_x, "input after the call")
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
