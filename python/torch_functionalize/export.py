@@ -169,8 +169,8 @@ def export(
     `remove="mutations_and_views"` also replaces views by *_copy ops. The program is specialized
     to the example inputs' shapes (dynamic_shapes is not supported yet)."""
     from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
-    from torch.export.graph_signature import (ExportGraphSignature, InputKind, InputSpec,
-                                              OutputKind, OutputSpec, TensorArgument)
+    from torch.export.graph_signature import (ConstantArgument, ExportGraphSignature, InputKind,
+                                              InputSpec, OutputKind, OutputSpec, TensorArgument)
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from .api import check_remove, functionalize
@@ -287,10 +287,8 @@ def export(
                                            TensorArgument(value.name), ph.name))
         outputs.append(value)
     for value in user_outputs:
-        arg = TensorArgument(value.name) if isinstance(value, fx.Node) else None
-        if arg is None:
-            from torch.export.graph_signature import ConstantArgument
-            arg = ConstantArgument(name="", value=value)
+        arg = TensorArgument(value.name) if isinstance(value, fx.Node) else \
+            ConstantArgument(name="", value=value)
         output_specs.append(OutputSpec(OutputKind.USER_OUTPUT, arg, None))
         outputs.append(value)
     output.args = (tuple(outputs),)
@@ -300,8 +298,13 @@ def export(
                    for ph, (name, _, kind, keep) in zip(placeholders[:n_state], state)]
     input_specs += [InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), target)
                     for ph, target in constant_nodes]
-    input_specs += [InputSpec(InputKind.USER_INPUT, TensorArgument(ph.name), None)
-                    for ph in placeholders[n_state:]]
+    for ph, leaf in zip(placeholders[n_state:], flat_user):
+        if isinstance(leaf, torch.Tensor):
+            input_specs.append(InputSpec(InputKind.USER_INPUT, TensorArgument(ph.name), None))
+        else:  # a Python scalar: the program is specialized to its value, as torch.export's
+            ph.meta["val"] = leaf
+            input_specs.append(InputSpec(InputKind.USER_INPUT,
+                                         ConstantArgument(name=ph.name, value=leaf), None))
     graph.eliminate_dead_code()
     gm.recompile()
 

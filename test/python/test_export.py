@@ -91,6 +91,20 @@ def test_inputs_written_through_views_are_declared_and_written_back(remove):
     assert_trees_match(a_args, e_args, "inputs after the call")
 
 
+def test_python_scalar_inputs_are_specialized_and_checked():
+    def f(x, n, scale=2.0):
+        x.mul_(scale)
+        return x + n
+
+    x = torch.randn(3)
+    ep = export(f, (x.clone(), 2), {"scale": 3.0})
+    e_x, a_x = x.clone(), x.clone()
+    assert_trees_match(ep.module()(a_x, 2, scale=3.0), f(e_x, 2, scale=3.0), "output")
+    assert_trees_match(a_x, e_x, "input after the call")
+    with pytest.raises((AssertionError, RuntimeError)):  # torch's check of a constant input
+        ep.module()(x.clone(), 5, scale=3.0)
+
+
 def test_save_and_load_round_trip():
     ep = export(_kv_module(), _kv_inputs())
     buffer = io.BytesIO()
