@@ -4,6 +4,10 @@ load, and compiled by AOTInductor) gives eager's outputs and leaves inputs and b
 does. Expected values come from running the module or function eagerly on copies.
 """
 import io
+import socket
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -164,6 +168,43 @@ def test_custom_op_that_writes_its_input_exports_as_a_declared_mutation():
     e_x, a_x = x.clone(), x.clone()
     assert_trees_match(ep.module()(a_x), f(e_x), "outputs")
     assert_trees_match(a_x, e_x, "input after the call")
+
+
+_COLLECTIVE_PROGRAM = textwrap.dedent("""
+    import os, sys, torch, torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    from torch_functionalize import export
+
+    def f(x):
+        dist.all_reduce(x)
+        return x * 2
+
+    x = torch.randn(3, device=sys.argv[2])
+    ep = export(f, (x.clone(),))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert "_c10d_functional.all_reduce.default" in targets, targets
+    assert not any(n.target._schema.is_mutable for n in ep.graph.nodes
+                   if n.op == "call_function"), targets
+    assert list(ep.graph_signature.user_inputs_to_mutate.values()) == ["x"]
+    a, e = x.clone(), x.clone()
+    torch.testing.assert_close(ep.module()(a), f(e), rtol=0, atol=0)
+    torch.testing.assert_close(a, e, rtol=0, atol=0)
+    dist.destroy_process_group()
+    print("ok")
+""")
+
+
+def test_in_place_collective_exports_as_a_functional_collective(device):
+    # torch.export keeps dist.all_reduce's in-place c10d op; ours records the functional
+    # collective and declares the input write. One rank over 127.0.0.1, in its own process (the
+    # default process group is global).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-c", _COLLECTIVE_PROGRAM, str(port), device],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
