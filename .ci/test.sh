@@ -14,5 +14,10 @@ cmake -S examples/cpp -B build/example -DCMAKE_PREFIX_PATH="$PWD/build/install" 
 cmake --build build/example > /dev/null
 build/example/functionalize_example > /dev/null
 echo "examples/cpp: built against the installed package, matches eager"
+# A C++ model captured and saved, compiled by AOTInductor from Python, loaded and run from C++.
+build/example/aoti_example save build/example/model.tfz > /dev/null
+python3 -m torch_functionalize.package build/example/model.tfz build/example/model.pt2 > /dev/null
+build/example/aoti_example run build/example/model.pt2 > /dev/null
+echo "examples/cpp: C++ model -> saved graph -> AOTInductor package -> run from C++, matches eager"
 # pytest exits 5 when it collects no test; with `set -e` that fails the run, as it must.
 python3 -m pytest test/python -q -p no:cacheprovider

@@ -2,6 +2,7 @@
 // Python package (python/torch_functionalize) composes these calls. _C.pyi lists every binding
 // (test_bindings.py checks that it stays complete).
 #include <torch_functionalize/functionalize.h>
+#include <torch_functionalize/serialize.h>
 
 #include "api/Call.h"
 #include "core/Conversions.h"
@@ -173,6 +174,23 @@ py::tuple export_graph(const tfz::CapturedGraph& captured) {
   return py::make_tuple(g.inputs, constants, nodes, outputs, g.grad_enabled);
 }
 
+// (sizes, strides, storage offset, dtype, device, requires_grad) of each input a graph was
+// captured with (None for an undefined one): what a graph loaded from a file is called with.
+py::list input_specs(const tfz::CapturedGraph& captured) {
+  py::list out;
+  for (const auto& q : captured.graph().input_guards) {
+    if (!q.defined) {
+      out.append(py::none());
+      continue;
+    }
+    out.append(py::make_tuple(q.sizes, q.strides, q.storage_offset,
+                              py::reinterpret_borrow<py::object>(
+                                  reinterpret_cast<PyObject*>(torch::getTHPDtype(q.dtype))),
+                              q.device.str(), q.requires_grad));
+  }
+  return out;
+}
+
 // A captured graph's input guards, held by the FX module capture returns.
 struct InputGuards {
   std::vector<tfz::detail::InputGuard> guards;
@@ -218,12 +236,15 @@ PYBIND11_MODULE(_C, m) {
       .def("num_nodes", &tfz::CapturedGraph::num_nodes)
       .def("export", &export_graph)
       .def("input_guards",
-           [](const tfz::CapturedGraph& c) { return InputGuards{c.graph().input_guards}; });
+           [](const tfz::CapturedGraph& c) { return InputGuards{c.graph().input_guards}; })
+      .def("input_specs", &input_specs);
   py::class_<InputGuards>(m, "_InputGuards").def("check", &InputGuards::check);
   m.def("_input_guards", [](const std::vector<at::Tensor>& inputs) {
     return InputGuards{tfz::detail::record_input_guards(inputs)};
   });
   m.def("_capture", &capture, py::arg("inputs"), py::arg("remove"), py::arg("fn"));
+  m.def("_save_graph", &tfz::save, py::arg("graph"), py::arg("path"));
+  m.def("_load_graph", &tfz::load, py::arg("path"));
   m.def("_parse_remove", [](const std::string& r) { tfz::parse_remove(r); });
   m.def("_is_functional", &tfz::is_functional);
   m.def("_layer_active", [] { return tfz::detail::current_layer() != nullptr; });

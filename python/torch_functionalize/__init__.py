@@ -29,7 +29,7 @@ from . import autograd_function as _autograd_function  # noqa: E402
 
 _autograd_function.install()
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
-from .capture import capture, graph_module_of
+from .capture import capture, example_inputs, graph_module_of, load_graph
 from .dynamo import backend
 from .export import export
 from .graph import functionalize_graph
@@ -40,6 +40,8 @@ __all__ = [
     "functionalize",
     "capture",
     "graph_module_of",
+    "load_graph",
+    "example_inputs",
     "functionalize_graph",
     "export",
     "reinplace",

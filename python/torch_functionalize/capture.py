@@ -6,6 +6,7 @@ out, closure tensors as ``get_attr`` constants, multi-output ops through ``opera
 from __future__ import annotations
 
 import inspect
+import os
 import keyword
 import warnings
 import operator
@@ -275,6 +276,35 @@ def graph_module_of(captured: Any) -> fx.GraphModule:
     _, out_spec = pytree.tree_flatten(list(out_leaves))
     return _graph_module(captured, None, args, {}, list(args), list(range(len(args))),
                          out_leaves, out_spec)
+
+
+def load_graph(path: str | os.PathLike[str]) -> fx.GraphModule:
+    """The GraphModule of a graph a C++ program saved with ``tfz::save`` (its constants, the
+    weights of a C++ model included, as attributes), called with the flat tensors it was captured
+    with and guarded like it (Note [Serialize: a captured graph on disk]). ``example_inputs(gm)``
+    makes inputs of the recorded geometry, for torch_functionalize.export."""
+    captured = _C._load_graph(os.fspath(path))
+    gm = graph_module_of(captured)
+    gm._tfz_input_specs = captured.input_specs()  # type: ignore[assignment]
+    return gm
+
+
+def example_inputs(gm: fx.GraphModule) -> tuple[torch.Tensor | None, ...]:
+    """Zero-filled inputs of the geometry a loaded graph (load_graph) was captured with."""
+    specs = getattr(gm, "_tfz_input_specs", None)
+    if specs is None:
+        raise ValueError("example_inputs: not a graph read by torch_functionalize.load_graph")
+    out: list[torch.Tensor | None] = []
+    for spec in specs:
+        if spec is None:
+            out.append(None)
+            continue
+        sizes, strides, offset, dtype, device, requires_grad = spec
+        extent = offset + sum((n - 1) * s for n, s in zip(sizes, strides)) + 1 if all(sizes) \
+            else 0
+        storage = torch.zeros(extent, dtype=dtype, device=device)
+        out.append(storage.as_strided(sizes, strides, offset).requires_grad_(requires_grad))
+    return tuple(out)
 
 
 def _call_tree(args: tuple, kwargs: dict[str, Any]) -> Any:

@@ -12,6 +12,7 @@ import textwrap
 import pytest
 import torch
 
+import torch_functionalize as tfz
 from torch_functionalize import export
 from torch_functionalize.graph import _clone_preserving_aliases as _clone_tree
 from torch_functionalize.testing._internal import workloads
@@ -234,3 +235,72 @@ def test_aot_inductor_package_of_a_buffer_writing_module_matches_eager(tmp_path)
         expected = eager(x, torch.tensor([pos]))
         actual = runner(x, torch.tensor([pos]))
         assert_trees_match(actual, expected.detach(), f"outputs at position {pos}")
+
+
+# -- C++ programs out of the process (tfz::save -> load_graph -> export / AOTInductor) ----------
+
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
+           torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool]
+
+
+def _saved_and_loaded(run, inputs, tmp_path, remove="mutations"):
+    from torch_functionalize import _C
+
+    captured = _C._capture(list(_clone_tree(inputs)), remove, run)
+    path = tmp_path / "graph.tfz"
+    _C._save_graph(captured, str(path))
+    return captured, tfz.load_graph(path)
+
+
+@pytest.mark.parametrize("dtype", _DTYPES, ids=str)
+def test_saved_cpp_graph_with_constants_of_every_dtype_loads_and_matches(dtype, tmp_path):
+    # A weight of each dtype, used whole and through a view (a row of it), captured as constants.
+    weight = (torch.arange(12) % 5).to(dtype).reshape(3, 4)
+    row = weight[1]
+
+    def run(tensors):
+        (x,) = tensors
+        x.add_(row)  # in place: the input write travels too
+        return [torch.cat([x, weight[2]]), (x * weight[:, 1:3].sum(1)[0]).sum()]
+
+    x = (torch.arange(4) % 3).to(dtype)
+    captured, loaded = _saved_and_loaded(run, (x,), tmp_path)
+    a, b = _clone_tree((x,)), _clone_tree((x,))
+    assert_trees_match(list(loaded(*a)), list(captured(list(b))), "outputs")
+    assert_trees_match(a, b, "input after the call")
+
+
+def test_loaded_graph_keeps_the_input_guards(tmp_path):
+    def run(tensors):
+        (x,) = tensors
+        return [x * 2]
+
+    _, loaded = _saved_and_loaded(run, (torch.randn(2, 3),), tmp_path)
+    with pytest.raises(RuntimeError, match="captured for"):
+        loaded(torch.randn(3, 3))
+
+
+def test_loaded_graph_exports_to_a_program_that_declares_the_input_write(tmp_path):
+    weight = torch.randn(4, 4)
+
+    def run(tensors):
+        cache, pos, x = tensors
+        cache.index_copy_(1, pos, x @ weight.t())
+        return [cache.sum(1)]
+
+    inputs = (torch.zeros(2, 8, 4), torch.tensor([3]), torch.randn(2, 1, 4))
+    captured, loaded = _saved_and_loaded(run, inputs, tmp_path)
+    ep = export(loaded, tfz.example_inputs(loaded))
+    assert list(ep.graph_signature.user_inputs_to_mutate.values()) == ["arg0"]
+    _assert_functional(ep, "mutations")
+    later = (torch.zeros(2, 8, 4), torch.tensor([5]), torch.randn(2, 1, 4))
+    a, b = _clone_tree(later), _clone_tree(later)
+    assert_trees_match(list(ep.module()(*a)), list(captured(list(b))), "outputs")
+    assert_trees_match(a, b, "inputs after the call")
+
+
+def test_a_file_of_another_format_is_refused_by_name(tmp_path):
+    path = tmp_path / "not_a_graph.pt"
+    torch.save({"a": torch.ones(2)}, path)
+    with pytest.raises(RuntimeError, match="is not a graph written by tfz::save"):
+        tfz.load_graph(path)
