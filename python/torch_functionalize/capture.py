@@ -303,7 +303,8 @@ def example_inputs(gm: fx.GraphModule) -> tuple[torch.Tensor | None, ...]:
         extent = offset + sum((n - 1) * s for n, s in zip(sizes, strides)) + 1 if all(sizes) \
             else 0
         storage = torch.zeros(extent, dtype=dtype, device=device)
-        out.append(storage.as_strided(sizes, strides, offset).requires_grad_(requires_grad))
+        view = storage.as_strided(sizes, strides, offset).detach()  # a leaf: requires_grad_ works
+        out.append(view.requires_grad_(requires_grad))
     return tuple(out)
 
 
