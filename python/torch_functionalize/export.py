@@ -69,21 +69,15 @@ def _refuse_shared_memory(tensors: list[tuple[str, torch.Tensor]]) -> None:
 def _rename_placeholders(placeholders: list[fx.Node], state: list[tuple[str, Any, Any, bool]],
                          module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
     """torch.export's names: p_/b_ + the state's name, user inputs by the forward's parameter
-    names (with the path inside a nested argument)."""
-    import inspect
+    names (capture's rule, with the path inside a nested argument)."""
     import re
 
     from torch.export.graph_signature import InputKind
 
-    try:
-        params = list(inspect.signature(module.forward).parameters)
-    except (TypeError, ValueError):
-        params = []
-    if isinstance(module, _FunctionModule):
-        try:
-            params = list(inspect.signature(module.fn).parameters)
-        except (TypeError, ValueError):
-            params = []
+    from .capture import _argument_names
+
+    fn = module.fn if isinstance(module, _FunctionModule) else module.forward
+    params = _argument_names(fn, len(args))
     used: set[str] = set()
 
     def clean(name: str) -> str:
@@ -100,8 +94,7 @@ def _rename_placeholders(placeholders: list[fx.Node], state: list[tuple[str, Any
     for path, _ in pytree.tree_flatten_with_path((args, kwargs))[0]:
         where, first, rest = path[0].idx, path[1], path[2:]  # type: ignore[attr-defined]
         if where == 0:
-            i = first.idx  # type: ignore[attr-defined]
-            head = params[i] if i < len(params) and not params[i].startswith("*") else f"arg{i}"
+            head = params[first.idx]  # type: ignore[attr-defined]
         else:
             head = str(first.key)  # type: ignore[attr-defined]
         names.append(clean(head + "".join(f"_{getattr(k, 'idx', getattr(k, 'key', ''))}"
@@ -109,8 +102,8 @@ def _rename_placeholders(placeholders: list[fx.Node], state: list[tuple[str, Any
     if not hasattr(fx.Node, "_rename"):
         return
     for ph, name in zip(placeholders, names):
-        ph._rename(name)
-        ph.target = name
+        ph._rename(name)  # unique in the graph: may become name_1 beside a node named so
+        ph.target = ph.name
 
 
 class _ExportedProgram(torch.export.ExportedProgram):
