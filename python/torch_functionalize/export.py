@@ -5,6 +5,7 @@ ExportedProgram] and docs/export.md.
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -31,6 +32,18 @@ if TYPE_CHECKING:
 # Rejected: torch.export.export followed by rewriting its graph with our engine (its tracer
 # refuses aliased inputs before we could see them, and its training IR decides what a mutation
 # is), and building the signature from a capture() graph (capture records no meta["val"]).
+
+# Note [Export: tracing as torch.export traces]
+# The trace runs with torch.compiler.is_compiling() and is_exporting() true, as torch.export's
+# does: library code that reads tensor values on its eager path takes its export path instead
+# (transformers' attention-mask checks call .all() on a fake tensor otherwise). Where that path
+# cannot be traced and the eager one can, the eager one is traced instead: torch.optim's Adam
+# passes its steps as CPU scalar tensors to _foreach_addcdiv_ when compiling, which fake tensors
+# cannot run (torch.export.export fails there too), and reads them with .item() eagerly, which
+# traces to data-dependent scalars. The program is traced a second time only after the first
+# trace failed; on fake tensors, so only Python side effects of f can happen twice. Rejected:
+# the eager path alone (transformers models then fail to export), the export path alone (Adam
+# then fails as torch.export does).
 
 _EPILOGUE_METADATA = {torch.ops.aten.as_strided_.default, torch.ops.aten.resize_.default}
 
@@ -220,8 +233,24 @@ def export(
     state_values = [_own_storage(t) for _, t, _, _ in state]
     # Non-fake inputs allowed in the fake mode, as in torch.export's: AOTInductor reruns the
     # graph's ops in the mode of its meta["val"]s on the real weights of ep.module().
-    gm = make_fx(functionalize(run, remove=remove), tracing_mode="fake",
-                 _allow_non_fake_inputs=True)(*state_values, *flat_user)
+    # See Note [Export: tracing as torch.export traces].
+    try:
+        from torch._export.utils import _compiling_state_context as exporting
+    except ImportError:  # a torch without it: library code sees an eager call
+        exporting = contextlib.nullcontext  # type: ignore[assignment]
+
+    def trace() -> fx.GraphModule:
+        return make_fx(functionalize(run, remove=remove), tracing_mode="fake",
+                       _allow_non_fake_inputs=True)(*state_values, *flat_user)
+
+    try:
+        with exporting():
+            gm = trace()
+    except Exception as first:  # noqa: BLE001  (the eager path may trace where this did not)
+        try:
+            gm = trace()
+        except Exception:  # noqa: BLE001
+            raise first from None
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     _rename_placeholders(placeholders, state, module, args, kwargs)

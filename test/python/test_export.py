@@ -209,6 +209,29 @@ def test_in_place_collective_exports_as_a_functional_collective(device):
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_hugging_face_gpt2_exports_and_matches_eager(remove):
+    # A transformers model built from a config (no weights downloaded): its mask code reads
+    # tensor values on the eager path and takes its export path here, as under torch.export
+    # (Note [Export: tracing as torch.export traces]).
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=50,
+                                     n_positions=16)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    ids = torch.randint(0, 50, (2, 8))
+    ep = export(model, (ids,), {"use_cache": False}, remove=remove)
+    _assert_functional(ep, remove)
+    buffer = io.BytesIO()
+    torch.export.save(ep, buffer)
+    buffer.seek(0)
+    with torch.no_grad():
+        expected = model(ids, use_cache=False).logits
+    for program in (ep, torch.export.load(buffer)):
+        actual = program.module()(ids, use_cache=False).logits
+        assert_trees_match(actual, expected, "logits")
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
 @pytest.mark.parametrize("name", ["real/mlp_train", "real/mlp_autograd", "real/resnet_block",
                                   "real/gpt_kv_cache", "real/adam_foreach"])
 def test_benchmark_workloads_export_and_match_eager(name, remove):
