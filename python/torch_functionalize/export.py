@@ -64,19 +64,31 @@ def _own_storage(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _refuse_shared_memory(tensors: list[tuple[str, torch.Tensor]]) -> None:
-    owners: dict[Any, str] = {}
+def _sharing_memory(tensors: list[tuple[str, torch.Tensor]],
+                    counts: Callable[[str, str], bool] = lambda a, b: True
+                    ) -> tuple[str, str] | None:
+    """The first two names whose tensors share a storage and for which ``counts`` holds, in one
+    pass over the tensors (ep.module() runs this on every call)."""
+    owners: dict[Any, list[str]] = {}
     for name, t in tensors:
         if t.numel() == 0:
             continue
-        key = (t.device, t.untyped_storage().data_ptr())
-        if key in owners:
-            raise NotImplementedError(
-                f"torch_functionalize.export: {owners[key]} and {name} share memory; an "
-                "ExportedProgram's inputs are independent values, so a program of aliased inputs "
-                "cannot be exported (torch_functionalize.capture records it with a guard). Pass "
-                "the base tensor once and take the views inside the program.")
-        owners[key] = name
+        earlier = owners.setdefault((t.device, t.untyped_storage().data_ptr()), [])
+        for other in earlier:
+            if counts(other, name):
+                return other, name
+        earlier.append(name)
+    return None
+
+
+def _refuse_shared_memory(tensors: list[tuple[str, torch.Tensor]]) -> None:
+    shared = _sharing_memory(tensors)
+    if shared is not None:
+        raise NotImplementedError(
+            f"torch_functionalize.export: {shared[0]} and {shared[1]} share memory; an "
+            "ExportedProgram's inputs are independent values, so a program of aliased inputs "
+            "cannot be exported (torch_functionalize.capture records it with a guard). Pass "
+            "the base tensor once and take the views inside the program.")
 
 
 def _rename_placeholders(placeholders: list[fx.Node], state: list[tuple[str, Any, Any, bool]],
@@ -136,15 +148,13 @@ class _ExportedProgram(torch.export.ExportedProgram):
         def check(_module: Any, call_args: tuple, call_kwargs: dict | None = None) -> None:
             leaves = pytree.tree_leaves((call_args, call_kwargs or {}))
             tensors = [(n, t) for n, t in zip(names, leaves) if isinstance(t, torch.Tensor)]
-            for i, (name, t) in enumerate(tensors):
-                for other, u in tensors[i + 1:]:
-                    if (name in written or other in written) and t.numel() and u.numel() and \
-                            t.untyped_storage().data_ptr() == u.untyped_storage().data_ptr():
-                        raise RuntimeError(
-                            f"torch_functionalize.export: inputs {name} and {other} share "
-                            "memory, and the program writes one of them; the exported program "
-                            "treats its inputs as independent values. Pass copies, or export "
-                            "a program that takes the base once.")
+            shared = _sharing_memory(tensors, lambda a, b: a in written or b in written)
+            if shared is not None:
+                raise RuntimeError(
+                    f"torch_functionalize.export: inputs {shared[0]} and {shared[1]} share "
+                    "memory, and the program writes one of them; the exported program treats "
+                    "its inputs as independent values. Pass copies, or export a program that "
+                    "takes the base once.")
 
         m.register_forward_pre_hook(check, with_kwargs=True)
         return m
