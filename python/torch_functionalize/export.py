@@ -6,6 +6,7 @@ ExportedProgram] and docs/export.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -161,51 +162,98 @@ class _ExportedProgram(torch.export.ExportedProgram):
 
 
 class _FunctionModule(torch.nn.Module):
-    """A function with no state, exported as the forward of a module without parameters."""
+    """A function with no state, exported as the forward of a module without parameters. Its
+    forward has the function's signature, so dynamic_shapes name the function's parameters."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         super().__init__()
         self.fn = fn
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        functools.update_wrapper(forward, fn)
+        self.forward = forward  # type: ignore[method-assign]
 
 
-def export(
-    m_or_f: torch.nn.Module | Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any] | None = None,
-    *,
-    remove: Remove = "mutations",
-    dynamic_shapes: Any = None,
-) -> torch.export.ExportedProgram:
-    """An ExportedProgram of `m_or_f(*args, **kwargs)` built from the functional graph of our
-    engine: parameters, buffers and constants lifted, mutations declared in the graph signature
-    (`ep.graph_signature.buffers_to_mutate`, `user_inputs_to_mutate`), no in-place op left.
-    `remove="mutations_and_views"` also replaces views by *_copy ops. The program is specialized
-    to the example inputs' shapes (dynamic_shapes is not supported yet)."""
-    from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
-    from torch.export.graph_signature import (ConstantArgument, ExportGraphSignature, InputKind,
-                                              InputSpec, OutputKind, OutputSpec, TensorArgument)
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from .api import check_remove, functionalize
-
-    check_remove(remove)
-    if dynamic_shapes is not None:
+# Note [Export: dynamic shapes]
+# dynamic_shapes takes torch.export's specification (Dim, Dim.AUTO/DYNAMIC/STATIC, derived dims,
+# per-argument dicts or tuples) and means what it means there: the user inputs are fake tensors
+# of a ShapeEnv with one symbol per dynamic dimension (torch's make_fake_inputs, as non-strict
+# torch.export makes them), state and constants are static, and our engine runs under make_fx on
+# those symbols. Every condition the program (or our engine) put on a symbol is a guard of the
+# ShapeEnv; after the trace torch's produce_guards_and_solve_constraints raises, naming the
+# dimension and the suggested fix, where a guard specialized a dimension declared dynamic or
+# related two declared independent, and make_constraints gives the range_constraints that
+# ep.module() checks on each call. Without dynamic_shapes every dimension is static, as in
+# torch.export. Rejected: our own specification format and solver (users already write
+# torch.export's, and its error messages say how to fix a specification), and capture(...,
+# dynamic=True)'s graph (it records no meta["val"], which the signature and AOTInductor read).
+def _fake_inputs(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any],
+                 dynamic_shapes: Any) -> tuple[Any, list[Any], Callable[[fx.GraphModule, int],
+                                                                           dict[Any, Any]]]:
+    """The fake mode, the flat fake user inputs, and a function that checks the trace's guards
+    against dynamic_shapes and returns the range constraints (Note [Export: dynamic shapes])."""
+    try:
+        from torch._export.non_strict_utils import (make_constraints, make_fake_inputs,
+                                                    produce_guards_and_solve_constraints)
+        from torch.export.dynamic_shapes import _combine_args
+        from torch._dynamo.exc import UserError, UserErrorType
+        from torch.fx.experimental.symbolic_shapes import (ConstraintViolationError,
+                                                           free_unbacked_symbols)
+    except ImportError as e:  # pragma: no cover  (torch 2.11-2.15 have them)
         raise NotImplementedError(
-            "torch_functionalize.export: dynamic_shapes is not supported yet; export with the "
-            "shapes of the example inputs (the program is specialized to them), or use "
-            "torch.export.export for dynamic shapes.")
-    kwargs = dict(kwargs or {})
-    module = m_or_f if isinstance(m_or_f, torch.nn.Module) else _FunctionModule(m_or_f)
-    if not isinstance(args, tuple):
-        raise TypeError(f"torch_functionalize.export: args must be a tuple, got "
-                        f"{type(args).__name__}")
+            f"torch_functionalize.export: this torch ({torch.__version__}) lacks torch.export's "
+            f"fake-input helpers ({e}); torch 2.11 to 2.15 have them.") from e
 
-    # Module state, one graph input per distinct tensor (tied weights share one, named by their
-    # first name, as torch.export does).
-    state: list[tuple[str, torch.Tensor, InputKind, bool]] = []
+    fake_mode, fake_args, fake_kwargs, equalities, signature, dynamic_shapes = \
+        make_fake_inputs(module, args, kwargs, dynamic_shapes)
+
+    def range_constraints(gm: fx.GraphModule, num_lifted: int) -> dict[Any, Any]:
+        shape_env = fake_mode.shape_env
+        gm.meta["inline_constraints"] = {k: v for k, v in shape_env.var_to_range.items()
+                                         if free_unbacked_symbols(k)}
+        try:
+            produce_guards_and_solve_constraints(fake_mode, gm, dynamic_shapes, equalities,
+                                                 signature)
+        except ConstraintViolationError as e:  # the error type torch.export raises here
+            raise UserError(UserErrorType.CONSTRAINT_VIOLATION,
+                            f"torch_functionalize.export: {e}") from None
+        # Positional arguments first, then keyword ones in the caller's order: the order of
+        # the graph's user inputs (torch.export orders them so too).
+        combined = _combine_args(module, args, kwargs)
+        ordered = {k: v for k, v in combined.items() if k not in kwargs}
+        ordered.update((k, combined[k]) for k in kwargs if k in combined)
+        ordered.update((k, v) for k, v in combined.items() if k not in ordered)
+        return make_constraints(fake_mode, gm, ordered, dynamic_shapes, num_lifted)
+
+    return fake_mode, pytree.tree_leaves((tuple(fake_args), fake_kwargs)), range_constraints
+
+
+def _forward_arg_names(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> list[str]:
+    """The forward's parameter names for the positional arguments (a *args parameter as name_0,
+    name_1, ...), then the keyword arguments in the caller's order: the names ep.module()'s
+    forward takes, which its shape guards refer to."""
+    import inspect
+
+    signature = inspect.signature(module.forward)
+    names: list[str] = []
+    for name, value in signature.bind_partial(*args).arguments.items():
+        if signature.parameters[name].kind is inspect.Parameter.VAR_POSITIONAL:
+            names += [f"{name}_{i}" for i in range(len(value))]
+        else:
+            names.append(name)
+    return names + list(kwargs)
+
+
+def _state(module: torch.nn.Module) -> tuple[list[tuple[str, torch.Tensor, Any, bool]],
+                                             dict[str, str]]:
+    """One entry per distinct parameter or buffer (tied weights share one, named by their first
+    name, as torch.export does): (name, tensor, InputKind, persistent), and every name -> the
+    name of its entry."""
+    from torch.export.graph_signature import InputKind
+
+    state: list[tuple[str, torch.Tensor, Any, bool]] = []
     seen: dict[int, str] = {}
     persistent = {name for name, _ in module.state_dict(keep_vars=True).items()}
     for name, p in module.named_parameters(remove_duplicate=False):
@@ -216,42 +264,40 @@ def export(
         if id(b) not in seen:
             seen[id(b)] = name
             state.append((name, b, InputKind.BUFFER, name in persistent))
-    names = [name for name, *_ in state]
     all_names = {n: seen[id(t)] for n, t in [*module.named_parameters(remove_duplicate=False),
                                              *module.named_buffers(remove_duplicate=False)]}
-    flat_user, in_spec = pytree.tree_flatten((args, kwargs))
-    for leaf in flat_user:
-        if leaf is not None and not isinstance(leaf, (torch.Tensor, int, float, bool, str)):
-            raise TypeError(f"torch_functionalize.export: an input of type "
-                            f"{type(leaf).__name__} is not supported (tensors and Python "
-                            "scalars are)")
-    _refuse_shared_memory([(f"input {i}", t) for i, t in enumerate(flat_user)
-                           if isinstance(t, torch.Tensor)] + [(n, t) for n, t, _, _ in state])
-    flat_user = [_own_storage(t) if isinstance(t, torch.Tensor) else t for t in flat_user]
-    n_state = len(state)
+    return state, all_names
+
+
+def _trace(module: torch.nn.Module, state: list[tuple[str, torch.Tensor, Any, bool]],
+           all_names: dict[str, str], in_spec: Any, fake_state: list[torch.Tensor],
+           fake_user: list[Any], remove: Remove) -> tuple[fx.GraphModule, Any]:
+    """make_fx(functionalize(functional_call(module, ...))) on the fake inputs; the graph and
+    the output's pytree spec. See Note [Export: tracing as torch.export traces]."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .api import functionalize
+
+    names = [name for name, *_ in state]
     out_spec: list[Any] = []
 
     def run(*flat: Any) -> list[Any]:
-        by_name = dict(zip(names, flat[:n_state]))
+        by_name = dict(zip(names, flat[:len(names)]))
         tensors = {n: by_name[first] for n, first in all_names.items()}
-        a, kw = pytree.tree_unflatten(list(flat[n_state:]), in_spec)
+        a, kw = pytree.tree_unflatten(list(flat[len(names):]), in_spec)
         out = torch.func.functional_call(module, tensors, a, kw)
         leaves, spec = pytree.tree_flatten(out)
         out_spec[:] = [spec]
         return leaves
 
-    state_values = [_own_storage(t) for _, t, _, _ in state]
-    # Non-fake inputs allowed in the fake mode, as in torch.export's: AOTInductor reruns the
-    # graph's ops in the mode of its meta["val"]s on the real weights of ep.module().
-    # See Note [Export: tracing as torch.export traces].
     try:
         from torch._export.utils import _compiling_state_context as exporting
     except ImportError:  # a torch without it: library code sees an eager call
         exporting = contextlib.nullcontext  # type: ignore[assignment]
 
     def trace() -> fx.GraphModule:
-        return make_fx(functionalize(run, remove=remove), tracing_mode="fake",
-                       _allow_non_fake_inputs=True)(*state_values, *flat_user)
+        return make_fx(functionalize(run, remove=remove), tracing_mode="symbolic",
+                       _allow_non_fake_inputs=True)(*fake_state, *fake_user)
 
     try:
         with exporting():
@@ -261,14 +307,11 @@ def export(
             gm = trace()
         except Exception:  # noqa: BLE001
             raise first from None
-    graph = gm.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    _rename_placeholders(placeholders, state, module, args, kwargs)
-    output = next(n for n in graph.nodes if n.op == "output")
-    user_outputs = list(output.args[0])
+    return gm, out_spec[0]
 
-    # The input epilogue: copy_(placeholder, value) -> a declared mutation output.
-    role = {ph: i for i, ph in enumerate(placeholders)}
+
+def _take_epilogue(graph: fx.Graph, role: dict[fx.Node, int]) -> list[tuple[fx.Node, fx.Node]]:
+    """The input epilogue's copy_(placeholder, value) nodes, removed: (placeholder, value)."""
     mutations: list[tuple[fx.Node, fx.Node]] = []
     for node in list(graph.nodes):
         if node.op != "call_function":
@@ -283,27 +326,89 @@ def export(
             mutations.append((node.args[0], node.args[1]))  # type: ignore[arg-type]
             node.replace_all_uses_with(node.args[0])  # type: ignore[arg-type]
             graph.erase_node(node)
+    return mutations
 
-    # Tensor constants the program made: CONSTANT_TENSOR inputs.
+
+def _lift_constants(gm: fx.GraphModule, fake_mode: Any, before: fx.Node | None
+                    ) -> tuple[dict[str, torch.Tensor], list[tuple[fx.Node, str]]]:
+    """Tensor constants the program made become CONSTANT_TENSOR placeholders (static, inserted
+    before the first user input)."""
+    graph = gm.graph
     constants: dict[str, torch.Tensor] = {}
-    fake_mode = torch._guards.detect_fake_mode([ph.meta.get("val") for ph in placeholders])
-    first_user = placeholders[n_state] if len(placeholders) > n_state else None
-    constant_nodes: list[tuple[fx.Node, str]] = []
+    nodes: list[tuple[fx.Node, str]] = []
     for node in list(graph.nodes):
-        if node.op == "get_attr":
-            value = operator.attrgetter(node.target)(gm)  # type: ignore[arg-type]
-            if not isinstance(value, torch.Tensor):
-                continue
-            target = f"lifted_tensor_{len(constants)}"
-            constants[target] = value
-            with graph.inserting_before(first_user) if first_user is not None else \
-                    graph.inserting_before(next(iter(graph.nodes))):
-                ph = graph.placeholder(f"c_{target}")
-            ph.meta["val"] = fake_mode.from_tensor(value) if fake_mode is not None else value
-            node.replace_all_uses_with(ph)
-            graph.erase_node(node)
-            delattr(gm, node.target)  # type: ignore[arg-type]
-            constant_nodes.append((ph, target))
+        if node.op != "get_attr":
+            continue
+        value = operator.attrgetter(node.target)(gm)  # type: ignore[arg-type]
+        if not isinstance(value, torch.Tensor):
+            continue
+        target = f"lifted_tensor_{len(constants)}"
+        constants[target] = value
+        with graph.inserting_before(before if before is not None else next(iter(graph.nodes))):
+            ph = graph.placeholder(f"c_{target}")
+        ph.meta["val"] = fake_mode.from_tensor(value, static_shapes=True)
+        node.replace_all_uses_with(ph)
+        graph.erase_node(node)
+        delattr(gm, node.target)  # type: ignore[arg-type]
+        nodes.append((ph, target))
+    return constants, nodes
+
+
+def export(
+    m_or_f: torch.nn.Module | Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None = None,
+    *,
+    remove: Remove = "mutations",
+    dynamic_shapes: Any = None,
+) -> torch.export.ExportedProgram:
+    """An ExportedProgram of `m_or_f(*args, **kwargs)` built from the functional graph of our
+    engine: parameters, buffers and constants lifted, mutations declared in the graph signature
+    (`ep.graph_signature.buffers_to_mutate`, `user_inputs_to_mutate`), no in-place op left.
+    `remove="mutations_and_views"` also replaces views by *_copy ops. `dynamic_shapes` is
+    torch.export's specification (Note [Export: dynamic shapes]); without it the program is
+    specialized to the example inputs' shapes."""
+    from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
+    from torch.export.graph_signature import (ConstantArgument, ExportGraphSignature, InputKind,
+                                              InputSpec, OutputKind, OutputSpec,
+                                              SymIntArgument, TensorArgument)
+
+    from .api import check_remove
+
+    check_remove(remove)
+    kwargs = dict(kwargs or {})
+    module = m_or_f if isinstance(m_or_f, torch.nn.Module) else _FunctionModule(m_or_f)
+    if not isinstance(args, tuple):
+        raise TypeError(f"torch_functionalize.export: args must be a tuple, got "
+                        f"{type(args).__name__}")
+    state, all_names = _state(module)
+    flat_user, in_spec = pytree.tree_flatten((args, kwargs))
+    for leaf in flat_user:
+        if leaf is not None and not isinstance(leaf, (torch.Tensor, int, float, bool, str)):
+            raise TypeError(f"torch_functionalize.export: an input of type "
+                            f"{type(leaf).__name__} is not supported (tensors and Python "
+                            "scalars are)")
+    _refuse_shared_memory([(f"input {i}", t) for i, t in enumerate(flat_user)
+                           if isinstance(t, torch.Tensor)] + [(n, t) for n, t, _, _ in state])
+    own_args, own_kwargs = pytree.tree_map_only(torch.Tensor, _own_storage, (args, kwargs))
+    fake_mode, fake_user, range_constraints = _fake_inputs(module, own_args, own_kwargs,
+                                                           dynamic_shapes)
+    # State is static, as in torch.export. The fake mode allows non-fake tensors: closure
+    # tensors of f become constants (below).
+    fake_state = [fake_mode.from_tensor(_own_storage(t), static_shapes=True)
+                  for _, t, _, _ in state]
+    n_state = len(state)
+    gm, out_spec = _trace(module, state, all_names, in_spec, fake_state, fake_user, remove)
+
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    _rename_placeholders(placeholders, state, module, args, kwargs)
+    output = next(n for n in graph.nodes if n.op == "output")
+    user_outputs = list(output.args[0])
+    role = {ph: i for i, ph in enumerate(placeholders)}
+    mutations = _take_epilogue(graph, role)
+    constants, constant_nodes = _lift_constants(
+        gm, fake_mode, placeholders[n_state] if len(placeholders) > n_state else None)
 
     kinds_out = {InputKind.PARAMETER: OutputKind.PARAMETER_MUTATION,
                  InputKind.BUFFER: OutputKind.BUFFER_MUTATION}
@@ -319,8 +424,12 @@ def export(
                                            TensorArgument(value.name), ph.name))
         outputs.append(value)
     for value in user_outputs:
-        arg = TensorArgument(value.name) if isinstance(value, fx.Node) else \
-            ConstantArgument(name="", value=value)
+        if isinstance(value, fx.Node):
+            arg: Any = SymIntArgument(value.name) if isinstance(value.meta.get("val"),
+                                                                torch.SymInt) \
+                else TensorArgument(value.name)
+        else:
+            arg = ConstantArgument(name="", value=value)
         output_specs.append(OutputSpec(OutputKind.USER_OUTPUT, arg, None))
         outputs.append(value)
     output.args = (tuple(outputs),)
@@ -330,25 +439,30 @@ def export(
                    for ph, (name, _, kind, keep) in zip(placeholders[:n_state], state)]
     input_specs += [InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), target)
                     for ph, target in constant_nodes]
-    for ph, leaf in zip(placeholders[n_state:], flat_user):
+    for ph, leaf in zip(placeholders[n_state:], fake_user):
         if isinstance(leaf, torch.Tensor):
             input_specs.append(InputSpec(InputKind.USER_INPUT, TensorArgument(ph.name), None))
+        elif isinstance(leaf, torch.SymInt):  # an int declared dynamic
+            ph.meta["val"] = leaf
+            input_specs.append(InputSpec(InputKind.USER_INPUT, SymIntArgument(ph.name), None))
         else:  # a Python scalar: the program is specialized to its value, as torch.export's
             ph.meta["val"] = leaf
             input_specs.append(InputSpec(InputKind.USER_INPUT,
                                          ConstantArgument(name=ph.name, value=leaf), None))
     graph.eliminate_dead_code()
     gm.recompile()
+    ranges = range_constraints(gm, n_state + len(constant_nodes))
 
     state_dict = {name: t for name, t, kind, keep in state
                   if kind is InputKind.PARAMETER or keep}
     for name, t, kind, keep in state:
         if kind is InputKind.BUFFER and not keep:
             constants[name] = t
-    signature = ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec[0])
+    signature = ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec,
+                                    forward_arg_names=_forward_arg_names(module, args, kwargs))
     return _ExportedProgram(
         root=gm, graph=graph,
         graph_signature=ExportGraphSignature(input_specs, output_specs),
-        state_dict=state_dict, range_constraints={},
+        state_dict=state_dict, range_constraints=ranges,
         module_call_graph=[ModuleCallEntry(fqn="", signature=signature)],
         example_inputs=(args, kwargs), constants=constants)

@@ -14,6 +14,7 @@ import torch
 
 import torch_functionalize as tfz
 from torch_functionalize import export
+from torch_functionalize.export import _FunctionModule
 from torch_functionalize.graph import _clone_preserving_aliases as _clone_tree
 from torch_functionalize.testing._internal import workloads
 from torch_functionalize.testing._internal.reference import REMOVE_MODES, assert_trees_match
@@ -143,9 +144,137 @@ def test_input_whose_metadata_the_program_changes_is_refused_by_name():
         export(f, (torch.randn(2, 3),))
 
 
-def test_dynamic_shapes_are_refused_by_name():
-    with pytest.raises(NotImplementedError, match="dynamic_shapes is not supported yet"):
-        export(_kv_module(), _kv_inputs(), dynamic_shapes={"x": {0: torch.export.Dim("b")}})
+# -- dynamic shapes (Note [Export: dynamic shapes]) ----------------------------------------------
+
+def _kv_inputs_of(steps, seed=0):
+    """A decode step writing `steps` slots: x of shape (2, steps, 4), distinct positions."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, steps, 4, generator=g), torch.randperm(8, generator=g)[:steps]
+
+
+_KV_STEPS = {"x": {1: torch.export.Dim("steps", max=8)}, "pos": {0: torch.export.Dim("steps", max=8)}}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_dynamic_dimension_is_one_symbol_that_the_module_checks(remove):
+    ep = export(_kv_module(), _kv_inputs_of(2), remove=remove, dynamic_shapes=_KV_STEPS)
+    _assert_functional(ep, remove)
+    assert sorted(ep.graph_signature.buffers_to_mutate.values()) == ["cache", "steps"]
+    x_node, pos_node = [ph for ph in ep.graph.nodes if ph.name in ("x", "pos")]
+    steps = x_node.meta["val"].shape[1]
+    assert isinstance(steps, torch.SymInt)
+    assert pos_node.meta["val"].shape[0].node.expr == steps.node.expr
+    assert ep.range_constraints[steps.node.expr].upper == 8
+    buffer = io.BytesIO()
+    torch.export.save(ep, buffer)  # before any call: a call writes the state ep holds
+    buffer.seek(0)
+    loaded = torch.export.load(buffer)
+    for program in (ep, loaded):
+        eager, exported = _kv_module(), program.module()
+        for n in (2, 3, 5, 8):
+            inputs = _kv_inputs_of(n, seed=n)
+            assert_trees_match(exported(*_clone_tree(inputs)), eager(*inputs), f"{n} steps")
+            assert_trees_match(exported.cache, eager.cache, f"cache after {n} steps")
+        with pytest.raises(AssertionError, match="Guard failed"):  # x and pos disagree
+            exported(_kv_inputs_of(3)[0], _kv_inputs_of(2)[1])
+        with pytest.raises(AssertionError, match="Guard failed"):  # above max
+            exported(torch.randn(2, 9, 4), torch.arange(9) % 8)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_dynamic_shapes_of_a_function_writing_its_inputs_through_views(remove):
+    Dim = torch.export.Dim
+    ep = export(write_input_through_views, (torch.randn(3, 4), torch.randn(5)), remove=remove,
+                dynamic_shapes=({0: Dim("rows")}, {0: Dim.AUTO}))
+    _assert_functional(ep, remove)
+    assert sorted(ep.graph_signature.user_inputs_to_mutate.values()) == ["x", "y"]
+    for shape_x, shape_y in [((3, 4), (5,)), ((7, 4), (2,)), ((2, 4), (11,))]:
+        inputs = (torch.randn(shape_x), torch.randn(shape_y))
+        e_args, a_args = _clone_tree(inputs), _clone_tree(inputs)
+        assert_trees_match(ep.module()(*a_args), write_input_through_views(*e_args),
+                           f"outputs at {shape_x}, {shape_y}")
+        assert_trees_match(a_args, e_args, "inputs after the call")
+
+
+def test_int_input_declared_dynamic_is_a_symbol():
+    def f(x, n):
+        x.add_(n)
+        return x[:n] * 2
+
+    Dim = torch.export.Dim
+    ep = export(f, (torch.randn(6, 3), 4), dynamic_shapes=({0: Dim("rows")}, Dim.DYNAMIC))
+    n_spec = ep.graph_signature.input_specs[-1]
+    assert type(n_spec.arg).__name__ == "SymIntArgument"
+    buffer = io.BytesIO()
+    torch.export.save(ep, buffer)
+    buffer.seek(0)
+    for program in (ep, torch.export.load(buffer)):
+        for rows, n in [(6, 4), (9, 2), (5, 5)]:
+            x = torch.randn(rows, 3)
+            e_x, a_x = x.clone(), x.clone()
+            assert_trees_match(program.module()(a_x, n), f(e_x, n), f"output, n={n}")
+            assert_trees_match(a_x, e_x, "input after the call")
+
+
+def test_a_dimension_the_program_specializes_raises_as_torch_export_does():
+    # The error torch.export raises, naming the dimension and the fix.
+    class Branchy(torch.nn.Module):
+        def forward(self, x):
+            x.mul_(2)
+            return x + 1 if x.shape[0] == 4 else x - 1
+
+    spec = {"x": {0: torch.export.Dim("rows")}}
+    from torch._dynamo.exc import UserError
+    with pytest.raises(UserError, match="torch_functionalize.export: Constraints violated") \
+            as ours:
+        export(Branchy(), (torch.randn(4, 2),), dynamic_shapes=spec)
+    with pytest.raises(UserError) as theirs:
+        torch.export.export(Branchy(), (torch.randn(4, 2),), dynamic_shapes=spec)
+    assert "rows = 4" in str(ours.value) and "rows = 4" in str(theirs.value)
+
+
+@pytest.mark.parametrize("name", ["real/mlp_train", "real/gpt_kv_cache"])
+def test_dynamic_shapes_specialize_no_more_than_torch_export(name):
+    # Dim.AUTO on every dimension of every input: the symbols and ranges left are torch.export's.
+    import torch.utils._pytree as pytree
+
+    w = workloads.get(name)
+    torch.manual_seed(0)
+    inputs = w.make_inputs()
+    spec = pytree.tree_map(lambda t: {i: torch.export.Dim.AUTO for i in range(t.dim())}
+                           if isinstance(t, torch.Tensor) else None, inputs)
+    ours = export(w.fn, _clone_tree(inputs), dynamic_shapes=spec)
+    theirs = torch.export.export(_FunctionModule(w.fn), _clone_tree(inputs), dynamic_shapes=spec)
+
+    def shapes(ep):
+        return [str(ph.meta["val"].shape) for ph in ep.graph.nodes if ph.op == "placeholder"
+                and isinstance(ph.meta.get("val"), torch.Tensor)][-len(pytree.tree_leaves(inputs)):]
+
+    assert sorted(map(str, ours.range_constraints.values())) == \
+        sorted(map(str, theirs.range_constraints.values()))
+    assert shapes(ours) == shapes(theirs)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_hugging_face_gpt2_exports_with_a_dynamic_batch_and_sequence(remove):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=50,
+                                     n_positions=16)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    Dim = torch.export.Dim
+    spec = {"input_ids": {0: Dim("batch", max=8), 1: Dim("seq", max=16)}, "use_cache": None}
+    ids = torch.randint(0, 50, (2, 8))
+    ep = export(model, (ids,), {"use_cache": False}, remove=remove, dynamic_shapes=spec)
+    _assert_functional(ep, remove)
+    theirs = torch.export.export(model, (ids,), {"use_cache": False}, dynamic_shapes=spec)
+    assert sorted(map(str, ep.range_constraints.values())) == \
+        sorted(map(str, theirs.range_constraints.values()))
+    for shape in [(3, 5), (1, 16), (8, 2)]:
+        ids = torch.randint(0, 50, shape)
+        with torch.no_grad():
+            expected = model(ids, use_cache=False).logits
+        assert_trees_match(ep.module()(ids, use_cache=False).logits, expected, f"{shape}")
 
 
 def test_custom_op_that_writes_its_input_exports_as_a_declared_mutation():
@@ -248,16 +377,17 @@ def test_benchmark_workloads_export_and_match_eager(name, remove):
 
 
 def test_aot_inductor_package_of_a_buffer_writing_module_matches_eager(tmp_path):
-    # One compile (~40 s on 2 cores): the package runs the buffer write itself.
-    ep = export(_kv_module(), _kv_inputs())
+    # One compile (~15-40 s on 2 cores), with a dynamic dimension: the package runs the buffer
+    # write itself, on each size.
+    ep = export(_kv_module(), _kv_inputs_of(2), dynamic_shapes=_KV_STEPS)
     path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "kv.pt2"))
     runner = torch._inductor.aoti_load_package(path)
     eager = _kv_module()
-    for pos in (3, 5):
-        x, _ = _kv_inputs()
-        expected = eager(x, torch.tensor([pos]))
-        actual = runner(x, torch.tensor([pos]))
-        assert_trees_match(actual, expected.detach(), f"outputs at position {pos}")
+    for n in (2, 3, 5):
+        x, pos = _kv_inputs_of(n, seed=n)
+        expected = eager(x, pos)
+        actual = runner(x, pos)
+        assert_trees_match(actual, expected.detach(), f"outputs of {n} steps")
 
 
 # -- C++ programs out of the process (tfz::save -> load_graph -> export / AOTInductor) ----------
