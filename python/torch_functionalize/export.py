@@ -354,6 +354,63 @@ def _lift_constants(gm: fx.GraphModule, fake_mode: Any, before: fx.Node | None
     return constants, nodes
 
 
+# Note [Export: scalar lists of data-dependent values]
+# A program that reads tensor values into Python numbers (torch.optim's non-capturable Adam:
+# each step count through .item() into bias corrections) traces to unbacked symbols, and a
+# foreach op then takes a list of them (_foreach_div.ScalarList). The ExportedProgram is right
+# on every input, but AOTInductor's extern-kernel call for a foreach op refuses symbolic scalar
+# lists ("Expected ... List[Scalar] ... but got as_sym_ints"). So, where a ScalarList argument
+# holds a traced value, the foreach op becomes one pointwise op per element (div.Scalar,
+# addcdiv with value=...), which Inductor lowers like any pointwise op with a symbolic scalar
+# (and fuses horizontally again). Foreach ops of constant scalars are left as they are.
+# Rejected: leaving it to users (AOTInductor then fails on every non-capturable optimizer),
+# and turning the scalars into 0-d tensors (_foreach_div.List): a new tensor per symbol, and
+# AOTInductor's foreach TensorList lowering would still see one extern call.
+_PER_ELEMENT = {
+    "_foreach_add.ScalarList": ("add.Scalar", None),
+    "_foreach_sub.ScalarList": ("sub.Scalar", None),
+    "_foreach_mul.ScalarList": ("mul.Scalar", None),
+    "_foreach_div.ScalarList": ("div.Scalar", None),
+    "_foreach_pow.ScalarList": ("pow.Tensor_Scalar", None),
+    "_foreach_addcdiv.ScalarList": ("addcdiv.default", "value"),
+    "_foreach_addcmul.ScalarList": ("addcmul.default", "value"),
+}
+
+
+def _unfold_symbolic_scalar_lists(graph: fx.Graph) -> None:
+    """Note [Export: scalar lists of data-dependent values]."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        entry = _PER_ELEMENT.get(node.target.name().split("::")[-1])
+        if entry is None or node.kwargs:
+            continue
+        *tensor_lists, scalars = node.args
+        if not any(isinstance(s, fx.Node) for s in scalars):  # type: ignore[union-attr]
+            continue
+        op_name, scalar_kw = entry
+        packet, overload = op_name.split(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload)
+        users = list(node.users)
+        if not all(u.target is operator.getitem for u in users):
+            continue
+        values = []
+        with graph.inserting_before(node):
+            for i, scalar in enumerate(scalars):  # type: ignore[arg-type]
+                operands = [ts[i] for ts in tensor_lists]  # type: ignore[index]
+                if scalar_kw is None:
+                    new = graph.call_function(op, (*operands, scalar))
+                else:
+                    new = graph.call_function(op, tuple(operands), {scalar_kw: scalar})
+                new.meta["val"] = node.meta["val"][i]
+                new.meta["stack_trace"] = node.meta.get("stack_trace")
+                values.append(new)
+        for user in users:
+            user.replace_all_uses_with(values[user.args[1]])  # type: ignore[index]
+            graph.erase_node(user)
+        graph.erase_node(node)
+
+
 def export(
     m_or_f: torch.nn.Module | Callable[..., Any],
     args: tuple[Any, ...],
@@ -401,6 +458,7 @@ def export(
     gm, out_spec = _trace(module, state, all_names, in_spec, fake_state, fake_user, remove)
 
     graph = gm.graph
+    _unfold_symbolic_scalar_lists(graph)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     _rename_placeholders(placeholders, state, module, args, kwargs)
     output = next(n for n in graph.nodes if n.op == "output")
