@@ -410,8 +410,9 @@ def _adam_inputs(first_step):
 
 def test_aot_inductor_package_of_torch_optim_adam_reading_its_steps_matches_eager(tmp_path):
     # Non-capturable Adam reads each step with .item(): data-dependent scalars in scalar lists,
-    # unfolded per element for AOTInductor (Note [Export: scalar lists of data-dependent
-    # values]); the package is right on other step counts, not only the traced one.
+    # unfolded per element for AOTInductor, as
+    # Note [Export: scalar lists of data-dependent values] says. The package is right on other
+    # step counts, not only the traced one.
     ep = export(_adam_step, _adam_inputs(1))
     for node in ep.graph.nodes:
         assert not str(node.target).endswith("ScalarList"), node.format_node()
