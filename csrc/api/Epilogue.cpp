@@ -398,6 +398,26 @@ int covering_member(const std::vector<at::Tensor>& originals, c10::ArrayRef<size
 // in it. Rejected: sharing the caller's counter with the wrapper (the epilogue's copy_ would
 // count once more than eager, and a call that raises would leave versions bumped for writes
 // that never reached the input).
+// Note [Inputs: an input given other data]
+// `x.data = y` inside f (torch.nn.utils.vector_to_parameters, weight averaging) moves x's wrapper
+// into y's alias storage (Note [Wrapper: x.data = y keeps x's autograd identity]); eager's caller
+// then holds a tensor with y's data. The storage x's wrapper now lives in is not the caller's, and
+// may never have been written, so the per-storage write-back below would skip x: it is written
+// on its own, with its final value (resized to y's sizes where they differ, as its metadata then
+// is). The caller's x keeps its own memory, where eager's would share y's: the values are
+// eager's, the aliasing with y (a value made inside f) is not observable outside f unless f
+// returns y. Rejected: set_ of the caller's tensor onto the final value's storage (a graph
+// cannot express handing its internal buffer to the caller, and x would then alias memory the
+// function's outputs also hold).
+namespace {
+bool moved_to_other_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
+  // (An input that is itself a wrapper, of an enclosing functionalize, marks no caller storage.)
+  return original.unsafeGetTensorImpl()->has_storage() && maybe_get_impl(original) == nullptr &&
+         !impl.alias_storage().flat() && !impl.alias_storage().bytes() &&
+         !impl.alias_storage().in_caller_storage(original);
+}
+}  // namespace
+
 void write_back_inputs(const std::vector<at::Tensor>& originals,
                        const std::vector<at::Tensor>& wrappers) {
   TORCH_CHECK(originals.size() == wrappers.size(), "functionalize: write-back got ",
@@ -406,10 +426,15 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
   groups.reserve(wrappers.size());
   std::vector<const AliasStorage*> order;
   order.reserve(wrappers.size());
+  std::vector<size_t> moved;
   for (size_t i = 0; i < wrappers.size(); ++i) {
     if (!originals[i].defined()) continue;
     auto* impl = get_impl(wrappers[i]);
     TORCH_CHECK(impl->is_up_to_date(), "functionalize: write-back: sync the wrappers first.");
+    if (moved_to_other_data(originals[i], *impl)) {
+      moved.push_back(i);
+      continue;
+    }
     auto& group = groups[&impl->alias_storage()];
     if (group.empty()) order.push_back(&impl->alias_storage());
     // One tensor passed twice is written back once (Note [Inputs: one tensor passed twice]).
@@ -486,6 +511,7 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
       if (final_written.count(i) == 0) write_data(originals[i], *unsafe_get_impl(wrappers[i]));
     }
   }
+  for (size_t i : moved) write_data(originals[i], *unsafe_get_impl(wrappers[i]));
   // See Note [Inputs: version counters].
   for (size_t i = 0; i < wrappers.size(); ++i) {
     const at::Tensor& original = originals[i];

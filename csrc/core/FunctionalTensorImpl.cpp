@@ -436,14 +436,25 @@ c10::intrusive_ptr<c10::TensorImpl> FunctionalTensorImpl::shallow_copy_and_detac
                                  allow_tensor_metadata_change);
 }
 
+// Note [Wrapper: x.data = y keeps x's autograd identity]
+// Eager's `x.data = y` (set_data: torch.nn.utils.vector_to_parameters, weight averaging) gives x
+// y's memory and metadata and keeps x's autograd metadata: a leaf that requires grad stays that
+// leaf, with its .grad and hooks, and a non-leaf keeps its grad_fn. Our shallow copy takes y's
+// alias storage, chain and value; the value is then given x's old gradient edge, as a write
+// autograd does not see is (Note [Autograd: writes autograd does not see]), so later ops record
+// the same edge and backward accumulates into the same leaf. Rejected: taking y's autograd state
+// along with its value (x would stop requiring grad: "element 0 of tensors does not require
+// grad" at the next backward, where eager trains on).
 void FunctionalTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
   auto* other = dynamic_cast<FunctionalTensorImpl*>(impl.get());
   TORCH_CHECK(other != nullptr,
               "functionalize: cannot shallow-copy a plain tensor into a functional tensor "
               "(tensor.data = ... mixing plain and functional tensors)");
+  at::Tensor old = value_;
   storage_ = other->storage_;
   other->copy_fields_to_(*this);
-  set_value_(other->value_);
+  InnerCallGuard guard;
+  set_value_(with_history_of(other->value_, old, {&other->value_}, views_kept_()));
 }
 
 const char* FunctionalTensorImpl::tensorimpl_type_name() const {

@@ -233,7 +233,43 @@ def autocast_step(p, x, y):
     return loss.detach()
 
 
+def flat_vector_sgd(p, x, y):
+    # A hand-written SGD over one flat vector, written back with vector_to_parameters
+    # (`q.data = ...` of each leaf): the leaves stay leaves that train on
+    # (Note [Wrapper: x.data = y keeps x's autograd identity]).
+    params = list(p.values())
+    losses = []
+    for _ in range(2):
+        loss = mse(functional_call(MLP, p, (x,)), y)
+        loss.backward()
+        losses.append(loss.detach())
+        with torch.no_grad():
+            vec = torch.nn.utils.parameters_to_vector(params)
+            grads = torch.nn.utils.parameters_to_vector([q.grad for q in params])
+            torch.nn.utils.vector_to_parameters(vec - 0.1 * grads, params)
+        for q in params:
+            q.grad = None
+    return losses
+
+
+def data_assigned_weight_average(p, x, y):
+    # Weights replaced by an average through .data (SWA-style), then trained on: .grad of the
+    # same leaves.
+    opt = torch.optim.SGD(list(p.values()), lr=0.1)
+    mse(functional_call(MLP, p, (x,)), y).backward()
+    opt.step()
+    for q in p.values():
+        q.data = (q.data + q.data.flip(0)) / 2
+    opt.zero_grad()
+    loss = mse(functional_call(MLP, p, (x,)), y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
 CASES = {
+    "flat_vector_sgd": (flat_vector_sgd, mlp_inputs),
+    "data_assigned_weight_average": (data_assigned_weight_average, mlp_inputs),
     "clipping_hooks": (clipping_hooks, mlp_inputs),
     "custom_function_step": (custom_function_step, mlp_inputs),
     "checkpoint_step": (checkpoint_step, mlp_inputs),
