@@ -411,10 +411,12 @@ int covering_member(const std::vector<at::Tensor>& originals, c10::ArrayRef<size
 // function's outputs also hold).
 namespace {
 bool moved_to_other_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
-  // (An input that is itself a wrapper, of an enclosing functionalize, marks no caller storage.)
-  return original.unsafeGetTensorImpl()->has_storage() && maybe_get_impl(original) == nullptr &&
-         !impl.alias_storage().flat() && !impl.alias_storage().bytes() &&
-         !impl.alias_storage().in_caller_storage(original);
+  // Only after x.data = y, and not where y lives in x's own memory. (An input that is itself a
+  // wrapper, of an enclosing functionalize, marks no caller storage.)
+  const AliasStorage& storage = impl.alias_storage();
+  return impl.data_replaced() && original.unsafeGetTensorImpl()->has_storage() &&
+         maybe_get_impl(original) == nullptr && !storage.flat() && !storage.bytes() &&
+         !storage.in_caller_storage(original);
 }
 }  // namespace
 

@@ -2,6 +2,7 @@
 // Python package (python/torch_functionalize) composes these calls. _C.pyi lists every binding
 // (test_bindings.py checks that it stays complete).
 #include <torch_functionalize/functionalize.h>
+#include <torch_functionalize/reinplace.h>
 #include <torch_functionalize/serialize.h>
 
 #include "api/Call.h"
@@ -245,6 +246,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("_capture", &capture, py::arg("inputs"), py::arg("remove"), py::arg("fn"));
   m.def("_save_graph", &tfz::save, py::arg("graph"), py::arg("path"));
   m.def("_load_graph", &tfz::load, py::arg("path"));
+  m.def("_reinplace_graph", [](const tfz::CapturedGraph& graph) {
+    std::vector<std::string> explain;
+    auto result = tfz::reinplace(graph, &explain);
+    return std::make_pair(result, explain);
+  });
   m.def("_parse_remove", [](const std::string& r) { tfz::parse_remove(r); });
   m.def("_is_functional", &tfz::is_functional);
   m.def("_layer_active", [] { return tfz::detail::current_layer() != nullptr; });

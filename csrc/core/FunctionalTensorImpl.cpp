@@ -453,6 +453,7 @@ void FunctionalTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::Tenso
   at::Tensor old = value_;
   storage_ = other->storage_;
   other->copy_fields_to_(*this);
+  data_replaced_ = true;
   InnerCallGuard guard;
   set_value_(with_history_of(other->value_, old, {&other->value_}, views_kept_()));
 }

@@ -43,6 +43,9 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   }
   bool is_up_to_date() const { return generation_ == alias_storage().generation(); }
   bool has_metadata_mutation() const { return !metadata_mutations_.empty(); }
+  /// Whether `x.data = y` gave this wrapper another tensor's data (shallow_copy_from): see
+  /// Note [Inputs: an input given other data].
+  bool data_replaced() const { return data_replaced_; }
   const std::vector<MetadataMutation>& metadata_mutations() const { return metadata_mutations_; }
   /// The chain, sizes, strides and offset this wrapper had before its first metadata mutation
   /// (its current ones if it had none; no geometry for symbolic shapes). Views taken before a
@@ -130,6 +133,7 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   EntryState entry_;  // set at the first metadata mutation
   void remember_entry_();
   bool has_reference_metadata_ = false;
+  bool data_replaced_ = false;
   bool chain_is_resize_ = false;
   bool flat_member_ = false;  // an input of a flat storage (see mark_flat_member)
   // Grad mode when this view was taken: its chain replays under it (see sync_).

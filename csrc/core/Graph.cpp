@@ -1,5 +1,6 @@
 // Graph utilities: printing and running a captured graph. See core/Graph.h.
 #include "core/Graph.h"
+#include "core/GraphRun.h"
 
 #include "core/OpSchemaInfo.h"
 
@@ -96,6 +97,47 @@ std::string to_string(const Graph& graph) {
   return out.str();
 }
 
+void push_node_args(const GraphNode& node, const std::vector<at::Tensor>& env,
+                    torch::jit::Stack& stack) {
+  auto value = [&](int64_t id) { return id < 0 ? at::Tensor() : env[id]; };
+  for (const auto& arg : node.args) {
+    switch (arg.kind) {
+      case GraphArg::Kind::kConstant:
+        stack.emplace_back(arg.constant);
+        break;
+      case GraphArg::Kind::kValue:
+        stack.emplace_back(value(arg.values[0]));
+        break;
+      case GraphArg::Kind::kValueList:
+        if (arg.optional_elements) {
+          c10::List<std::optional<at::Tensor>> list;
+          for (int64_t id : arg.values) {
+            list.push_back(id < 0 ? std::nullopt : std::optional<at::Tensor>(env[id]));
+          }
+          stack.emplace_back(std::move(list));
+        } else {
+          c10::List<at::Tensor> list;
+          for (int64_t id : arg.values) list.push_back(value(id));
+          stack.emplace_back(std::move(list));
+        }
+        break;
+    }
+  }
+}
+
+void store_node_returns(const GraphNode& node, const torch::jit::Stack& stack,
+                        std::vector<at::Tensor>& env) {
+  for (size_t r = 0; r < node.returns.size(); ++r) {
+    const GraphArg& ret = node.returns[r];
+    if (ret.kind == GraphArg::Kind::kValue) {
+      env[ret.values[0]] = stack[r].toTensor();
+    } else if (ret.kind == GraphArg::Kind::kValueList) {
+      auto list = stack[r].toTensorVector();
+      for (size_t k = 0; k < list.size(); ++k) env[ret.values[k]] = list[k];
+    }
+  }
+}
+
 std::vector<at::Tensor> run_graph(const Graph& graph, const std::vector<at::Tensor>& inputs) {
   TORCH_CHECK(inputs.size() == graph.inputs.size(), "tfz::capture: the graph takes ",
               graph.inputs.size(), " tensors, got ", inputs.size(), ".");
@@ -114,39 +156,9 @@ std::vector<at::Tensor> run_graph(const Graph& graph, const std::vector<at::Tens
     c10::AutoGradMode grad_mode(node.grad_enabled == graph.grad_enabled ? ambient
                                                                         : node.grad_enabled);
     stack.clear();
-    for (const auto& arg : node.args) {
-      switch (arg.kind) {
-        case GraphArg::Kind::kConstant:
-          stack.emplace_back(arg.constant);
-          break;
-        case GraphArg::Kind::kValue:
-          stack.emplace_back(value(arg.values[0]));
-          break;
-        case GraphArg::Kind::kValueList:
-          if (arg.optional_elements) {
-            c10::List<std::optional<at::Tensor>> list;
-            for (int64_t id : arg.values) {
-              list.push_back(id < 0 ? std::nullopt : std::optional<at::Tensor>(env[id]));
-            }
-            stack.emplace_back(std::move(list));
-          } else {
-            c10::List<at::Tensor> list;
-            for (int64_t id : arg.values) list.push_back(value(id));
-            stack.emplace_back(std::move(list));
-          }
-          break;
-      }
-    }
+    push_node_args(node, env, stack);
     node.op.callBoxed(stack);
-    for (size_t r = 0; r < node.returns.size(); ++r) {
-      const GraphArg& ret = node.returns[r];
-      if (ret.kind == GraphArg::Kind::kValue) {
-        env[ret.values[0]] = stack[r].toTensor();
-      } else if (ret.kind == GraphArg::Kind::kValueList) {
-        auto list = stack[r].toTensorVector();
-        for (size_t k = 0; k < list.size(); ++k) env[ret.values[k]] = list[k];
-      }
-    }
+    store_node_returns(node, stack, env);
   }
   std::vector<at::Tensor> outputs;
   outputs.reserve(graph.outputs.size());

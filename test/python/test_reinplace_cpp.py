@@ -1,0 +1,273 @@
+"""tfz::reinplace, the C++ reinplacing pass over a captured graph (Note [Reinplace: the C++ pass]):
+its rewritten graphs give eager's outputs and leave inputs as eager does, each rule keeps what it
+must (named in its explanation), and every rewrite it makes is one the Python pass
+(torch_functionalize.reinplace, Note [Reinplace: the rules]) makes on the same graph. Expected
+values come from running the program eagerly.
+"""
+import re
+
+import pytest
+import torch
+
+import torch_functionalize as tfz
+from torch_functionalize import _C
+from torch_functionalize.capture import graph_module_of
+from torch_functionalize.graph import _clone_preserving_aliases as _clone_tree
+from torch_functionalize.testing._internal.reference import REMOVE_MODES, assert_trees_match
+
+
+def _captured(f, args, remove="mutations"):
+    def run(tensors):
+        out = f(*tensors)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    return _C._capture(list(_clone_tree(args)), remove, run)
+
+
+def _cpp_reinplaced_matches_eager(f, *args, remove="mutations"):
+    """Captures f, reinplaces the graph in C++, replays it against eager (outputs and inputs);
+    checks each C++ rewrite against the Python pass on the same graph; returns the explanation
+    and the op names of the rewritten graph."""
+    captured = _captured(f, args, remove)
+    rewritten, explain = _C._reinplace_graph(captured)
+    eager_args, graph_args = _clone_tree(args), _clone_tree(args)
+    expected = f(*eager_args)
+    expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    assert_trees_match(list(rewritten(list(graph_args))), expected, "outputs")
+    assert_trees_match(graph_args, eager_args, "inputs after the call")
+    _each_rewrite_is_one_the_python_pass_makes(captured, explain, args)
+    return explain, _ops(rewritten)
+
+
+def _ops(captured):
+    return [str(n.target) for n in graph_module_of(captured).graph.nodes
+            if n.op == "call_function" and "getitem" not in str(n.target)]
+
+
+def _each_rewrite_is_one_the_python_pass_makes(captured, explain, args):
+    # Node n of the C++ graph is the n-th op node of its FX form (getitems aside).
+    before = graph_module_of(captured)
+    ops = [n for n in before.graph.nodes if n.op == "call_function" and "getitem" not in str(n.target)]
+    _, report = tfz.reinplace(before, *_clone_tree(args), explain=True)
+    by_name = {d.node: d for d in report}
+    checked = 0
+    for line in explain:
+        if ": in place as" not in line:
+            continue
+        index, op = re.match(r"node (\d+) (\S+): in place", line).groups()
+        node = ops[int(index)]
+        fx_name = str(node.target).replace(".", "::", 1).removesuffix(".default")
+        assert fx_name == op, (node.format_node(), line)
+        decision = by_name.get(node.name)
+        assert decision is not None and decision.action == "in place", \
+            f"C++: {line}; the Python pass: {decision}\n{report}"
+        checked += 1
+    return checked
+
+
+def _kept(explain, op, rule):
+    assert any(op in line and f"kept, {rule}" in line for line in explain), "\n".join(explain)
+
+
+def _in_place(explain, op):
+    assert any(op in line and ": in place as" in line for line in explain), "\n".join(explain)
+
+
+# -- what it rewrites -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_chain_of_pointwise_ops_on_a_fresh_buffer_runs_in_place(remove):
+    def f(x):
+        h = x * 2
+        h = h + 1
+        return h.relu().sum()
+
+    explain, ops = _cpp_reinplaced_matches_eager(f, torch.randn(4, 5), remove=remove)
+    _in_place(explain, "aten::add.Tensor")
+    _in_place(explain, "aten::relu")
+    assert "aten.add_.Tensor" in ops and "aten.relu_.default" in ops
+
+
+def test_kv_cache_write_happens_in_the_input_and_its_epilogue_copy_goes():
+    def step(cache, pos, k):
+        cache.index_copy_(2, pos, k)
+        return cache.index_select(2, torch.tensor([0, 3])).sum()
+
+    explain, ops = _cpp_reinplaced_matches_eager(
+        step, torch.randn(1, 2, 16, 4), torch.tensor([3]), torch.randn(1, 2, 1, 4))
+    _in_place(explain, "aten::index_copy")
+    assert "aten.index_copy_.default" in ops and "aten.copy_.default" not in ops
+
+
+def test_whole_input_update_computes_into_the_input():
+    def f(x, y):
+        x.mul_(0.9).add_(y)
+        return y * 2
+
+    explain, ops = _cpp_reinplaced_matches_eager(f, torch.randn(6), torch.randn(6))
+    assert "aten.copy_.default" not in ops, ops
+
+
+# -- what it keeps ----------------------------------------------------------------------------
+
+def test_old_value_read_later_keeps_the_op():
+    def f(x):
+        h = x * 2
+        g = h + 1
+        return g * h
+
+    explain, ops = _cpp_reinplaced_matches_eager(f, torch.randn(5))
+    _kept(explain, "aten::add.Tensor", "rule 4")
+
+
+def test_view_of_the_old_value_read_later_keeps_the_op():
+    def f(x):
+        h = x * 2
+        v = h[0]
+        g = h.exp()
+        return g.sum() + v.sum()
+
+    explain, _ = _cpp_reinplaced_matches_eager(f, torch.randn(3, 4))
+    _kept(explain, "aten::exp", "rule 4")
+
+
+def test_returned_old_value_keeps_the_op():
+    def f(x):
+        h = x * 2
+        return h, h.sin()
+
+    explain, _ = _cpp_reinplaced_matches_eager(f, torch.randn(5))
+    _kept(explain, "aten::sin", "rule 4")
+
+
+def test_operand_in_the_written_storage_keeps_the_op():
+    def f(x):
+        h = x * 2
+        return (h + h[0]).sum()
+
+    explain, _ = _cpp_reinplaced_matches_eager(f, torch.randn(3, 3))
+    _kept(explain, "aten::add.Tensor", "rule 3")
+
+
+def test_broadcasting_result_keeps_the_op():
+    def f(x, y):
+        h = x * 2
+        return (h + y).sum()
+
+    explain, _ = _cpp_reinplaced_matches_eager(f, torch.randn(3, 1), torch.randn(3, 4))
+    _kept(explain, "aten::add.Tensor", "rule 2")
+
+
+def test_input_the_program_does_not_write_is_never_written():
+    def f(x):
+        return (x + 1).sum()
+
+    explain, _ = _cpp_reinplaced_matches_eager(f, torch.randn(4))
+    _kept(explain, "aten::add.Tensor", "rule 5")
+
+
+def test_written_input_returned_keeps_the_op():
+    def f(x):
+        x.add_(1)
+        return x.exp()
+
+    def g(x):
+        x.add_(1)
+        return x
+
+    _cpp_reinplaced_matches_eager(f, torch.randn(4))  # computed into x, the epilogue gone
+    explain, _ = _cpp_reinplaced_matches_eager(g, torch.randn(4))
+    assert not any(": in place" in line for line in explain), "\n".join(explain)
+
+
+def test_input_sharing_memory_with_another_input_keeps_the_op():
+    base = torch.randn(4, 4)
+
+    def f(x, y):
+        x.add_(1)
+        return y.sum()
+
+    explain, _ = _cpp_reinplaced_matches_eager(f, base, base[1])
+    assert not any(": in place" in line for line in explain), "\n".join(explain)
+
+
+def test_random_op_keeps_its_functional_form():
+    def f(x):
+        h = x * 2
+        h.uniform_()  # on an intermediate: captured as functional uniform(h)
+        return h.sum()
+
+    torch.manual_seed(0)
+    captured = _captured(f, (torch.randn(4),))
+    _, explain = _C._reinplace_graph(captured)
+    _kept(explain, "uniform", "rule 1")
+
+
+def test_graph_recorded_with_grad_keeps_every_op():
+    def run(tensors):
+        w, x = tensors
+        h = x * 2
+        h = h + w
+        return [h.sum()]
+
+    captured = _C._capture([torch.randn(3, requires_grad=True), torch.randn(3)], "mutations", run)
+    _, explain = _C._reinplace_graph(captured)
+    assert explain and all("kept, rule 1" in line for line in explain), "\n".join(explain)
+
+
+def test_ops_under_no_grad_inside_a_graph_with_grad_are_rewritten():
+    def run(tensors):
+        w, x = tensors
+        with torch.no_grad():
+            h = (x * 2 + 1).relu()
+        return [(h * w).sum()]
+
+    captured = _C._capture([torch.randn(3, requires_grad=True), torch.randn(3)], "mutations", run)
+    rewritten, explain = _C._reinplace_graph(captured)
+    _in_place(explain, "aten::add.Tensor")
+    w, x = torch.randn(3, requires_grad=True), torch.randn(3)
+    (expected,) = run([w, x])
+    (actual,) = rewritten([w, x])
+    assert_trees_match(actual, expected, "output")
+    (g_expected,) = torch.autograd.grad(expected, w)
+    (g_actual,) = torch.autograd.grad(actual, w)
+    assert_trees_match(g_actual, g_expected, "gradient")
+
+
+def test_program_reading_a_value_is_reinplaced_around_its_guard():
+    def f(x):
+        n = int(x.sum().item() > 0)  # a guard node: the graph is right only for this value
+        return (x * 2 + 1 + n).sum()
+
+    explain, _ = _cpp_reinplaced_matches_eager(f, torch.ones(3))
+    _in_place(explain, "aten::add.Tensor")
+
+
+def test_the_given_graph_is_unchanged():
+    def f(x):
+        return (x * 2 + 1).sum()
+
+    captured = _captured(f, (torch.randn(3),))
+    before = str(captured)
+    rewritten, _ = _C._reinplace_graph(captured)
+    assert str(captured) == before and str(rewritten) != before
+
+
+# -- real programs ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_inference_mlp_and_sgd_update_match_eager(remove):
+    torch.manual_seed(0)
+    w1, w2 = torch.randn(8, 4), torch.randn(3, 8)
+
+    def step(w1, w2, x, y):
+        h = torch.nn.functional.gelu(x @ w1.t())
+        out = h @ w2.t()
+        loss = ((out - y) ** 2).mean()
+        g2 = 2 * ((out - y) / out.numel()).t() @ h
+        w2.sub_(0.1 * g2)
+        return loss
+
+    explain, ops = _cpp_reinplaced_matches_eager(step, w1, w2, torch.randn(5, 4), torch.randn(5, 3),
+                                                 remove=remove)
+    assert any(": in place" in line for line in explain), "\n".join(explain)
