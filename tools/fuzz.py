@@ -13,6 +13,7 @@ twice with equal results) runs through
   cap_mut / cap_mav     torch_functionalize.capture(f) replayed on fresh inputs,
   rip_mut / rip_mav     capture's graph after torch_functionalize.reinplace, replayed,
   fxrip_mut             make_fx(functionalize(f)) after reinplace, replayed,
+  cpprip_mut / _mav     capture's C++ graph after the C++ pass (tfz::reinplace), replayed,
   tf_mut / tf_mav       torch.func.functionalize(f), for the comparison,
 and outputs plus inputs afterwards (values, sizes, strides, storage offset; fuzz/check.py there)
 are compared with eager (output strides only with views kept: without views outputs are copies). Each program runs in a worker process, so a crash or a hang (30 s) is a

@@ -67,7 +67,9 @@ def capture(func: Callable[..., Any], *args: Any, remove: Remove = "mutations",
 
 
 def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remove: Remove,
-             dynamic: bool) -> fx.GraphModule:
+             dynamic: bool, graph_pass: Callable[[Any], Any] | None = None) -> fx.GraphModule:
+    """capture's work; `graph_pass` (tests: the C++ reinplacing pass) rewrites the C++ graph
+    before it becomes a GraphModule."""
     if not callable(func):
         raise TypeError(f"capture: expected a callable, got {type(func).__name__}.")
     check_remove(remove)
@@ -101,6 +103,8 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
             "(an optimizer or scheduler made outside f) happened twice.", stacklevel=2)
         return _capture_traced(func, args, kwargs, arguments, remove, "real")
     out = result[0]
+    if graph_pass is not None:
+        captured = graph_pass(captured)
     return _graph_module(captured, func, args, kwargs, arguments.leaves, arguments.positions,
                          out.leaves, out.spec)
 

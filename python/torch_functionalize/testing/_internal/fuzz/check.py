@@ -21,9 +21,10 @@ from .program import Program, compile_program
 # ours_* / fx_* / cap_* / tf_*: our functionalize called directly, our functionalize traced by
 # make_fx and the graph replayed on fresh inputs, torch_functionalize.capture's graph replayed on
 # fresh inputs, torch.func.functionalize called directly; rip_* / fxrip_*: capture's / make_fx's
-# graph after torch_functionalize.reinplace, replayed on fresh inputs.
+# graph after torch_functionalize.reinplace, replayed on fresh inputs; cpprip_*: capture's C++
+# graph after the C++ pass (tfz::reinplace), replayed on fresh inputs.
 OURS_PATHS = ("ours_mut", "ours_mav", "fx_mut", "fx_mav", "cap_mut", "cap_mav",
-              "rip_mut", "rip_mav", "fxrip_mut")
+              "rip_mut", "rip_mav", "fxrip_mut", "cpprip_mut", "cpprip_mav")
 TF_PATHS = ("tf_mut", "tf_mav")
 ALL_PATHS = OURS_PATHS + TF_PATHS
 MODE = {"mut": "mutations", "mav": "mutations_and_views"}
@@ -137,11 +138,16 @@ def run_path(prog: Program, path: str, compiled=None) -> Outcome:
         elif path.startswith("tf_"):
             inputs = make_inputs()
             outs = torch.func.functionalize(f, remove=MODE[path[3:]])(*inputs)
-        elif path.startswith(("fx_", "cap_", "rip_", "fxrip_")):
-            # rip_: capture's graph after reinplace; fxrip_: make_fx's graph after reinplace.
+        elif path.startswith(("fx_", "cap_", "rip_", "fxrip_", "cpprip_")):
+            # rip_: capture's graph after reinplace; fxrip_: make_fx's graph after reinplace;
+            # cpprip_: capture's C++ graph after the C++ pass.
             mode = MODE[path.split("_")[1]]
             if path.startswith(("fx_", "fxrip_")):
                 gm = make_fx(torch_functionalize.functionalize(f, remove=mode))(*make_inputs())
+            elif path.startswith("cpprip_"):
+                from torch_functionalize.capture import _capture
+                gm = _capture(f, tuple(make_inputs()), {}, mode, False,
+                              graph_pass=lambda c: torch_functionalize._C._reinplace_graph(c)[0])
             else:
                 gm = torch_functionalize.capture(f, *make_inputs(), remove=mode)
             if path.startswith(("rip_", "fxrip_")):
@@ -197,7 +203,7 @@ def _desc(s: TSnap):
 def compare(eager: Outcome, got: Outcome, path: str) -> list[Diff]:
     """Differences of got from eager under the rules of path (see tools/fuzz.py's header)."""
     diffs = []
-    graph = path.startswith(("fx_", "cap_", "rip_", "fxrip_"))
+    graph = path.startswith(("fx_", "cap_", "rip_", "fxrip_", "cpprip_"))
     ours = not path.startswith("tf_")
     keep_views = path.endswith("_mut")
     if len(got.outputs) != len(eager.outputs):
