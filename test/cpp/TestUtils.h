@@ -1,8 +1,11 @@
 // Helpers shared by the GoogleTest suites: the two remove modes, exact comparison of the thread's
-// dispatch TLS, tensor comparison against eager, and exception checks with a message fragment.
+// dispatch TLS, tensor comparison against eager, a captured graph's op names, and exception checks
+// with a message fragment.
 #pragma once
 
 #include <torch_functionalize/functionalize.h>
+
+#include "core/Graph.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -58,6 +61,13 @@ inline void expect_same_tensor(const at::Tensor& actual, const at::Tensor& expec
   } else {
     EXPECT_TRUE(at::equal(actual, expected)) << "got\n" << actual << "\neager\n" << expected;
   }
+}
+
+// The qualified op names of a captured graph's nodes, in order.
+inline std::vector<std::string> op_names(const tfz::CapturedGraph& g) {
+  std::vector<std::string> names;
+  for (const auto& node : g.graph().nodes) names.push_back(c10::toString(node.op.operator_name()));
+  return names;
 }
 
 inline std::vector<at::Tensor> clone_all(const std::vector<at::Tensor>& ts) {

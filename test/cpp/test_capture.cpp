@@ -18,12 +18,6 @@ namespace {
 
 using namespace tfz::test;
 
-std::vector<std::string> op_names(const tfz::CapturedGraph& g) {
-  std::vector<std::string> names;
-  for (const auto& node : g.graph().nodes) names.push_back(c10::toString(node.op.operator_name()));
-  return names;
-}
-
 void expect_graph_matches_eager(const tfz::TensorFn& fn, const std::vector<at::Tensor>& inputs,
                                 tfz::Remove remove) {
   SCOPED_TRACE("remove=" + mode_name(remove));

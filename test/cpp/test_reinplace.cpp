@@ -21,12 +21,6 @@ namespace {
 
 using namespace tfz::test;
 
-std::vector<std::string> op_names(const tfz::CapturedGraph& g) {
-  std::vector<std::string> names;
-  for (const auto& node : g.graph().nodes) names.push_back(c10::toString(node.op.operator_name()));
-  return names;
-}
-
 bool has(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }

@@ -144,6 +144,15 @@ def test_input_whose_metadata_the_program_changes_is_refused_by_name():
         export(f, (torch.randn(2, 3),))
 
 
+def _gpt2():
+    """A small Hugging Face GPT-2 built from a config (no weights downloaded), in eval mode."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=50,
+                                     n_positions=16)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
 # -- dynamic shapes (Note [Export: dynamic shapes]) ----------------------------------------------
 
 def _kv_inputs_of(steps, seed=0):
@@ -257,11 +266,7 @@ def test_dynamic_shapes_specialize_no_more_than_torch_export(name):
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
 def test_hugging_face_gpt2_exports_with_a_dynamic_batch_and_sequence(remove):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=50,
-                                     n_positions=16)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = _gpt2()
     Dim = torch.export.Dim
     spec = {"input_ids": {0: Dim("batch", max=8), 1: Dim("seq", max=16)}, "use_cache": None}
     ids = torch.randint(0, 50, (2, 8))
@@ -342,11 +347,7 @@ def test_hugging_face_gpt2_exports_and_matches_eager(remove):
     # A transformers model built from a config (no weights downloaded): its mask code reads
     # tensor values on the eager path and takes its export path here, as under torch.export
     # (Note [Export: tracing as torch.export traces]).
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=50,
-                                     n_positions=16)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = _gpt2()
     ids = torch.randint(0, 50, (2, 8))
     ep = export(model, (ids,), {"use_cache": False}, remove=remove)
     _assert_functional(ep, remove)
