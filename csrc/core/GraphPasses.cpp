@@ -1,6 +1,7 @@
 // The passes over a recorded graph: dead-node elimination and the region-precise input epilogue.
 // See core/GraphPasses.h.
 #include "core/GraphPasses.h"
+#include "core/GraphRun.h"
 
 #include "core/OpSchemaInfo.h"
 
@@ -12,17 +13,7 @@
 
 namespace tfz::detail {
 
-namespace {
-
-template <typename F>
-void for_each_value(const GraphArg& arg, F&& f) {
-  if (arg.kind == GraphArg::Kind::kConstant) return;
-  for (int64_t id : arg.values) {
-    if (id >= 0) f(id);
-  }
-}
-
-}  // namespace
+namespace {}  // namespace
 
 // Note [Capture: dead nodes]
 // The recorder sees every op the functionalized program runs on inner values, including views

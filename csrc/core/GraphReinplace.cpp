@@ -54,14 +54,6 @@ namespace {
 
 using Storage = const c10::StorageImpl*;
 
-template <typename F>
-void for_each_value(const GraphArg& arg, F&& f) {
-  if (arg.kind == GraphArg::Kind::kConstant) return;
-  for (int64_t id : arg.values) {
-    if (id >= 0) f(id);
-  }
-}
-
 int64_t extent(const InputGuard& g) {
   int64_t end = g.storage_offset + 1;
   for (size_t d = 0; d < g.sizes.size(); ++d) {

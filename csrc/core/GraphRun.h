@@ -11,6 +11,15 @@
 
 namespace tfz::detail {
 
+/// Calls f(id) for each value id an argument (or return) holds; None elements (-1) are skipped.
+template <typename F>
+void for_each_value(const GraphArg& arg, F&& f) {
+  if (arg.kind == GraphArg::Kind::kConstant) return;
+  for (int64_t id : arg.values) {
+    if (id >= 0) f(id);
+  }
+}
+
 /// Pushes `node`'s arguments onto `stack`, each value read from `env` (by value id).
 void push_node_args(const GraphNode& node, const std::vector<at::Tensor>& env,
                     torch::jit::Stack& stack);
