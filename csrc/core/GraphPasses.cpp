@@ -1,6 +1,8 @@
 // The passes over a recorded graph: dead-node elimination and the region-precise input epilogue.
 // See core/GraphPasses.h.
 #include "core/GraphPasses.h"
+
+#include "core/GraphEdit.h"
 #include "core/GraphRun.h"
 
 #include "core/OpSchemaInfo.h"
@@ -12,8 +14,6 @@
 #include <optional>
 
 namespace tfz::detail {
-
-namespace {}  // namespace
 
 // Note [Capture: dead nodes]
 // The recorder sees every op the functionalized program runs on inner values, including views
@@ -46,20 +46,13 @@ void eliminate_dead_nodes(Graph& graph) {
     keep[n] = 1;
     for (const auto& a : node.args) for_each_value(a, [&](int64_t id) { live[id] = 1; });
   }
-  std::vector<int64_t> new_index(graph.nodes.size(), -1);
   std::vector<GraphNode> kept;
   kept.reserve(graph.nodes.size());
   for (size_t n = 0; n < graph.nodes.size(); ++n) {
-    if (keep[n] == 0) continue;
-    new_index[n] = static_cast<int64_t>(kept.size());
-    kept.push_back(std::move(graph.nodes[n]));
+    if (keep[n] != 0) kept.push_back(std::move(graph.nodes[n]));
   }
   graph.nodes = std::move(kept);
-  for (auto& v : graph.values) {
-    if (v.kind == ValueSource::Kind::kNode && v.index >= 0) {
-      v.index = new_index[v.index];  // -1: removed
-    }
-  }
+  renumber_node_values(graph);
 }
 
 // Note [Capture: region-precise epilogue]
@@ -81,12 +74,6 @@ void eliminate_dead_nodes(Graph& graph) {
 
 namespace {
 
-struct ScatterView {
-  const char* scatter;
-  const char* view;
-  const char* view_overload;
-};
-
 // Each scatter's arguments after (self, src) are its view's arguments after self.
 constexpr ScatterView kScatterViews[] = {
     {"aten::select_scatter", "aten::select", "int"},
@@ -94,6 +81,8 @@ constexpr ScatterView kScatterViews[] = {
     {"aten::diagonal_scatter", "aten::diagonal", ""},
     {"aten::as_strided_scatter", "aten::as_strided", ""},
 };
+
+}  // namespace
 
 const ScatterView* scatter_view_of(const c10::OperatorHandle& op) {
   const auto& name = op.operator_name();
@@ -103,6 +92,8 @@ const ScatterView* scatter_view_of(const c10::OperatorHandle& op) {
   }
   return nullptr;
 }
+
+namespace {
 
 // A region of an input: views applied in order to the input's value.
 struct Region {
@@ -165,26 +156,13 @@ class EpilogueNarrower {
            denotes(node.args[0].values[0], region, depth - 1);
   }
 
-  int64_t new_value() {
-    const auto id = static_cast<int64_t>(g_.values.size());
-    g_.values.push_back({ValueSource::Kind::kNode, -1});  // index set when nodes are renumbered
-    return id;
-  }
-
-  static GraphArg value_arg(int64_t id) {
-    GraphArg a;
-    a.kind = GraphArg::Kind::kValue;
-    a.values.push_back(id);
-    return a;
-  }
-
   void emit_copy(const Region& dst, int64_t src, std::vector<GraphNode>& out) {
     auto& d = c10::Dispatcher::singleton();
     int64_t current = dst.input;
     for (const auto& [sv, args] : dst.views) {
       GraphNode view{d.findSchemaOrThrow(sv->view, sv->view_overload), {value_arg(current)}, {}};
       view.args.insert(view.args.end(), args.begin(), args.end());
-      current = new_value();
+      current = new_node_value(g_);
       view.returns.push_back(value_arg(current));
       out.push_back(std::move(view));
     }
@@ -192,7 +170,7 @@ class EpilogueNarrower {
     non_blocking.constant = false;
     GraphNode copy{d.findSchemaOrThrow("aten::copy_", ""),
                    {value_arg(current), value_arg(src), non_blocking},
-                   {value_arg(new_value())}};
+                   {value_arg(new_node_value(g_))}};
     out.push_back(std::move(copy));
   }
 
@@ -223,9 +201,6 @@ void narrow_epilogue_copies(Graph& graph) {
         graph.values[node.args[0].values[0]].kind == ValueSource::Kind::kInput &&
         !node.returns.empty() && read[node.returns[0].values[0]] == 0 &&
         narrower.peel(Region{node.args[0].values[0], {}}, node.args[1].values[0], copies)) {
-      for (const auto& r : node.returns) {
-        for (int64_t id : r.values) graph.values[id].index = -1;  // the copy_ is gone
-      }
       for (auto& c : copies) {
         c.grad_enabled = node.grad_enabled;  // the region copies replace this copy_
         rebuilt.push_back(std::move(c));
@@ -237,21 +212,7 @@ void narrow_epilogue_copies(Graph& graph) {
   }
   if (!changed) return;
   graph.nodes = std::move(rebuilt);
-  // Renumber: every node's results point at their node's new index.
-  for (size_t n = 0; n < graph.nodes.size(); ++n) {
-    const auto& returns = graph.nodes[n].returns;
-    for (size_t r = 0; r < returns.size(); ++r) {
-      int64_t k = 0;
-      for (int64_t id : returns[r].values) {
-        auto& v = graph.values[id];
-        v.kind = ValueSource::Kind::kNode;
-        v.index = static_cast<int64_t>(n);
-        v.position = static_cast<int64_t>(r);
-        v.element = returns[r].kind == GraphArg::Kind::kValueList ? k : -1;
-        ++k;
-      }
-    }
-  }
+  renumber_node_values(graph);
 }
 
 }  // namespace tfz::detail

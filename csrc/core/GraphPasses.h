@@ -13,6 +13,17 @@ namespace tfz::detail {
 /// keep views (remove="mutations"). See Note [Capture: region-precise epilogue].
 void narrow_epilogue_copies(Graph& graph);
 
+/// A `*_scatter` op and the view it writes its source through: the view takes the scatter's
+/// arguments after (self, src).
+struct ScatterView {
+  const char* scatter;
+  const char* view;
+  const char* view_overload;
+};
+
+/// The view `op` writes through, if it is a scatter op (default overload); else nullptr.
+const ScatterView* scatter_view_of(const c10::OperatorHandle& op);
+
 /// Whether `op` is one of the guard ops the recorder adds (Note [Capture: guards on values read]).
 bool is_guard(const c10::OperatorHandle& op);
 

@@ -1,9 +1,13 @@
 // The C++ reinplacing pass over a recorded graph: a meta-tensor run gives each value its storage,
-// then each functional op with an in-place twin is checked against the rules below and rewritten.
-// See core/GraphReinplace.h.
+// then each functional op with an in-place twin, each scatter and each op whose result a copy_
+// writes into an input is checked against the rules below and rewritten. See
+// core/GraphReinplace.h.
 #include "core/GraphReinplace.h"
 
+#include "core/GraphEdit.h"
+#include "core/GraphPasses.h"
 #include "core/GraphRun.h"
+#include "core/OpSchemaInfo.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>
@@ -13,6 +17,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -21,24 +26,43 @@
 namespace tfz::detail {
 
 // Note [Reinplace: the C++ pass]
-// tfz::reinplace(graph) gives C++ programs what reinplace(gm) gives Python ones, for the most
-// common case: `out = op(a, ...)` becomes `op_(a, ...)` (out is then a itself) when
-//   1. op has an in-place twin with the same overload and arguments, draws no random numbers (a
-//      random op's in-place form may draw differently), and autograd records nothing (the node
-//      ran with grad mode off, or no input of the graph requires grad: an in-place write could
-//      change a tensor saved for backward);
+// tfz::reinplace(graph) gives C++ programs what reinplace(gm) gives Python ones, with three
+// rewrites, tried on each node in graph order (and again until nothing changes: a rewrite can
+// free the buffer an earlier candidate needed):
+//   in place  `out = op(a, ...)` becomes `op_(a, ...)`, writing a's storage S; out is then a;
+//   scatter   `out = X_scatter(a, src, args...)` (X: slice, select, diagonal) becomes
+//             `copy_(X(a, args...), src)`, writing the view it names in S; out is then a;
+//   out=      `v = op(...)` whose value a later `copy_(d, v)` writes into an input's region d
+//             becomes `op.out(..., out=d)` (d made again before the op where the program makes
+//             it later), and the copy_, now of d onto itself, goes.
+// The in-place and scatter rewrites hold when
+//   1. the op draws no random numbers (a random op's in-place form may draw differently), and
+//      autograd records nothing (the node ran with grad mode off, or no input of the graph
+//      requires grad: an in-place write could change a tensor saved for backward);
 //   2. out has a's dtype, sizes, strides and device, a addresses each element once, and out is
 //      a fresh allocation;
-//   3. no other operand of the node lies in a's storage S (stricter than the Python pass, which
-//      lets a pointwise op read exactly the region it writes);
+//   3. no other operand of the node lies in S (stricter than the Python pass, which lets a
+//      pointwise op read exactly the region it writes; for a scatter: src);
 //   4. no later node, and no output, reads a value of S defined before the node (S's old
 //      bytes); reads of out and of views made from it later read the new bytes, as they would;
 //   5. S is not a constant's storage, nor an input's unless the program wrote that input with
 //      out: its epilogue holds `copy_(x, out)` for an input x that is a itself and shares memory
 //      with no other input; then out is computed into x, nothing else reads x's old bytes after
 //      the node, out is not returned (the caller would see an output share the input's memory
-//      where eager's may not), and the copy_, now of x onto itself, is removed. (The Python pass
-//      also writes views of inputs, scatters and out= forms.)
+//      where eager's may not), and the copy_, now of x onto itself, is removed.
+// The out= rewrite holds under rule 1 and when
+//   2'. v has d's dtype, sizes and device, and its strides, or no reader but the copy_ (which
+//       reads values, not layouts); d addresses each element once; v is a fresh allocation;
+//   3'. no operand of the op overlaps the bytes of d, except, for a pointwise op, an operand that
+//       is exactly d (each element is read before it is written);
+//   4'. between the op and the copy_, no node reads or writes those bytes (a view made there
+//       reads none), and v is neither returned nor read after the copy_ (it would then share
+//       the input's memory, or see the input's later writes);
+//   5'. d is an input, or a chain of views of one with constant arguments, and that input shares
+//       memory with no other input: the copy_ is the program's own write of that region, which
+//       now happens at the op instead.
+// Regions are byte spans (storage_offset to the last element), so two interleaved column views
+// count as overlapping: more is kept than by the Python pass's exact regions, never less.
 // Storages come from one run of the graph on meta tensors built from its input guards (sizes,
 // strides, offsets, dtype; inputs that shared memory share a meta storage), so which values
 // alias is ATen's own answer (an op without a meta kernel in this process, which a LibTorch
@@ -46,10 +70,12 @@ namespace tfz::detail {
 // tensors of the same geometry, if its results are new tensors); devices follow ATen's rule (the
 // device of the first operand that is not a 0-dim CPU tensor). After a rewrite, out's storage is S
 // for the decisions that follow. A graph the meta run cannot execute (an op without a meta kernel,
-// a value read into a guard) is left as it is, and says why. Rejected: calling the Python pass (a
-// LibTorch program has no Python), and porting its exact-region analysis (which decides the scatter
-// and out= rewrites) before a C++ user needs those: the rules here are a subset of its rules, which
-// the tests check decision by decision.
+// a value read into a guard) is left as it is, and says why. A views-removed graph gains view
+// ops where it is rewritten (the scatter's view, the out= target), as the Python pass's does:
+// the rewritten graph is for running, not for a backend that takes no views. Rejected: calling
+// the Python pass (a LibTorch program has no Python), and porting its exact-region analysis
+// (the storage-level rules catch the KV-cache, slice-fill and whole-input updates C++ programs
+// make): the rules here are a subset of its rules, which the tests check decision by decision.
 namespace {
 
 using Storage = const c10::StorageImpl*;
@@ -203,247 +229,659 @@ void run_on_zeros(const GraphNode& node, torch::jit::Stack& stack) {
   node.op.callBoxed(stack);
 }
 
-}  // namespace
+// The byte range [lo, hi) of its storage a tensor may touch; empty for no elements.
+struct Span {
+  int64_t lo = 0;
+  int64_t hi = 0;
+};
 
-std::vector<ReinplaceDecision> reinplace_graph(Graph& graph) {
-  std::vector<ReinplaceDecision> report;
-  std::string why;
-  auto inputs = meta_inputs(graph, why);
-  if (!inputs) {
-    report.push_back({-1, "", false, why});
+Span span_of(const at::Tensor& t) {
+  if (t.numel() == 0) return {};
+  int64_t last = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  const auto item = static_cast<int64_t>(t.element_size());
+  return {t.storage_offset() * item, (last + 1) * item};
+}
+
+bool overlap(Span a, Span b) {
+  return a.lo < b.hi && b.lo < a.hi;
+}
+
+// Whether no two elements of `t` share an address: taken by increasing stride, each dimension
+// steps over everything the ones below it reach (sufficient, and exact for the views of dense
+// tensors that graphs write through).
+bool addresses_each_element_once(const at::Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dimensions of size > 1
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride < reach) return false;
+    reach += (size - 1) * stride;
+  }
+  return true;
+}
+
+bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
+  return a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
+         a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides() && a.dtype() == b.dtype();
+}
+
+bool is_view_op(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  return !schema.is_mutable() && schema.returns().size() == 1 &&
+         schema.returns()[0].alias_info() != nullptr;
+}
+
+bool is_copy_(const c10::OperatorHandle& op) {
+  const auto& name = op.operator_name();
+  return name.name == "aten::copy_" && name.overload_name.empty();
+}
+
+// The out= overload of a functional op with one tensor result: the op's arguments, then one
+// keyword-only written `out`. Found under torchgen's names for it ("out", "<overload>_out",
+// "IntList_out" for "dim_IntList"); an op named otherwise has none here.
+std::optional<c10::OperatorHandle> out_variant(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  if (schema.is_mutable() || schema.returns().size() != 1 ||
+      schema.returns()[0].alias_info() != nullptr ||
+      !schema.returns()[0].type()->isSubtypeOf(*c10::TensorType::get())) {
+    return std::nullopt;
+  }
+  const std::string& overload = schema.overload_name();
+  std::vector<std::string> names{"out"};
+  if (!overload.empty()) names.push_back(overload + "_out");
+  if (const auto cut = overload.find('_'); cut != std::string::npos) {
+    names.push_back(overload.substr(cut + 1) + "_out");
+  }
+  const auto& args = schema.arguments();
+  for (const auto& name : names) {
+    auto candidate = c10::Dispatcher::singleton().findOp({schema.name(), name});
+    if (!candidate) continue;
+    const auto& cargs = candidate->schema().arguments();
+    if (cargs.size() != args.size() + 1 || !is_out_argument(cargs.back()) ||
+        candidate->schema().returns().size() != 1) {
+      continue;
+    }
+    bool same = true;
+    for (size_t a = 0; a < args.size() && same; ++a) {
+      same = *args[a].type() == *cargs[a].type() && args[a].name() == cargs[a].name();
+    }
+    if (same) return candidate;
+  }
+  return std::nullopt;
+}
+
+// A rejection naming its rule, or nothing: the rewrite is allowed.
+using Verdict = std::optional<std::string>;
+
+class Reinplacer {
+ public:
+  explicit Reinplacer(Graph& graph)
+      : g_(graph), num_nodes_(static_cast<int64_t>(graph.nodes.size())) {}
+
+  std::vector<ReinplaceDecision> run() {
+    std::string why;
+    if (!analyse(why)) return {{-1, failed_op_, false, why}};
+    // A rewrite can free a buffer an earlier candidate needed (once `copy(x, v)` writes x in
+    // place, `v = mm(...)` can compute into x): sweep until nothing changes.
+    for (int sweep = 0; sweep < 8; ++sweep) {
+      bool changed = false;
+      for (int64_t n = 0; n < num_nodes_; ++n) {
+        if (done_[n] == 0 && removed_[n] == 0) changed |= try_node(n);
+      }
+      if (!changed) break;
+    }
+    rebuild();
+    std::vector<ReinplaceDecision> report;
+    for (auto& [n, d] : decisions_) report.push_back(std::move(d));
     return report;
   }
-  // The meta run: every value's meta tensor, and its device.
-  std::vector<at::Tensor> env(graph.values.size());
-  std::vector<std::optional<at::Device>> devices(graph.values.size());
-  for (size_t i = 0; i < graph.inputs.size(); ++i) {
-    env[graph.inputs[i]] = (*inputs)[i];
-    if (graph.input_guards[i].defined) devices[graph.inputs[i]] = graph.input_guards[i].device;
-  }
-  for (size_t id = 0; id < graph.values.size(); ++id) {
-    const auto& v = graph.values[id];
-    if (v.kind != ValueSource::Kind::kConstant) continue;
-    const at::Tensor& c = graph.constants[v.index];
-    if (!c.defined()) continue;
-    env[id] = at::empty_strided(c.sizes(), c.strides(), c.options().device(at::kMeta));
-    devices[id] = c.device();
-  }
-  {
-    c10::AutoGradMode no_grad(false);
-    torch::jit::Stack stack;
-    for (const auto& node : graph.nodes) {
-      stack.clear();
-      push_node_args(node, env, stack);
-      try {
-        if (!run_on_meta(node, stack)) run_on_zeros(node, stack);
-      } catch (const std::exception& e) {
-        std::string what = e.what();
-        what = what.substr(0, what.find('\n'));
-        report.push_back(
-            {-1, op_name(node.op), false,
-             "not analysed: " + op_name(node.op) + " does not run on meta tensors (" + what + ")"});
-        return report;
-      }
-      // A factory (arange, zeros) makes a real tensor even here: its meta twin stands for it.
-      for (auto& v : stack) {
-        if (v.isTensor() && v.toTensor().defined() && !v.toTensor().is_meta()) {
-          const at::Tensor& t = v.toTensor();
-          v = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
-        }
-      }
-      store_node_returns(node, stack, env);
-      const auto device = output_device(node, env, devices);
-      for (const auto& r : node.returns)
-        for_each_value(r, [&](int64_t id) { devices[id] = device; });
+
+ private:
+  // -- the meta run and the tables the rules read ----------------------------------------------
+  bool analyse(std::string& why) {
+    auto inputs = meta_inputs(g_, why);
+    if (!inputs) return false;
+    const size_t num_values = g_.values.size();
+    env_.assign(num_values, at::Tensor());
+    devices_.assign(num_values, std::nullopt);
+    for (size_t i = 0; i < g_.inputs.size(); ++i) {
+      env_[g_.inputs[i]] = (*inputs)[i];
+      if (g_.input_guards[i].defined) devices_[g_.inputs[i]] = g_.input_guards[i].device;
     }
+    for (size_t id = 0; id < num_values; ++id) {
+      const auto& v = g_.values[id];
+      if (v.kind != ValueSource::Kind::kConstant) continue;
+      const at::Tensor& c = g_.constants[v.index];
+      if (!c.defined()) continue;
+      env_[id] = at::empty_strided(c.sizes(), c.strides(), c.options().device(at::kMeta));
+      devices_[id] = c.device();
+    }
+    {
+      c10::AutoGradMode no_grad(false);
+      torch::jit::Stack stack;
+      for (const auto& node : g_.nodes) {
+        stack.clear();
+        push_node_args(node, env_, stack);
+        try {
+          if (!run_on_meta(node, stack)) run_on_zeros(node, stack);
+        } catch (const std::exception& e) {
+          std::string what = e.what();
+          what = what.substr(0, what.find('\n'));
+          failed_op_ = op_name(node.op);
+          why = "not analysed: " + failed_op_ + " does not run on meta tensors (" + what + ")";
+          return false;
+        }
+        // A factory (arange, zeros) makes a real tensor even here: its meta twin stands for it.
+        for (auto& v : stack) {
+          if (v.isTensor() && v.toTensor().defined() && !v.toTensor().is_meta()) {
+            const at::Tensor& t = v.toTensor();
+            v = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+          }
+        }
+        store_node_returns(node, stack, env_);
+        const auto device = output_device(node, env_, devices_);
+        for (const auto& r : node.returns)
+          for_each_value(r, [&](int64_t id) { devices_[id] = device; });
+      }
+    }
+    defined_at_.assign(num_values, -1);
+    readers_.assign(num_values, {});
+    identity_.resize(num_values);
+    for (size_t id = 0; id < num_values; ++id) {
+      identity_[id] = static_cast<int64_t>(id);
+      const Storage s = storage_of(static_cast<int64_t>(id));
+      if (s == nullptr) continue;
+      members_[s].push_back(static_cast<int64_t>(id));
+      if (g_.values[id].kind != ValueSource::Kind::kNode) outside_.insert(s);
+    }
+    for (int64_t n = 0; n < num_nodes_; ++n) {
+      const GraphNode& node = g_.nodes[n];
+      for (const auto& r : node.returns)
+        for_each_value(r, [&](int64_t id) { defined_at_[id] = n; });
+      for (const auto& arg : node.args) {
+        for_each_value(arg, [&](int64_t id) { readers_[id].push_back(n); });
+      }
+    }
+    for (const auto& o : g_.outputs) {
+      for_each_value(o, [&](int64_t id) { readers_[id].push_back(num_nodes_); });
+    }
+    removed_.assign(num_nodes_, 0);
+    done_.assign(num_nodes_, 0);
+    for (const auto& node : g_.nodes) names_.push_back(op_name(node.op));
+    replacement_.resize(num_nodes_);
+    before_.resize(num_nodes_);
+    for (const auto& guard : g_.input_guards) any_requires_grad_ |= guard.requires_grad;
+    for (const auto& c : g_.constants) any_requires_grad_ |= c.defined() && c.requires_grad();
+    return true;
   }
-  // Each value's storage (redirected after rewrites), the values in each storage, where each
-  // value is defined and last read (the outputs read at the end), and the storages of inputs and
-  // constants.
-  std::unordered_map<Storage, Storage> moved;
-  auto storage_of = [&](int64_t id) -> Storage {
-    const at::Tensor& t = env[id];
+
+  // Each value's storage, redirected after rewrites (a rewritten result lives in the storage it
+  // was written into).
+  Storage storage_of(int64_t id) const {
+    const at::Tensor& t = env_[id];
     if (!t.defined() || !t.unsafeGetTensorImpl()->has_storage()) return nullptr;
     Storage s = t.storage().unsafeGetStorageImpl();
-    for (auto it = moved.find(s); it != moved.end(); it = moved.find(s)) s = it->second;
+    for (auto it = moved_.find(s); it != moved_.end(); it = moved_.find(s)) s = it->second;
     return s;
-  };
-  const auto num_nodes = static_cast<int64_t>(graph.nodes.size());
-  std::vector<int64_t> defined_at(graph.values.size(), -1);
-  std::vector<std::vector<int64_t>> readers(
-      graph.values.size());  // node indices; num_nodes: output
-  std::unordered_map<Storage, std::vector<int64_t>> members;
-  std::unordered_set<Storage> outside;
-  for (size_t id = 0; id < graph.values.size(); ++id) {
-    const Storage s = storage_of(static_cast<int64_t>(id));
-    if (s == nullptr) continue;
-    members[s].push_back(static_cast<int64_t>(id));
-    if (graph.values[id].kind != ValueSource::Kind::kNode) outside.insert(s);
   }
-  for (int64_t n = 0; n < num_nodes; ++n) {
-    const GraphNode& node = graph.nodes[n];
-    for (const auto& r : node.returns) for_each_value(r, [&](int64_t id) { defined_at[id] = n; });
-    for (const auto& arg : node.args) {
-      for_each_value(arg, [&](int64_t id) { readers[id].push_back(n); });
-    }
+
+  bool read_by_a_kept_node(int64_t id, int64_t after, int64_t except = -1) const {
+    return std::any_of(readers_[id].begin(), readers_[id].end(), [&](int64_t r) {
+      return r > after && r != except && (r == num_nodes_ || removed_[r] == 0);
+    });
   }
-  for (const auto& o : graph.outputs) {
-    for_each_value(o, [&](int64_t id) { readers[id].push_back(num_nodes); });
-  }
-  std::vector<char> removed(graph.nodes.size(), 0);
+
   // Whether a value of S defined before node `n` is read after it, by a node other than `except`.
-  auto old_bytes_read = [&](Storage s, int64_t n, int64_t except) {
-    for (int64_t id : members[s]) {
-      if (defined_at[id] >= n) continue;
-      for (int64_t r : readers[id]) {
-        if (r > n && r != except && (r == num_nodes || removed[r] == 0)) return true;
-      }
+  bool old_bytes_read(Storage s, int64_t n, int64_t except) const {
+    for (int64_t id : members_.at(s)) {
+      if (defined_at_[id] < n && read_by_a_kept_node(id, n, except)) return true;
     }
     return false;
-  };
-  // What each value is at run time: after a rewrite, out is the tensor its first argument is.
-  std::vector<int64_t> identity(graph.values.size());
-  for (size_t id = 0; id < identity.size(); ++id) identity[id] = static_cast<int64_t>(id);
+  }
+
   // The epilogue node `copy_(x, v)` after node `n` that writes input x whole: the program's
   // write-back of x, if it has one.
-  auto epilogue_copy = [&](int64_t x, int64_t n) -> int64_t {
-    for (int64_t r : readers[x]) {
-      if (r <= n || r == num_nodes || removed[r] != 0) continue;
-      const GraphNode& c = graph.nodes[r];
-      if (c.op.operator_name().name == "aten::copy_" && c.args[0].kind == GraphArg::Kind::kValue &&
-          c.args[0].values[0] == x && c.args[1].kind == GraphArg::Kind::kValue &&
-          c.args[1].values[0] >= 0) {
+  int64_t epilogue_copy(int64_t x, int64_t n) const {
+    for (int64_t r : readers_[x]) {
+      if (r <= n || r == num_nodes_ || removed_[r] != 0) continue;
+      const GraphNode& c = g_.nodes[r];
+      if (is_copy_(c.op) && c.args[0].kind == GraphArg::Kind::kValue && c.args[0].values[0] == x &&
+          c.args[1].kind == GraphArg::Kind::kValue && c.args[1].values[0] >= 0) {
         return r;
       }
     }
     return -1;
-  };
-  auto shares_memory_with_another_input = [&](int64_t a) {
-    for (size_t i = 0; i < graph.inputs.size(); ++i) {
-      if (graph.inputs[i] != a) continue;
-      for (size_t j = 0; j < graph.inputs.size(); ++j) {
-        if (j != i && graph.input_guards[j].defined &&
-            graph.input_guards[j].alias_group == graph.input_guards[i].alias_group) {
+  }
+
+  // The copy_ after node `n` whose source is n's result `v` (and whose target is not v).
+  int64_t copied_whole(int64_t n, int64_t v) const {
+    for (int64_t r : readers_[v]) {
+      if (r <= n || r == num_nodes_ || removed_[r] != 0) continue;
+      const GraphNode& c = g_.nodes[r];
+      if (is_copy_(c.op) && c.args[1].kind == GraphArg::Kind::kValue && c.args[1].values[0] == v &&
+          c.args[0].kind == GraphArg::Kind::kValue && c.args[0].values[0] != v) {
+        return r;
+      }
+    }
+    return -1;
+  }
+
+  bool shares_memory_with_another_input(int64_t x) const {
+    for (size_t i = 0; i < g_.inputs.size(); ++i) {
+      if (g_.inputs[i] != x) continue;
+      for (size_t j = 0; j < g_.inputs.size(); ++j) {
+        if (j != i && g_.input_guards[j].defined &&
+            g_.input_guards[j].alias_group == g_.input_guards[i].alias_group) {
           return true;
         }
       }
     }
     return false;
-  };
-  bool any_requires_grad = false;
-  for (const auto& g : graph.input_guards) any_requires_grad |= g.requires_grad;
-  for (const auto& c : graph.constants) any_requires_grad |= c.defined() && c.requires_grad();
+  }
 
-  for (size_t n = 0; n < graph.nodes.size(); ++n) {
-    GraphNode& node = graph.nodes[n];
-    const auto twin = in_place_twin(node.op);
-    if (!twin || node.returns.size() != 1 || node.returns[0].kind != GraphArg::Kind::kValue ||
-        node.args[0].kind != GraphArg::Kind::kValue || node.args[0].values[0] < 0) {
-      continue;  // not a candidate
+  // -- the candidates --------------------------------------------------------------------------
+  bool try_node(int64_t n) {
+    const GraphNode& node = g_.nodes[n];
+    if (node.returns.size() != 1 || node.returns[0].kind != GraphArg::Kind::kValue) return false;
+    Verdict refused;
+    if (const ScatterView* sv = scatter_view_of(node.op);
+        sv != nullptr && std::string(sv->scatter) != "aten::as_strided_scatter") {
+      // as_strided_scatter is left functional: its geometry is relative to its fresh result.
+      refused = scatter(n, *sv);
+    } else {
+      bool candidate = false;
+      if (const auto twin = in_place_twin(node.op);
+          twin && node.args[0].kind == GraphArg::Kind::kValue && node.args[0].values[0] >= 0) {
+        candidate = true;
+        refused = in_place(n, *twin);
+        if (!refused) return true;
+      }
+      const int64_t v = node.returns[0].values[0];
+      if (const auto out_op = out_variant(node.op)) {
+        if (const int64_t c = copied_whole(n, v); c >= 0) {
+          candidate = true;
+          refused = out_form(n, *out_op, c);  // the out= form's reason, as the Python pass's
+        }
+      }
+      if (!candidate) return false;
     }
-    const int64_t a = node.args[0].values[0], out = node.returns[0].values[0];
-    const std::string name = op_name(node.op);
-    auto decide = [&](bool in_place, std::string rule) {
-      report.push_back({static_cast<int64_t>(n), name, in_place, std::move(rule)});
-    };
-    if (node.op.hasTag(at::Tag::nondeterministic_seeded)) {
-      decide(false, "rule 1: a random op");
-      continue;
-    }
+    if (!refused) return true;
+    decisions_[n] = {n, names_[n], false, *refused};
+    return false;
+  }
+
+  // Rule 1 of all three rewrites.
+  Verdict deterministic_and_not_recorded(const GraphNode& node) const {
+    if (node.op.hasTag(at::Tag::nondeterministic_seeded)) return "rule 1: a random op";
     // A node recorded in the graph's starting grad mode replays in the caller's, which may be on
     // (Note [Capture: grad mode]).
-    if (any_requires_grad && (node.grad_enabled || node.grad_enabled == graph.grad_enabled)) {
-      decide(false,
-             "rule 1: autograd may record it (an input requires grad, and the node may "
-             "run with grad mode on)");
-      continue;
+    if (any_requires_grad_ && (node.grad_enabled || node.grad_enabled == g_.grad_enabled)) {
+      return "rule 1: autograd may record it (an input requires grad, and the node may run with "
+             "grad mode on)";
     }
-    const at::Tensor &ta = env[a], &tout = env[out];
+    return std::nullopt;
+  }
+
+  // Rule 2 of the in-place and scatter rewrites: `out` can be `a` itself.
+  Verdict laid_out_as(int64_t a, int64_t out) const {
+    const at::Tensor &ta = env_[a], &tout = env_[out];
     const Storage s = storage_of(a);
     if (!ta.defined() || !tout.defined() || s == nullptr || ta.dtype() != tout.dtype() ||
-        ta.sizes() != tout.sizes() || ta.strides() != tout.strides() || !devices[a] ||
-        devices[a] != devices[out] || !ta.is_non_overlapping_and_dense() || storage_of(out) == s) {
-      decide(false,
-             "rule 2: the result differs from its first argument in dtype, geometry or "
-             "device, or that argument addresses an element twice");
-      continue;
+        ta.sizes() != tout.sizes() || ta.strides() != tout.strides() || !devices_[a] ||
+        devices_[a] != devices_[out] || !ta.is_non_overlapping_and_dense() ||
+        storage_of(out) == s) {
+      return "rule 2: the result differs from its first argument in dtype, geometry or device, "
+             "or that argument addresses an element twice";
     }
+    return std::nullopt;
+  }
+
+  // Rules 4 and 5 of the in-place and scatter rewrites: writing a's storage S at node n, whose
+  // result `out` then is a. Sets `copy_back` to the epilogue copy_ the write replaces, if any.
+  Verdict dead_after(int64_t n, int64_t a, int64_t out, int64_t& copy_back) const {
+    const Storage s = storage_of(a);
+    copy_back = -1;
+    if (outside_.count(s) != 0) {
+      const int64_t x = identity_[a];
+      if (g_.values[x].kind != ValueSource::Kind::kInput) {
+        return "rule 5: the written storage is a constant's or a view of an input's";
+      }
+      copy_back = epilogue_copy(x, n);
+      if (copy_back < 0) return "rule 5: the program does not write this input";
+      if (shares_memory_with_another_input(x)) {
+        return "rule 5: the input shares memory with another input";
+      }
+      // The epilogue then copies v over x whole. Unless v is out itself, out's bytes are gone
+      // after it: nothing may read them there (an output included), and v may not be one of them.
+      const int64_t v = g_.nodes[copy_back].args[1].values[0];
+      if (identity_[v] != out) {
+        const auto& in_fresh = members_.at(storage_of(out));
+        const bool read_after = std::any_of(in_fresh.begin(), in_fresh.end(), [&](int64_t id) {
+          return id == v || std::any_of(readers_[id].begin(), readers_[id].end(),
+                                        [&](int64_t r) { return r > copy_back; });
+        });
+        if (read_after || storage_of(v) == s) {
+          return "rule 4: the result is read after the epilogue overwrites the input";
+        }
+      } else if (std::find(readers_[v].begin(), readers_[v].end(), num_nodes_) !=
+                 readers_[v].end()) {
+        return "rule 4: the result is returned, and would share the input's memory";
+      }
+    }
+    if (old_bytes_read(s, n, copy_back)) {
+      return "rule 4: the old value is read afterwards (a later op or an output)";
+    }
+    return std::nullopt;
+  }
+
+  // After a rewrite of node n: out is the tensor `a` is, and lives in a's storage.
+  void commit(int64_t n, int64_t a, int64_t out, int64_t copy_back, std::string done) {
+    const Storage s = storage_of(a), fresh = storage_of(out);
+    identity_[out] = identity_[a];
+    merge(fresh, s);
+    if (copy_back >= 0) {
+      // Where the epilogue copies out itself, it now copies the input onto itself: removed,
+      // unless its result is read.
+      const GraphNode& c = g_.nodes[copy_back];
+      const bool copy_read =
+          identity_[c.args[1].values[0]] != identity_[a] || result_read(copy_back);
+      if (!copy_read) remove_copy(copy_back);
+      done += std::string(" into the input the program writes") +
+              (copy_read ? "" : "; its epilogue copy_ removed");
+    }
+    decisions_[n] = {n, names_[n], true, std::move(done)};
+    done_[n] = 1;
+  }
+
+  void merge(Storage fresh, Storage s) {
+    if (fresh == s) return;
+    auto& joined = members_[fresh];
+    auto& into = members_[s];
+    into.insert(into.end(), joined.begin(), joined.end());
+    joined.clear();
+    moved_[fresh] = s;
+  }
+
+  bool result_read(int64_t n) const {
+    bool read = false;
+    for (const auto& r : g_.nodes[n].returns) {
+      for_each_value(r, [&](int64_t id) { read |= read_by_a_kept_node(id, n); });
+    }
+    return read;
+  }
+
+  void remove_copy(int64_t c) {
+    removed_[c] = 1;
+    decisions_[c] = {c, names_[c], true,
+                     "removed: it copies a value onto itself, already in place"};
+  }
+
+  // `out = op(a, ...)` -> `op_(a, ...)`.
+  Verdict in_place(int64_t n, const c10::OperatorHandle& twin) {
+    GraphNode& node = g_.nodes[n];
+    const int64_t a = node.args[0].values[0], out = node.returns[0].values[0];
+    if (auto why = deterministic_and_not_recorded(node)) return why;
+    if (auto why = laid_out_as(a, out)) return why;
+    const Storage s = storage_of(a);
     bool overlaps = false;
     for (size_t k = 1; k < node.args.size(); ++k) {
       for_each_value(node.args[k], [&](int64_t id) { overlaps |= storage_of(id) == s; });
     }
-    if (overlaps) {
-      decide(false, "rule 3: another operand lies in the written storage");
-      continue;
-    }
-    const auto here = static_cast<int64_t>(n);
-    const Storage fresh = storage_of(out);
+    if (overlaps) return "rule 3: another operand lies in the written storage";
     int64_t copy_back = -1;
-    if (outside.count(s) != 0) {
-      const int64_t x = identity[a];
-      if (graph.values[x].kind != ValueSource::Kind::kInput) {
-        decide(false, "rule 5: the written storage is a constant's or a view of an input's");
-        continue;
+    if (auto why = dead_after(n, a, out, copy_back)) return why;
+    node.op = twin;
+    commit(n, a, out, copy_back, "in place as " + op_name(twin));
+    return std::nullopt;
+  }
+
+  // `out = X_scatter(a, src, args...)` -> `copy_(X(a, args...), src)`; out is then a.
+  Verdict scatter(int64_t n, const ScatterView& sv) {
+    const GraphNode& node = g_.nodes[n];
+    if (node.args.size() < 2 || node.args[0].kind != GraphArg::Kind::kValue ||
+        node.args[1].kind != GraphArg::Kind::kValue || node.args[0].values[0] < 0 ||
+        node.args[1].values[0] < 0) {
+      return "rule 2: its base or source is not a tensor";
+    }
+    for (size_t k = 2; k < node.args.size(); ++k) {
+      if (node.args[k].kind != GraphArg::Kind::kConstant) {
+        return "rule 2: the view it writes through has a tensor argument";
       }
-      copy_back = epilogue_copy(x, here);
-      if (copy_back < 0) {
-        decide(false, "rule 5: the program does not write this input");
-        continue;
+    }
+    const int64_t a = node.args[0].values[0], src = node.args[1].values[0];
+    const int64_t out = node.returns[0].values[0];
+    if (auto why = deterministic_and_not_recorded(node)) return why;
+    if (auto why = laid_out_as(a, out)) return why;
+    if (storage_of(src) == storage_of(a)) return "rule 3: the source lies in the written storage";
+    int64_t copy_back = -1;
+    if (auto why = dead_after(n, a, out, copy_back)) return why;
+    auto& d = c10::Dispatcher::singleton();
+    GraphNode view{d.findSchemaOrThrow(sv.view, sv.view_overload), {value_arg(a)}, {}};
+    view.args.insert(view.args.end(), node.args.begin() + 2, node.args.end());
+    const int64_t view_id = new_node_value(g_);
+    view.returns.push_back(value_arg(view_id));
+    view.grad_enabled = node.grad_enabled;
+    GraphArg non_blocking;
+    non_blocking.constant = false;
+    GraphNode copy{d.findSchemaOrThrow("aten::copy_", ""),
+                   {value_arg(view_id), value_arg(src), non_blocking},
+                   {value_arg(new_node_value(g_))}};
+    copy.grad_enabled = node.grad_enabled;
+    const std::string done =
+        std::string("scatter in place: the source copied through ") + sv.view +
+        (std::string(sv.view_overload).empty() ? "" : "." + std::string(sv.view_overload));
+    replacement_[n] = {std::move(view), std::move(copy)};
+    rename_[out] = a;
+    commit(n, a, out, copy_back, done);
+    return std::nullopt;
+  }
+
+  // `v = op(...)` whose value the copy_ at node c writes into an input's region d ->
+  // `op.out(..., out=d)`, and the copy_ goes.
+  Verdict out_form(int64_t n, const c10::OperatorHandle& out_op, int64_t c) {
+    GraphNode& node = g_.nodes[n];
+    const int64_t v = node.returns[0].values[0], d = g_.nodes[c].args[0].values[0];
+    if (auto why = deterministic_and_not_recorded(node)) return why;
+    // Rule 5: d is an input, or views of one with constant arguments.
+    std::vector<int64_t> chain;  // d and the views below it, outermost first
+    int64_t x = d;
+    while (g_.values[x].kind == ValueSource::Kind::kNode) {
+      const int64_t k = g_.values[x].index;
+      if (k < 0 || k >= num_nodes_ || removed_[k] != 0 || !replacement_[k].empty() ||
+          !is_view_of_constants(g_.nodes[k], x)) {
+        return "rule 5: the copy_ target is not an input or a view of one";
       }
-      if (shares_memory_with_another_input(x)) {
-        decide(false, "rule 5: the input shares memory with another input");
-        continue;
-      }
-      // The epilogue then copies v over x whole. Unless v is out itself, out's bytes are gone
-      // after it: nothing may read them there (an output included), and v may not be one of them.
-      const int64_t v = graph.nodes[copy_back].args[1].values[0];
-      if (identity[v] != out) {
-        const auto& in_fresh = members[fresh];
-        const bool read_after = std::any_of(in_fresh.begin(), in_fresh.end(), [&](int64_t id) {
-          return id == v || std::any_of(readers[id].begin(), readers[id].end(),
-                                        [&](int64_t r) { return r > copy_back; });
-        });
-        if (read_after || storage_of(v) == s) {
-          decide(false, "rule 4: the result is read after the epilogue overwrites the input");
-          continue;
+      const GraphNode& view = g_.nodes[k];
+      chain.push_back(x);
+      x = view.args[0].values[0];
+    }
+    if (g_.values[x].kind != ValueSource::Kind::kInput) {
+      return "rule 5: the copy_ target is not an input or a view of one";
+    }
+    if (shares_memory_with_another_input(x)) {
+      return "rule 5: the input shares memory with another input";
+    }
+    // Rule 2.
+    const at::Tensor &td = env_[d], &tv = env_[v];
+    const Storage s = storage_of(d), fresh = storage_of(v);
+    if (!td.defined() || !tv.defined() || s == nullptr || fresh == nullptr || fresh == s ||
+        tv.dtype() != td.dtype() || tv.sizes() != td.sizes() || !devices_[d] ||
+        devices_[d] != devices_[v] || !addresses_each_element_once(td)) {
+      return "rule 2: the result differs from the copy_ target in dtype, sizes or device, or the "
+             "target addresses an element twice";
+    }
+    if (tv.strides() != td.strides() &&
+        (members_.at(fresh).size() != 1 || readers_[v].size() != 1)) {
+      return "rule 2: the result's strides differ from the copy_ target's, and a reader depends "
+             "on them";
+    }
+    // Rule 3: a pointwise op may read exactly the region it writes, each element before writing
+    // it; eager's out= kernels refuse any other overlap.
+    const Span w = span_of(td);
+    const bool pointwise = node.op.hasTag(at::Tag::pointwise);
+    bool overlaps = false;
+    for (const auto& arg : node.args) {
+      for_each_value(arg, [&](int64_t id) {
+        if (storage_of(id) == s && overlap(span_of(env_[id]), w) &&
+            !(pointwise && same_geometry(env_[id], td))) {
+          overlaps = true;
         }
-      } else if (std::find(readers[v].begin(), readers[v].end(), num_nodes) != readers[v].end()) {
-        decide(false, "rule 4: the result is returned, and would share the input's memory");
-        continue;
+      });
+    }
+    if (overlaps) return "rule 3: an operand overlaps the written region";
+    // Rule 4: between the op and the copy_, nothing touches the region (a view made there reads
+    // no bytes); the result is not returned (it would share the input's memory) nor read after
+    // the copy_ (later writes of the input would change it).
+    for (int64_t r = n + 1; r < c; ++r) {
+      if (removed_[r] != 0 || is_view_op(g_.nodes[r].op)) continue;
+      bool touches = false;
+      for (const auto& arg : g_.nodes[r].args) {
+        for_each_value(arg, [&](int64_t id) {
+          touches |= storage_of(id) == s && overlap(span_of(env_[id]), w);
+        });
+      }
+      if (touches) {
+        return "rule 4: node " + std::to_string(r) + " reads or writes the region before the copy_";
       }
     }
-    if (old_bytes_read(s, here, copy_back)) {
-      decide(false, "rule 4: the old value is read afterwards (a later op or an output)");
-      continue;
+    for (int64_t id : members_.at(fresh)) {
+      if (read_by_a_kept_node(id, c)) {
+        return "rule 4: the result is read after the copy_, or returned";
+      }
     }
-    node.op = *twin;
-    identity[out] = identity[a];
-    auto& joined = members[fresh];
-    members[s].insert(members[s].end(), joined.begin(), joined.end());
-    joined.clear();
-    moved[fresh] = s;
-    if (copy_back < 0) {
-      decide(true, "in place as " + op_name(*twin));
-      continue;
+    // The target, made again before the op where the program makes it later (the epilogue's
+    // views of an input come after the ops whose values they take).
+    int64_t target = x;
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      if (defined_at_[*it] < n) {
+        target = *it;
+        continue;
+      }
+      GraphNode view = g_.nodes[g_.values[*it].index];
+      view.args[0] = value_arg(target);
+      target = add_value(env_[*it], devices_[*it], n);
+      view.returns = {value_arg(target)};
+      before_[n].push_back(std::move(view));
     }
-    // Where the epilogue copies out itself, it now copies the input onto itself: removed, unless
-    // its result is read.
-    const GraphNode& c = graph.nodes[copy_back];
-    bool copy_read = identity[c.args[1].values[0]] != identity[a];
-    for (const auto& r : c.returns) {
-      for_each_value(r, [&](int64_t id) { copy_read |= !readers[id].empty(); });
-    }
-    if (!copy_read) removed[copy_back] = 1;
-    decide(true, "in place as " + op_name(*twin) + " into the input the program writes" +
-                     (copy_read ? "" : "; its epilogue copy_ removed"));
+    node.op = out_op;
+    node.args.push_back(value_arg(target));
+    readers_[x].push_back(n);
+    merge(fresh, s);
+    if (chain.empty()) identity_[v] = identity_[x];
+    if (!result_read(c)) remove_copy(c);
+    decisions_[n] = {n, names_[n], true,
+                     "out= as " + op_name(out_op) + " into the copy_'s target" +
+                         (removed_[c] != 0 ? "; the copy_ removed" : "")};
+    done_[n] = 1;
+    return std::nullopt;
   }
-  std::vector<GraphNode> kept;
-  kept.reserve(graph.nodes.size());
-  for (size_t n = 0; n < graph.nodes.size(); ++n) {
-    if (removed[n] == 0) kept.push_back(std::move(graph.nodes[n]));
+
+  // Whether `node` is a view op returning `x` from a value and constant arguments.
+  static bool is_view_of_constants(const GraphNode& node, int64_t x) {
+    if (!is_view_op(node.op) || node.args.empty() || node.args[0].kind != GraphArg::Kind::kValue ||
+        node.args[0].values[0] < 0 || node.returns.size() != 1 ||
+        node.returns[0].kind != GraphArg::Kind::kValue || node.returns[0].values[0] != x) {
+      return false;
+    }
+    return std::all_of(node.args.begin() + 1, node.args.end(),
+                       [](const GraphArg& a) { return a.kind == GraphArg::Kind::kConstant; });
   }
-  graph.nodes = std::move(kept);
-  return report;
+
+  // A value added by a rewrite, with its meta tensor, defined just before node n.
+  int64_t add_value(const at::Tensor& meta, std::optional<at::Device> device, int64_t n) {
+    const int64_t id = new_node_value(g_);
+    env_.push_back(meta);
+    devices_.push_back(device);
+    defined_at_.push_back(n);
+    readers_.push_back({n});
+    identity_.push_back(id);
+    if (const Storage s = storage_of(id)) members_[s].push_back(id);
+    return id;
+  }
+
+  // -- the rewritten graph ---------------------------------------------------------------------
+  int64_t renamed(int64_t id) const {
+    for (auto it = rename_.find(id); it != rename_.end(); it = rename_.find(id)) id = it->second;
+    return id;
+  }
+
+  void rebuild() {
+    std::vector<GraphNode> nodes;
+    nodes.reserve(g_.nodes.size());
+    for (int64_t n = 0; n < num_nodes_; ++n) {
+      for (auto& b : before_[n]) nodes.push_back(std::move(b));
+      if (removed_[n] != 0) continue;
+      if (replacement_[n].empty()) {
+        nodes.push_back(std::move(g_.nodes[n]));
+      } else {
+        for (auto& r : replacement_[n]) nodes.push_back(std::move(r));
+      }
+    }
+    auto rename_all = [&](std::vector<GraphArg>& args) {
+      for (auto& a : args) {
+        if (a.kind == GraphArg::Kind::kConstant) continue;
+        for (int64_t& id : a.values) {
+          if (id >= 0) id = renamed(id);
+        }
+      }
+    };
+    for (auto& node : nodes) rename_all(node.args);
+    rename_all(g_.outputs);
+    // Views nobody reads any more (the epilogue's views of a target an out= op now writes).
+    std::vector<char> read(g_.values.size(), 0);
+    for (const auto& o : g_.outputs) for_each_value(o, [&](int64_t id) { read[id] = 1; });
+    std::vector<char> keep(nodes.size(), 1);
+    for (size_t k = nodes.size(); k-- > 0;) {
+      bool unread = is_view_op(nodes[k].op);
+      for (const auto& r : nodes[k].returns) {
+        for_each_value(r, [&](int64_t id) { unread &= read[id] == 0; });
+      }
+      if (unread) {
+        keep[k] = 0;
+        continue;
+      }
+      for (const auto& a : nodes[k].args) for_each_value(a, [&](int64_t id) { read[id] = 1; });
+    }
+    g_.nodes.clear();
+    for (size_t k = 0; k < nodes.size(); ++k) {
+      if (keep[k] != 0) g_.nodes.push_back(std::move(nodes[k]));
+    }
+    renumber_node_values(g_);
+  }
+
+  Graph& g_;
+  const int64_t num_nodes_;
+  std::string failed_op_;
+  std::vector<std::string> names_;  // each node's op as the graph had it, for the report
+  // The meta run: each value's meta tensor and device.
+  std::vector<at::Tensor> env_;
+  std::vector<std::optional<at::Device>> devices_;
+  // Where each value is defined and read (node indices; num_nodes_: an output), the values in
+  // each storage, the storages of inputs and constants, and where rewritten storages went.
+  std::vector<int64_t> defined_at_;
+  std::vector<std::vector<int64_t>> readers_;
+  std::unordered_map<Storage, std::vector<int64_t>> members_;
+  std::unordered_set<Storage> outside_;
+  std::unordered_map<Storage, Storage> moved_;
+  // What each value is at run time: after a rewrite, out is the tensor its first argument is.
+  std::vector<int64_t> identity_;
+  bool any_requires_grad_ = false;
+  // The rewrites: nodes removed, replaced by others, or preceded by new ones; values renamed.
+  std::vector<char> removed_, done_;
+  std::vector<std::vector<GraphNode>> replacement_, before_;
+  std::unordered_map<int64_t, int64_t> rename_;
+  std::map<int64_t, ReinplaceDecision> decisions_;
+};
+
+}  // namespace
+
+std::vector<ReinplaceDecision> reinplace_graph(Graph& graph) {
+  return Reinplacer(graph).run();
 }
 
 }  // namespace tfz::detail

@@ -1,7 +1,8 @@
 // Tests of tfz::reinplace, the C++ reinplacing pass on a captured graph, whose rules are in
 // Note [Reinplace: the C++ pass]: a KV-cache step captured in C++ writes its cache in place with
-// no epilogue copy, an inference chain reuses its buffers, and each graph still gives eager's
-// outputs and inputs.
+// no epilogue copy, an inference chain reuses its buffers, slices fill their buffer in place and a
+// product is computed into the input it is written to; each graph still gives eager's outputs and
+// inputs.
 // What each rule keeps is tested from Python (test/python/test_reinplace_cpp.py).
 #include <torch_functionalize/functionalize.h>
 #include <torch_functionalize/reinplace.h>
@@ -84,6 +85,27 @@ TEST(Reinplace, InferenceChainReusesItsBuffer) {
   EXPECT_TRUE(has(names, "aten::mul_.Scalar")) << rewritten.str();
   EXPECT_TRUE(has(names, "aten::mm")) << "mm has no in-place twin: " << rewritten.str();
   EXPECT_EQ(explain.size(), 3U);
+}
+
+// A buffer filled slice by slice, then a product written into an input with out=.
+std::vector<at::Tensor> fill_then_project(const std::vector<at::Tensor>& in) {
+  at::Tensor buf = at::zeros({4, 8});
+  buf.narrow(1, 0, 3).copy_(in[0]);
+  buf.narrow(1, 3, 5).copy_(in[1] * 2);
+  at::Tensor out = in[2];
+  at::mm_out(out, buf.t(), buf);
+  return {buf.sum()};
+}
+
+TEST(Reinplace, SlicesFillTheirBufferAndTheProductLandsInTheInput) {
+  c10::AutoGradMode no_grad(false);
+  std::vector<std::string> explain;
+  const auto rewritten = reinplaced_matching_eager(
+      fill_then_project, {at::randn({4, 3}), at::randn({4, 5}), at::empty({8, 8})}, &explain);
+  const auto names = op_names(rewritten);
+  EXPECT_FALSE(has(names, "aten::slice_scatter")) << rewritten.str();
+  EXPECT_TRUE(has(names, "aten::mm.out")) << rewritten.str();
+  EXPECT_FALSE(has(names, "aten::mm")) << rewritten.str();
 }
 
 TEST(Reinplace, GivenGraphIsUnchanged) {
