@@ -1,11 +1,14 @@
 // Small edits of a recorded graph (core/Graph.h) that its passes share: a new value, an argument
-// naming one value, and renumbering every value a node returns after nodes were inserted,
-// replaced or removed. Used by core/GraphPasses.cpp and core/GraphReinplace.cpp.
+// naming one value, renaming values, dropping unread nodes, and renumbering every value a node
+// returns after nodes were inserted, replaced or removed. Used by core/GraphPasses.cpp and
+// core/GraphReinplace.cpp.
 #pragma once
 
 #include "core/Graph.h"
 
 #include <cstdint>
+#include <functional>
+#include <unordered_map>
 
 namespace tfz::detail {
 
@@ -27,27 +30,14 @@ inline GraphArg value_arg(int64_t id) {
 
 /// Points every value a node returns at that node's current index (and return position), and
 /// marks values whose node is gone (index -1). Call after changing `graph.nodes`.
-inline void renumber_node_values(Graph& graph) {
-  for (auto& v : graph.values) {
-    if (v.kind == ValueSource::Kind::kNode) v.index = -1;
-  }
-  for (size_t n = 0; n < graph.nodes.size(); ++n) {
-    const auto& returns = graph.nodes[n].returns;
-    for (size_t r = 0; r < returns.size(); ++r) {
-      if (returns[r].kind == GraphArg::Kind::kConstant) continue;
-      int64_t k = 0;
-      for (int64_t id : returns[r].values) {
-        if (id >= 0) {
-          auto& v = graph.values[id];
-          v.kind = ValueSource::Kind::kNode;
-          v.index = static_cast<int64_t>(n);
-          v.position = static_cast<int64_t>(r);
-          v.element = returns[r].kind == GraphArg::Kind::kValueList ? k : -1;
-        }
-        ++k;
-      }
-    }
-  }
-}
+void renumber_node_values(Graph& graph);
+
+/// Replaces each value id `from` read by a node or an output with `to[from]` (followed through
+/// chains of renames).
+void rename_values(Graph& graph, const std::unordered_map<int64_t, int64_t>& to);
+
+/// Removes every node none of whose results a kept node or an output reads, unless
+/// `keep_anyway(node)` (an effect of its own), then renumbers the values.
+void remove_unread_nodes(Graph& graph, const std::function<bool(const GraphNode&)>& keep_anyway);
 
 }  // namespace tfz::detail

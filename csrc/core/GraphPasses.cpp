@@ -32,27 +32,10 @@ bool is_guard(const c10::OperatorHandle& op) {
 }
 
 void eliminate_dead_nodes(Graph& graph) {
-  std::vector<char> live(graph.values.size(), 0);
-  for (const auto& out : graph.outputs) for_each_value(out, [&](int64_t id) { live[id] = 1; });
-  std::vector<char> keep(graph.nodes.size(), 0);
-  for (size_t n = graph.nodes.size(); n-- > 0;) {
-    const GraphNode& node = graph.nodes[n];
-    bool needed = writes_an_argument(node.op) || node.op.hasTag(at::Tag::nondeterministic_seeded) ||
-                  is_guard(node.op);
-    for (const auto& r : node.returns) {
-      for_each_value(r, [&](int64_t id) { needed = needed || live[id] != 0; });
-    }
-    if (!needed) continue;
-    keep[n] = 1;
-    for (const auto& a : node.args) for_each_value(a, [&](int64_t id) { live[id] = 1; });
-  }
-  std::vector<GraphNode> kept;
-  kept.reserve(graph.nodes.size());
-  for (size_t n = 0; n < graph.nodes.size(); ++n) {
-    if (keep[n] != 0) kept.push_back(std::move(graph.nodes[n]));
-  }
-  graph.nodes = std::move(kept);
-  renumber_node_values(graph);
+  remove_unread_nodes(graph, [](const GraphNode& node) {
+    return writes_an_argument(node.op) || node.op.hasTag(at::Tag::nondeterministic_seeded) ||
+           is_guard(node.op);
+  });
 }
 
 // Note [Capture: region-precise epilogue]

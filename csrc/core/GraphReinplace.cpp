@@ -5,15 +5,14 @@
 #include "core/GraphReinplace.h"
 
 #include "core/GraphEdit.h"
+#include "core/GraphMetaRun.h"
 #include "core/GraphPasses.h"
 #include "core/GraphRun.h"
-#include "core/OpSchemaInfo.h"
+#include "core/MemoryOverlap.h"
+#include "core/OpVariants.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>
-#include <ATen/core/grad_mode.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_strided.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -61,258 +60,28 @@ namespace tfz::detail {
 //   5'. d is an input, or a chain of views of one with constant arguments, and that input shares
 //       memory with no other input: the copy_ is the program's own write of that region, which
 //       now happens at the op instead.
-// Regions are byte spans (storage_offset to the last element), so two interleaved column views
-// count as overlapping: more is kept than by the Python pass's exact regions, never less.
-// Storages come from one run of the graph on meta tensors built from its input guards (sizes,
-// strides, offsets, dtype; inputs that shared memory share a meta storage), so which values
-// alias is ATen's own answer (an op without a meta kernel in this process, which a LibTorch
-// program lacks for ops whose meta kernels torch registers from Python, runs on zero-filled CPU
-// tensors of the same geometry, if its results are new tensors); devices follow ATen's rule (the
-// device of the first operand that is not a 0-dim CPU tensor). After a rewrite, out's storage is S
-// for the decisions that follow. A graph the meta run cannot execute (an op without a meta kernel,
-// a value read into a guard) is left as it is, and says why. A views-removed graph gains view
+// Regions there are exact element sets (core/MemoryOverlap.h; conservative above 2^20 elements).
+// Storages, geometry and devices come from one run of the graph on meta tensors
+// (Note [Reinplace: storages from a meta run]). After a rewrite, out's storage is S for the
+// decisions that follow. A graph the meta run cannot execute (an op without a meta kernel, a
+// value read into a guard) is left as it is, and says why. A views-removed graph gains view
 // ops where it is rewritten (the scatter's view, the out= target), as the Python pass's does:
 // the rewritten graph is for running, not for a backend that takes no views. Rejected: calling
 // the Python pass (a LibTorch program has no Python), and porting its exact-region analysis
 // (the storage-level rules catch the KV-cache, slice-fill and whole-input updates C++ programs
-// make): the rules here are a subset of its rules, which the tests check decision by decision.
+// make): the rules here are a subset of its rules, which the tests check decision by decision
+// (or, where the two passes take different paths to the same result, against eager alone).
 namespace {
 
 using Storage = const c10::StorageImpl*;
-
-int64_t extent(const InputGuard& g) {
-  int64_t end = g.storage_offset + 1;
-  for (size_t d = 0; d < g.sizes.size(); ++d) {
-    if (g.sizes[d] == 0) return g.storage_offset;
-    end += (g.sizes[d] - 1) * g.strides[d];
-  }
-  return end;
-}
-
-// Meta tensors standing for the graph's inputs: one meta storage per alias group.
-std::optional<std::vector<at::Tensor>> meta_inputs(const Graph& graph, std::string& why) {
-  const auto& guards = graph.input_guards;
-  if (guards.size() != graph.inputs.size()) {
-    why = "not analysed: the graph has no input guards to build meta inputs from";
-    return std::nullopt;
-  }
-  std::unordered_map<int64_t, at::Tensor> bases;
-  for (size_t i = 0; i < guards.size(); ++i) {
-    if (!guards[i].defined || guards[i].alias_group < 0) continue;
-    int64_t numel = 0;
-    for (size_t j = 0; j < guards.size(); ++j) {
-      if (guards[j].defined && guards[j].alias_group == guards[i].alias_group) {
-        if (guards[j].dtype != guards[i].dtype) {
-          why = "not analysed: inputs of different dtypes share memory";
-          return std::nullopt;
-        }
-        numel = std::max(numel, extent(guards[j]));
-      }
-    }
-    if (bases.count(guards[i].alias_group) == 0) {
-      bases.emplace(
-          guards[i].alias_group,
-          at::empty({numel}, at::TensorOptions().dtype(guards[i].dtype).device(at::kMeta)));
-    }
-  }
-  std::vector<at::Tensor> inputs(guards.size());
-  for (size_t i = 0; i < guards.size(); ++i) {
-    const auto& g = guards[i];
-    if (!g.defined) continue;
-    if (g.alias_group < 0) {
-      why = "not analysed: an input has no storage";
-      return std::nullopt;
-    }
-    inputs[i] = bases.at(g.alias_group).as_strided(g.sizes, g.strides, g.storage_offset);
-  }
-  return inputs;
-}
-
-// ATen's device rule for an op's outputs: the first tensor operand that is not a 0-dim CPU
-// tensor, else the first tensor operand, else a `device` argument, else the CPU.
-std::optional<at::Device> output_device(const GraphNode& node, const std::vector<at::Tensor>& env,
-                                        const std::vector<std::optional<at::Device>>& devices) {
-  std::optional<at::Device> first;
-  bool unknown = false;
-  for (const auto& arg : node.args) {
-    for_each_value(arg, [&](int64_t id) {
-      if (!devices[id]) {
-        unknown = true;
-        return;
-      }
-      const bool cpu_scalar = env[id].defined() && env[id].dim() == 0 && devices[id]->is_cpu();
-      if (!first || (first->is_cpu() && !cpu_scalar && !devices[id]->is_cpu())) first = devices[id];
-    });
-  }
-  if (unknown) return std::nullopt;
-  if (first) return first;
-  const auto& schema_args = node.op.schema().arguments();
-  for (size_t a = 0; a < schema_args.size() && a < node.args.size(); ++a) {
-    if (schema_args[a].name() == "device" && node.args[a].kind == GraphArg::Kind::kConstant &&
-        node.args[a].constant.isDevice()) {
-      return node.args[a].constant.toDevice();
-    }
-  }
-  return at::Device(at::kCPU);
-}
-
-// The in-place twin of a functional op: `name_` with the same overload, whose first argument is
-// written and whose other arguments have the same types.
-std::optional<c10::OperatorHandle> in_place_twin(const c10::OperatorHandle& op) {
-  const auto& schema = op.schema();
-  if (schema.is_mutable() || schema.returns().size() != 1 ||
-      schema.returns()[0].alias_info() != nullptr || schema.arguments().empty() ||
-      !schema.returns()[0].type()->isSubtypeOf(*c10::TensorType::get())) {
-    return std::nullopt;
-  }
-  auto twin = c10::Dispatcher::singleton().findOp({schema.name() + "_", schema.overload_name()});
-  if (!twin) return std::nullopt;
-  const auto& args = schema.arguments();
-  const auto& twin_args = twin->schema().arguments();
-  if (twin_args.size() != args.size() || twin_args[0].alias_info() == nullptr ||
-      !twin_args[0].alias_info()->isWrite()) {
-    return std::nullopt;
-  }
-  for (size_t a = 0; a < args.size(); ++a) {
-    if (*args[a].type() != *twin_args[a].type() || args[a].name() != twin_args[a].name()) {
-      return std::nullopt;
-    }
-  }
-  return twin;
-}
 
 std::string op_name(const c10::OperatorHandle& op) {
   return c10::toString(op.operator_name());
 }
 
-// Runs `node` on the meta tensors on `stack`; false (stack untouched) where the op has no meta
-// kernel in this process (a LibTorch program lacks the ones torch registers from Python).
-bool run_on_meta(const GraphNode& node, torch::jit::Stack& stack) {
-  const torch::jit::Stack args = stack;
-  try {
-    node.op.callBoxed(stack);
-    return true;
-  } catch (const c10::NotImplementedError&) {
-    stack = args;
-    return false;
-  }
-}
-
-// Runs `node` on zero-filled CPU tensors of its arguments' geometry instead (zeros: an index is
-// then in range), for an op whose results are new tensors: its results only give sizes, strides
-// and dtypes, and a view's storage would not be its argument's, so a view op raises.
-void run_on_zeros(const GraphNode& node, torch::jit::Stack& stack) {
-  for (const auto& r : node.op.schema().returns()) {
-    TORCH_CHECK(r.alias_info() == nullptr, op_name(node.op), " returns a view");
-  }
-  auto real = [](const at::Tensor& t) {
-    if (!t.defined() || !t.is_meta()) return t;
-    return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kCPU)).zero_();
-  };
-  for (auto& v : stack) {
-    if (v.isTensor()) {
-      v = real(v.toTensor());
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorVector()) list.push_back(real(t));
-      v = std::move(list);
-    } else if (v.isList()) {  // Tensor?[]
-      c10::List<std::optional<at::Tensor>> list;
-      const c10::List<c10::IValue> elements = v.toList();
-      for (size_t k = 0; k < elements.size(); ++k) {
-        const c10::IValue e = elements.get(k);
-        list.push_back(e.isTensor() ? std::optional<at::Tensor>(real(e.toTensor())) : std::nullopt);
-      }
-      v = std::move(list);
-    }
-  }
-  node.op.callBoxed(stack);
-}
-
-// The byte range [lo, hi) of its storage a tensor may touch; empty for no elements.
-struct Span {
-  int64_t lo = 0;
-  int64_t hi = 0;
-};
-
-Span span_of(const at::Tensor& t) {
-  if (t.numel() == 0) return {};
-  int64_t last = t.storage_offset();
-  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-  const auto item = static_cast<int64_t>(t.element_size());
-  return {t.storage_offset() * item, (last + 1) * item};
-}
-
-bool overlap(Span a, Span b) {
-  return a.lo < b.hi && b.lo < a.hi;
-}
-
-// Whether no two elements of `t` share an address: taken by increasing stride, each dimension
-// steps over everything the ones below it reach (sufficient, and exact for the views of dense
-// tensors that graphs write through).
-bool addresses_each_element_once(const at::Tensor& t) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dimensions of size > 1
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t reach = 1;
-  for (const auto& [stride, size] : dims) {
-    if (stride < reach) return false;
-    reach += (size - 1) * stride;
-  }
-  return true;
-}
-
-bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
-  return a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
-         a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() &&
-         a.strides() == b.strides() && a.dtype() == b.dtype();
-}
-
-bool is_view_op(const c10::OperatorHandle& op) {
-  const auto& schema = op.schema();
-  return !schema.is_mutable() && schema.returns().size() == 1 &&
-         schema.returns()[0].alias_info() != nullptr;
-}
-
 bool is_copy_(const c10::OperatorHandle& op) {
   const auto& name = op.operator_name();
   return name.name == "aten::copy_" && name.overload_name.empty();
-}
-
-// The out= overload of a functional op with one tensor result: the op's arguments, then one
-// keyword-only written `out`. Found under torchgen's names for it ("out", "<overload>_out",
-// "IntList_out" for "dim_IntList"); an op named otherwise has none here.
-std::optional<c10::OperatorHandle> out_variant(const c10::OperatorHandle& op) {
-  const auto& schema = op.schema();
-  if (schema.is_mutable() || schema.returns().size() != 1 ||
-      schema.returns()[0].alias_info() != nullptr ||
-      !schema.returns()[0].type()->isSubtypeOf(*c10::TensorType::get())) {
-    return std::nullopt;
-  }
-  const std::string& overload = schema.overload_name();
-  std::vector<std::string> names{"out"};
-  if (!overload.empty()) names.push_back(overload + "_out");
-  if (const auto cut = overload.find('_'); cut != std::string::npos) {
-    names.push_back(overload.substr(cut + 1) + "_out");
-  }
-  const auto& args = schema.arguments();
-  for (const auto& name : names) {
-    auto candidate = c10::Dispatcher::singleton().findOp({schema.name(), name});
-    if (!candidate) continue;
-    const auto& cargs = candidate->schema().arguments();
-    if (cargs.size() != args.size() + 1 || !is_out_argument(cargs.back()) ||
-        candidate->schema().returns().size() != 1) {
-      continue;
-    }
-    bool same = true;
-    for (size_t a = 0; a < args.size() && same; ++a) {
-      same = *args[a].type() == *cargs[a].type() && args[a].name() == cargs[a].name();
-    }
-    if (same) return candidate;
-  }
-  return std::nullopt;
 }
 
 // A rejection naming its rule, or nothing: the rewrite is allowed.
@@ -344,51 +113,15 @@ class Reinplacer {
  private:
   // -- the meta run and the tables the rules read ----------------------------------------------
   bool analyse(std::string& why) {
-    auto inputs = meta_inputs(g_, why);
-    if (!inputs) return false;
+    std::string failed;
+    auto run = run_on_meta_tensors(g_, why, failed);
+    if (!run) {
+      failed_op_ = failed;
+      return false;
+    }
+    env_ = std::move(run->values);
+    devices_ = std::move(run->devices);
     const size_t num_values = g_.values.size();
-    env_.assign(num_values, at::Tensor());
-    devices_.assign(num_values, std::nullopt);
-    for (size_t i = 0; i < g_.inputs.size(); ++i) {
-      env_[g_.inputs[i]] = (*inputs)[i];
-      if (g_.input_guards[i].defined) devices_[g_.inputs[i]] = g_.input_guards[i].device;
-    }
-    for (size_t id = 0; id < num_values; ++id) {
-      const auto& v = g_.values[id];
-      if (v.kind != ValueSource::Kind::kConstant) continue;
-      const at::Tensor& c = g_.constants[v.index];
-      if (!c.defined()) continue;
-      env_[id] = at::empty_strided(c.sizes(), c.strides(), c.options().device(at::kMeta));
-      devices_[id] = c.device();
-    }
-    {
-      c10::AutoGradMode no_grad(false);
-      torch::jit::Stack stack;
-      for (const auto& node : g_.nodes) {
-        stack.clear();
-        push_node_args(node, env_, stack);
-        try {
-          if (!run_on_meta(node, stack)) run_on_zeros(node, stack);
-        } catch (const std::exception& e) {
-          std::string what = e.what();
-          what = what.substr(0, what.find('\n'));
-          failed_op_ = op_name(node.op);
-          why = "not analysed: " + failed_op_ + " does not run on meta tensors (" + what + ")";
-          return false;
-        }
-        // A factory (arange, zeros) makes a real tensor even here: its meta twin stands for it.
-        for (auto& v : stack) {
-          if (v.isTensor() && v.toTensor().defined() && !v.toTensor().is_meta()) {
-            const at::Tensor& t = v.toTensor();
-            v = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
-          }
-        }
-        store_node_returns(node, stack, env_);
-        const auto device = output_device(node, env_, devices_);
-        for (const auto& r : node.returns)
-          for_each_value(r, [&](int64_t id) { devices_[id] = device; });
-      }
-    }
     defined_at_.assign(num_values, -1);
     readers_.assign(num_values, {});
     identity_.resize(num_values);
@@ -711,7 +444,7 @@ class Reinplacer {
     const Storage s = storage_of(d), fresh = storage_of(v);
     if (!td.defined() || !tv.defined() || s == nullptr || fresh == nullptr || fresh == s ||
         tv.dtype() != td.dtype() || tv.sizes() != td.sizes() || !devices_[d] ||
-        devices_[d] != devices_[v] || !addresses_each_element_once(td)) {
+        devices_[d] != devices_[v] || may_self_overlap(td.sizes(), td.strides())) {
       return "rule 2: the result differs from the copy_ target in dtype, sizes or device, or the "
              "target addresses an element twice";
     }
@@ -722,15 +455,15 @@ class Reinplacer {
     }
     // Rule 3: a pointwise op may read exactly the region it writes, each element before writing
     // it; eager's out= kernels refuse any other overlap.
-    const Span w = span_of(td);
     const bool pointwise = node.op.hasTag(at::Tag::pointwise);
+    auto touches_target = [&](int64_t id) {
+      return storage_of(id) == s && spans_and_elements_overlap(env_[id], td);
+    };
     bool overlaps = false;
     for (const auto& arg : node.args) {
       for_each_value(arg, [&](int64_t id) {
-        if (storage_of(id) == s && overlap(span_of(env_[id]), w) &&
-            !(pointwise && same_geometry(env_[id], td))) {
-          overlaps = true;
-        }
+        overlaps |= touches_target(id) &&
+                    !(pointwise && env_[id].dtype() == td.dtype() && same_geometry(env_[id], td));
       });
     }
     if (overlaps) return "rule 3: an operand overlaps the written region";
@@ -741,9 +474,7 @@ class Reinplacer {
       if (removed_[r] != 0 || is_view_op(g_.nodes[r].op)) continue;
       bool touches = false;
       for (const auto& arg : g_.nodes[r].args) {
-        for_each_value(arg, [&](int64_t id) {
-          touches |= storage_of(id) == s && overlap(span_of(env_[id]), w);
-        });
+        for_each_value(arg, [&](int64_t id) { touches |= touches_target(id); });
       }
       if (touches) {
         return "rule 4: node " + std::to_string(r) + " reads or writes the region before the copy_";
@@ -805,11 +536,6 @@ class Reinplacer {
   }
 
   // -- the rewritten graph ---------------------------------------------------------------------
-  int64_t renamed(int64_t id) const {
-    for (auto it = rename_.find(id); it != rename_.end(); it = rename_.find(id)) id = it->second;
-    return id;
-  }
-
   void rebuild() {
     std::vector<GraphNode> nodes;
     nodes.reserve(g_.nodes.size());
@@ -822,36 +548,10 @@ class Reinplacer {
         for (auto& r : replacement_[n]) nodes.push_back(std::move(r));
       }
     }
-    auto rename_all = [&](std::vector<GraphArg>& args) {
-      for (auto& a : args) {
-        if (a.kind == GraphArg::Kind::kConstant) continue;
-        for (int64_t& id : a.values) {
-          if (id >= 0) id = renamed(id);
-        }
-      }
-    };
-    for (auto& node : nodes) rename_all(node.args);
-    rename_all(g_.outputs);
-    // Views nobody reads any more (the epilogue's views of a target an out= op now writes).
-    std::vector<char> read(g_.values.size(), 0);
-    for (const auto& o : g_.outputs) for_each_value(o, [&](int64_t id) { read[id] = 1; });
-    std::vector<char> keep(nodes.size(), 1);
-    for (size_t k = nodes.size(); k-- > 0;) {
-      bool unread = is_view_op(nodes[k].op);
-      for (const auto& r : nodes[k].returns) {
-        for_each_value(r, [&](int64_t id) { unread &= read[id] == 0; });
-      }
-      if (unread) {
-        keep[k] = 0;
-        continue;
-      }
-      for (const auto& a : nodes[k].args) for_each_value(a, [&](int64_t id) { read[id] = 1; });
-    }
-    g_.nodes.clear();
-    for (size_t k = 0; k < nodes.size(); ++k) {
-      if (keep[k] != 0) g_.nodes.push_back(std::move(nodes[k]));
-    }
-    renumber_node_values(g_);
+    g_.nodes = std::move(nodes);
+    rename_values(g_, rename_);
+    // The epilogue's views of a target an out= op now writes are read by nothing.
+    remove_unread_nodes(g_, [](const GraphNode& node) { return !is_view_op(node.op); });
   }
 
   Graph& g_;

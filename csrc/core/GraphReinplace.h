@@ -1,7 +1,8 @@
 // Reinplacing a recorded graph (core/Graph.h) in C++: functional ops whose first argument's
-// storage nothing reads afterwards become their in-place twins (add -> add_), each decision
-// proved from one meta-tensor run of the graph. A subset of the Python pass's rules
-// (python/torch_functionalize/reinplace.py). See Note [Reinplace: the C++ pass].
+// storage nothing reads afterwards become their in-place twins (add -> add_), scatters write
+// through their view, and results copied into an input are computed there with out=; each
+// decision proved from one meta-tensor run of the graph, with coarser regions than the Python
+// pass's (python/torch_functionalize/reinplace.py). See Note [Reinplace: the C++ pass].
 #pragma once
 
 #include "core/Graph.h"
