@@ -1,11 +1,12 @@
 """Functional programs against eager's cost (issue #33): peak memory and time of one call, per
 workload and variant, each variant in a fresh process, written to results_reinplace.md.
 
-  python benchmarks/reinplace.py                 # every workload (about 6 minutes on 2 cores)
+  python benchmarks/reinplace.py                 # every workload (about 8 minutes on 2 cores)
   python benchmarks/reinplace.py --only 'large/*' --out /tmp/r.md
 
 Variants: eager; ours eager-mode (functionalize(f) called); ours graph (capture(f) replayed);
-ours reinplaced (reinplace(capture(f)) replayed); torch.func + PyTorch's
+ours reinplaced (reinplace(capture(f)) replayed); ours C++ reinplaced (capture's C++ graph after
+tfz::reinplace, the pass a LibTorch program gets, replayed); torch.func + PyTorch's
 torch.fx.passes.reinplace on make_fx(torch.func.functionalize(f)); Inductor's reinplacing pass
 (torch._inductor.fx_passes.reinplace) on that same graph, where it runs. Each variant's result
 (outputs and inputs afterwards) is checked against eager before it is measured. Peak memory is
@@ -20,7 +21,7 @@ the call above those allocated before it (torch.cuda.max_memory_allocated, exact
 the clock waits for the device, and every variant runs in one process, one after the other.
 Rejected on CUDA: a process per variant, as on the CPU. A fresh process guards the CPU figures
 against malloc's state; the CUDA allocator's counters need no such guard, and each process would
-pay CUDA's start-up (~20 s on the GPU machines here) 54 times.
+pay CUDA's start-up (~20 s on the GPU machines here) 63 times.
 """
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULT_TAG = "@@REINPLACE-RESULT@@ "
-VARIANTS = ("eager", "ours eager-mode", "ours graph", "ours reinplaced", "torch.func + fx reinplace",
-            "Inductor reinplace")
+VARIANTS = ("eager", "ours eager-mode", "ours graph", "ours reinplaced", "ours C++ reinplaced",
+            "torch.func + fx reinplace", "Inductor reinplace")
 MIB = 1 << 20
 
 
@@ -128,6 +129,11 @@ def _callable(variant: str, fn: Callable[..., Any], make_inputs: Callable[[], tu
         return tfz.capture(fn, *make_inputs())
     if variant == "ours reinplaced":
         return tfz.reinplace(tfz.capture(fn, *make_inputs()))
+    if variant == "ours C++ reinplaced":
+        from torch_functionalize import _C
+        from torch_functionalize.capture import _capture
+        return _capture(fn, make_inputs(), {}, "mutations", False,
+                        graph_pass=lambda graph: _C._reinplace_graph(graph)[0])
     # torch.func's graph traced with fake tensors: one fake mode for every node's meta value,
     # which both passes read (a "real" trace gives each input its own mode, and PyTorch's pass
     # then refuses the graph's constants).
@@ -258,6 +264,7 @@ def _fmt_time(s: float) -> str:
 def _targets(results: dict[str, dict[str, dict]]) -> list[tuple[str, str, str]]:
     rows = []
     for variant, mem_ratio, time_ratio in (("ours reinplaced", 1.1, 2.0),
+                                           ("ours C++ reinplaced", 1.1, 2.0),
                                            ("ours eager-mode", 1.25, 2.0)):
         misses, worst_mem, worst_time = [], 0.0, 0.0
         for name, r in results.items():

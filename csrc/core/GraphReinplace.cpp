@@ -49,6 +49,11 @@ namespace tfz::detail {
 //      with no other input; then out is computed into x, nothing else reads x's old bytes after
 //      the node, out is not returned (the caller would see an output share the input's memory
 //      where eager's may not), and the copy_, now of x onto itself, is removed.
+//      A scatter into an input x whose epilogue writes x region by region
+//      (Note [Capture: region-precise epilogue]) needs instead a later copy_ of exactly its
+//      region W (the program's own write of W: x ends the same), no read of W's old bytes
+//      before that copy_, and no read of out (now x) once the program's writes into x begin;
+//      that copy_, of src into W with nothing written between, is then redundant and removed.
 // The out= rewrite holds under rule 1 and when
 //   2'. v has d's dtype, sizes and device, and its strides, or no reader but the copy_ (which
 //       reads values, not layouts); d addresses each element once; v is a fresh allocation;
@@ -391,11 +396,19 @@ class Reinplacer {
     if (auto why = deterministic_and_not_recorded(node)) return why;
     if (auto why = laid_out_as(a, out)) return why;
     if (storage_of(src) == storage_of(a)) return "rule 3: the source lies in the written storage";
-    int64_t copy_back = -1;
-    if (auto why = dead_after(n, a, out, copy_back)) return why;
     auto& d = c10::Dispatcher::singleton();
     GraphNode view{d.findSchemaOrThrow(sv.view, sv.view_overload), {value_arg(a)}, {}};
     view.args.insert(view.args.end(), node.args.begin() + 2, node.args.end());
+    int64_t copy_back = -1, region_copy = -1;
+    const int64_t x = identity_[a];
+    if (outside_.count(storage_of(a)) != 0 && g_.values[x].kind == ValueSource::Kind::kInput &&
+        epilogue_copy(x, n) < 0) {
+      // The program may write this input region by region (Note [Capture: region-precise
+      // epilogue]).
+      if (auto why = region_written_later(n, a, out, src, view, region_copy)) return why;
+    } else if (auto why = dead_after(n, a, out, copy_back)) {
+      return why;
+    }
     const int64_t view_id = new_node_value(g_);
     view.returns.push_back(value_arg(view_id));
     view.grad_enabled = node.grad_enabled;
@@ -411,6 +424,84 @@ class Reinplacer {
     replacement_[n] = {std::move(view), std::move(copy)};
     rename_[out] = a;
     commit(n, a, out, copy_back, done);
+    if (region_copy >= 0) {
+      remove_copy(region_copy);
+      decisions_[n].rule += "; the epilogue's copy_ of the region removed";
+    }
+    return std::nullopt;
+  }
+
+  // Rules 4 and 5 for a scatter into an input x (a is x whole) that the program writes region by
+  // region: a later copy_ writes exactly the scatter's region W of x (the program's own write of
+  // it), nothing reads x's old bytes in W before that copy_, and nothing reads out (which becomes
+  // x) once the program's writes into x begin. Sets `region_copy` to that copy_ where it copies
+  // src itself with no write into x before it: it is then redundant.
+  Verdict region_written_later(int64_t n, int64_t a, int64_t out, int64_t src,
+                               const GraphNode& view, int64_t& region_copy) const {
+    if (shares_memory_with_another_input(identity_[a])) {
+      return "rule 5: the input shares memory with another input";
+    }
+    torch::jit::Stack stack;
+    push_node_args(view, env_, stack);
+    view.op.callBoxed(stack);
+    const at::Tensor w = stack[0].toTensor();
+    const Storage s = storage_of(a), fresh = storage_of(out);
+    auto writes_s = [&](int64_t r) {
+      const GraphNode& node = g_.nodes[r];
+      if (!replacement_[r].empty()) return storage_of(node.args[0].values[0]) == s;
+      const auto& schema_args = node.op.schema().arguments();
+      bool writes = false;
+      for (size_t k = 0; k < node.args.size() && k < schema_args.size(); ++k) {
+        if (schema_args[k].alias_info() == nullptr || !schema_args[k].alias_info()->isWrite()) {
+          continue;
+        }
+        for_each_value(node.args[k], [&](int64_t id) { writes |= storage_of(id) == s; });
+      }
+      return writes;
+    };
+    int64_t c = -1, first_write = -1;
+    for (int64_t r = n + 1; r < num_nodes_ && c < 0; ++r) {
+      if (removed_[r] != 0) continue;
+      const GraphNode& node = g_.nodes[r];
+      if (first_write < 0 && writes_s(r)) first_write = r;
+      if (is_copy_(node.op) && node.args[0].kind == GraphArg::Kind::kValue) {
+        const int64_t dest = node.args[0].values[0];
+        if (storage_of(dest) == s && env_[dest].dtype() == w.dtype() &&
+            same_geometry(env_[dest], w)) {
+          c = r;
+        }
+      }
+    }
+    if (c < 0) return "rule 5: the program does not write this region of the input";
+    for (int64_t r = n + 1; r < num_nodes_; ++r) {
+      if (removed_[r] != 0 || is_view_op(g_.nodes[r].op)) continue;
+      const GraphNode& node = g_.nodes[r];
+      // A copy_'s destination, and a rewritten scatter's base, are written, not read.
+      const bool first_is_written = is_copy_(node.op) || !replacement_[r].empty();
+      for (size_t k = first_is_written ? 1 : 0; k < node.args.size(); ++k) {
+        Verdict why;
+        for_each_value(node.args[k], [&](int64_t id) {
+          const Storage t = storage_of(id);
+          if (t == s && r < c && spans_and_elements_overlap(env_[id], w)) {
+            why = "rule 4: node " + std::to_string(r) + " reads the region's old value";
+          } else if (t == fresh && first_write >= 0 && r >= first_write) {
+            why = "rule 4: node " + std::to_string(r) +
+                  " reads the result after the program's writes into the input begin";
+          }
+        });
+        if (why) return why;
+      }
+    }
+    for (int64_t id : members_.at(fresh)) {
+      if (read_by_a_kept_node(id, num_nodes_ - 1)) {
+        return "rule 4: the result is returned, and would share the input's memory";
+      }
+    }
+    const GraphNode& copy = g_.nodes[c];
+    region_copy = copy.args[1].kind == GraphArg::Kind::kValue && copy.args[1].values[0] == src &&
+                          first_write == c && !result_read(c)
+                      ? c
+                      : -1;
     return std::nullopt;
   }
 
