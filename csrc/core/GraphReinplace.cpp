@@ -4,6 +4,8 @@
 // core/GraphReinplace.h.
 #include "core/GraphReinplace.h"
 
+#include "core/GraphReinplacer.h"
+
 #include "core/GraphEdit.h"
 #include "core/GraphMetaRun.h"
 #include "core/GraphPasses.h"
@@ -76,600 +78,325 @@ namespace tfz::detail {
 // (the storage-level rules catch the KV-cache, slice-fill and whole-input updates C++ programs
 // make): the rules here are a subset of its rules, which the tests check decision by decision
 // (or, where the two passes take different paths to the same result, against eager alone).
-namespace {
-
-using Storage = const c10::StorageImpl*;
-
-std::string op_name(const c10::OperatorHandle& op) {
-  return c10::toString(op.operator_name());
-}
-
-bool is_copy_(const c10::OperatorHandle& op) {
-  const auto& name = op.operator_name();
-  return name.name == "aten::copy_" && name.overload_name.empty();
-}
-
-// A rejection naming its rule, or nothing: the rewrite is allowed.
-using Verdict = std::optional<std::string>;
-
-class Reinplacer {
- public:
-  explicit Reinplacer(Graph& graph)
-      : g_(graph), num_nodes_(static_cast<int64_t>(graph.nodes.size())) {}
-
-  std::vector<ReinplaceDecision> run() {
-    std::string why;
-    if (!analyse(why)) return {{-1, failed_op_, false, why}};
-    // A rewrite can free a buffer an earlier candidate needed (once `copy(x, v)` writes x in
-    // place, `v = mm(...)` can compute into x): sweep until nothing changes.
-    for (int sweep = 0; sweep < 8; ++sweep) {
-      bool changed = false;
-      for (int64_t n = 0; n < num_nodes_; ++n) {
-        if (done_[n] == 0 && removed_[n] == 0) changed |= try_node(n);
-      }
-      if (!changed) break;
-    }
-    rebuild();
-    std::vector<ReinplaceDecision> report;
-    for (auto& [n, d] : decisions_) report.push_back(std::move(d));
-    return report;
-  }
-
- private:
-  // -- the meta run and the tables the rules read ----------------------------------------------
-  bool analyse(std::string& why) {
-    std::string failed;
-    auto run = run_on_meta_tensors(g_, why, failed);
-    if (!run) {
-      failed_op_ = failed;
-      return false;
-    }
-    env_ = std::move(run->values);
-    devices_ = std::move(run->devices);
-    const size_t num_values = g_.values.size();
-    defined_at_.assign(num_values, -1);
-    readers_.assign(num_values, {});
-    identity_.resize(num_values);
-    for (size_t id = 0; id < num_values; ++id) {
-      identity_[id] = static_cast<int64_t>(id);
-      const Storage s = storage_of(static_cast<int64_t>(id));
-      if (s == nullptr) continue;
-      members_[s].push_back(static_cast<int64_t>(id));
-      if (g_.values[id].kind != ValueSource::Kind::kNode) outside_.insert(s);
-    }
+std::vector<ReinplaceDecision> Reinplacer::run() {
+  std::string why;
+  if (!analyse(why)) return {{-1, failed_op_, false, why}};
+  // A rewrite can free a buffer an earlier candidate needed (once `copy(x, v)` writes x in
+  // place, `v = mm(...)` can compute into x): sweep until nothing changes.
+  for (int sweep = 0; sweep < 8; ++sweep) {
+    bool changed = false;
     for (int64_t n = 0; n < num_nodes_; ++n) {
-      const GraphNode& node = g_.nodes[n];
-      for (const auto& r : node.returns)
-        for_each_value(r, [&](int64_t id) { defined_at_[id] = n; });
-      for (const auto& arg : node.args) {
-        for_each_value(arg, [&](int64_t id) { readers_[id].push_back(n); });
-      }
+      if (done_[n] == 0 && removed_[n] == 0) changed |= try_node(n);
     }
-    for (const auto& o : g_.outputs) {
-      for_each_value(o, [&](int64_t id) { readers_[id].push_back(num_nodes_); });
-    }
-    removed_.assign(num_nodes_, 0);
-    done_.assign(num_nodes_, 0);
-    for (const auto& node : g_.nodes) names_.push_back(op_name(node.op));
-    replacement_.resize(num_nodes_);
-    before_.resize(num_nodes_);
-    for (const auto& guard : g_.input_guards) any_requires_grad_ |= guard.requires_grad;
-    for (const auto& c : g_.constants) any_requires_grad_ |= c.defined() && c.requires_grad();
-    return true;
+    if (!changed) break;
   }
+  rebuild();
+  std::vector<ReinplaceDecision> report;
+  for (auto& [n, d] : decisions_) report.push_back(std::move(d));
+  return report;
+}
 
-  // Each value's storage, redirected after rewrites (a rewritten result lives in the storage it
-  // was written into).
-  Storage storage_of(int64_t id) const {
-    const at::Tensor& t = env_[id];
-    if (!t.defined() || !t.unsafeGetTensorImpl()->has_storage()) return nullptr;
-    Storage s = t.storage().unsafeGetStorageImpl();
-    for (auto it = moved_.find(s); it != moved_.end(); it = moved_.find(s)) s = it->second;
-    return s;
-  }
-
-  bool read_by_a_kept_node(int64_t id, int64_t after, int64_t except = -1) const {
-    return std::any_of(readers_[id].begin(), readers_[id].end(), [&](int64_t r) {
-      return r > after && r != except && (r == num_nodes_ || removed_[r] == 0);
-    });
-  }
-
-  // Whether a value of S defined before node `n` is read after it, by a node other than `except`.
-  bool old_bytes_read(Storage s, int64_t n, int64_t except) const {
-    for (int64_t id : members_.at(s)) {
-      if (defined_at_[id] < n && read_by_a_kept_node(id, n, except)) return true;
-    }
+bool Reinplacer::analyse(std::string& why) {
+  std::string failed;
+  auto run = run_on_meta_tensors(g_, why, failed);
+  if (!run) {
+    failed_op_ = failed;
     return false;
   }
-
-  // The epilogue node `copy_(x, v)` after node `n` that writes input x whole: the program's
-  // write-back of x, if it has one.
-  int64_t epilogue_copy(int64_t x, int64_t n) const {
-    for (int64_t r : readers_[x]) {
-      if (r <= n || r == num_nodes_ || removed_[r] != 0) continue;
-      const GraphNode& c = g_.nodes[r];
-      if (is_copy_(c.op) && c.args[0].kind == GraphArg::Kind::kValue && c.args[0].values[0] == x &&
-          c.args[1].kind == GraphArg::Kind::kValue && c.args[1].values[0] >= 0) {
-        return r;
-      }
-    }
-    return -1;
+  env_ = std::move(run->values);
+  devices_ = std::move(run->devices);
+  const size_t num_values = g_.values.size();
+  defined_at_.assign(num_values, -1);
+  readers_.assign(num_values, {});
+  identity_.resize(num_values);
+  for (size_t id = 0; id < num_values; ++id) {
+    identity_[id] = static_cast<int64_t>(id);
+    const Storage s = storage_of(static_cast<int64_t>(id));
+    if (s == nullptr) continue;
+    members_[s].push_back(static_cast<int64_t>(id));
+    if (g_.values[id].kind != ValueSource::Kind::kNode) outside_.insert(s);
   }
-
-  // The copy_ after node `n` whose source is n's result `v` (and whose target is not v).
-  int64_t copied_whole(int64_t n, int64_t v) const {
-    for (int64_t r : readers_[v]) {
-      if (r <= n || r == num_nodes_ || removed_[r] != 0) continue;
-      const GraphNode& c = g_.nodes[r];
-      if (is_copy_(c.op) && c.args[1].kind == GraphArg::Kind::kValue && c.args[1].values[0] == v &&
-          c.args[0].kind == GraphArg::Kind::kValue && c.args[0].values[0] != v) {
-        return r;
-      }
-    }
-    return -1;
-  }
-
-  bool shares_memory_with_another_input(int64_t x) const {
-    for (size_t i = 0; i < g_.inputs.size(); ++i) {
-      if (g_.inputs[i] != x) continue;
-      for (size_t j = 0; j < g_.inputs.size(); ++j) {
-        if (j != i && g_.input_guards[j].defined &&
-            g_.input_guards[j].alias_group == g_.input_guards[i].alias_group) {
-          return true;
-        }
-      }
-    }
-    return false;
-  }
-
-  // -- the candidates --------------------------------------------------------------------------
-  bool try_node(int64_t n) {
+  for (int64_t n = 0; n < num_nodes_; ++n) {
     const GraphNode& node = g_.nodes[n];
-    if (node.returns.size() != 1 || node.returns[0].kind != GraphArg::Kind::kValue) return false;
-    Verdict refused;
-    if (const ScatterView* sv = scatter_view_of(node.op);
-        sv != nullptr && std::string(sv->scatter) != "aten::as_strided_scatter") {
-      // as_strided_scatter is left functional: its geometry is relative to its fresh result.
-      refused = scatter(n, *sv);
-    } else {
-      bool candidate = false;
-      if (const auto twin = in_place_twin(node.op);
-          twin && node.args[0].kind == GraphArg::Kind::kValue && node.args[0].values[0] >= 0) {
+    for (const auto& r : node.returns) for_each_value(r, [&](int64_t id) { defined_at_[id] = n; });
+    for (const auto& arg : node.args) {
+      for_each_value(arg, [&](int64_t id) { readers_[id].push_back(n); });
+    }
+  }
+  for (const auto& o : g_.outputs) {
+    for_each_value(o, [&](int64_t id) { readers_[id].push_back(num_nodes_); });
+  }
+  removed_.assign(num_nodes_, 0);
+  done_.assign(num_nodes_, 0);
+  for (const auto& node : g_.nodes) names_.push_back(op_name(node.op));
+  replacement_.resize(num_nodes_);
+  before_.resize(num_nodes_);
+  for (const auto& guard : g_.input_guards) any_requires_grad_ |= guard.requires_grad;
+  for (const auto& c : g_.constants) any_requires_grad_ |= c.defined() && c.requires_grad();
+  return true;
+}
+
+Storage Reinplacer::storage_of(int64_t id) const {
+  const at::Tensor& t = env_[id];
+  if (!t.defined() || !t.unsafeGetTensorImpl()->has_storage()) return nullptr;
+  Storage s = t.storage().unsafeGetStorageImpl();
+  for (auto it = moved_.find(s); it != moved_.end(); it = moved_.find(s)) s = it->second;
+  return s;
+}
+
+bool Reinplacer::read_by_a_kept_node(int64_t id, int64_t after, int64_t except) const {
+  return std::any_of(readers_[id].begin(), readers_[id].end(), [&](int64_t r) {
+    return r > after && r != except && (r == num_nodes_ || removed_[r] == 0);
+  });
+}
+
+bool Reinplacer::old_bytes_read(Storage s, int64_t n, int64_t except) const {
+  for (int64_t id : members_.at(s)) {
+    if (defined_at_[id] < n && read_by_a_kept_node(id, n, except)) return true;
+  }
+  return false;
+}
+
+int64_t Reinplacer::later_copy(int64_t n, int64_t id, bool as_target) const {
+  for (int64_t r : readers_[id]) {
+    if (r <= n || r == num_nodes_ || removed_[r] != 0) continue;
+    const GraphNode& c = g_.nodes[r];
+    if (!is_aten_copy_(c.op) || c.args[0].kind != GraphArg::Kind::kValue ||
+        c.args[1].kind != GraphArg::Kind::kValue) {
+      continue;
+    }
+    const int64_t target = c.args[0].values[0], src = c.args[1].values[0];
+    if (as_target ? target == id && src >= 0 : src == id && target != id) return r;
+  }
+  return -1;
+}
+
+bool Reinplacer::shares_memory_with_another_input(int64_t x) const {
+  for (size_t i = 0; i < g_.inputs.size(); ++i) {
+    if (g_.inputs[i] != x) continue;
+    for (size_t j = 0; j < g_.inputs.size(); ++j) {
+      if (j != i && g_.input_guards[j].defined &&
+          g_.input_guards[j].alias_group == g_.input_guards[i].alias_group) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+bool Reinplacer::try_node(int64_t n) {
+  const GraphNode& node = g_.nodes[n];
+  if (node.returns.size() != 1 || node.returns[0].kind != GraphArg::Kind::kValue) return false;
+  Verdict refused;
+  if (const ScatterView* sv = scatter_view_of(node.op);
+      sv != nullptr && std::string(sv->scatter) != "aten::as_strided_scatter") {
+    // as_strided_scatter is left functional: its geometry is relative to its fresh result.
+    refused = scatter(n, *sv);
+  } else {
+    bool candidate = false;
+    if (const auto twin = in_place_twin(node.op);
+        twin && node.args[0].kind == GraphArg::Kind::kValue && node.args[0].values[0] >= 0) {
+      candidate = true;
+      refused = in_place(n, *twin);
+      if (!refused) return true;
+    }
+    const int64_t v = node.returns[0].values[0];
+    if (const auto out_op = out_variant(node.op)) {
+      if (const int64_t c = later_copy(n, v, /*as_target=*/false); c >= 0) {
         candidate = true;
-        refused = in_place(n, *twin);
-        if (!refused) return true;
-      }
-      const int64_t v = node.returns[0].values[0];
-      if (const auto out_op = out_variant(node.op)) {
-        if (const int64_t c = copied_whole(n, v); c >= 0) {
-          candidate = true;
-          refused = out_form(n, *out_op, c);  // the out= form's reason, as the Python pass's
-        }
-      }
-      if (!candidate) return false;
-    }
-    if (!refused) return true;
-    decisions_[n] = {n, names_[n], false, *refused};
-    return false;
-  }
-
-  // Rule 1 of all three rewrites.
-  Verdict deterministic_and_not_recorded(const GraphNode& node) const {
-    if (node.op.hasTag(at::Tag::nondeterministic_seeded)) return "rule 1: a random op";
-    // A node recorded in the graph's starting grad mode replays in the caller's, which may be on
-    // (Note [Capture: grad mode]).
-    if (any_requires_grad_ && (node.grad_enabled || node.grad_enabled == g_.grad_enabled)) {
-      return "rule 1: autograd may record it (an input requires grad, and the node may run with "
-             "grad mode on)";
-    }
-    return std::nullopt;
-  }
-
-  // Rule 2 of the in-place and scatter rewrites: `out` can be `a` itself.
-  Verdict laid_out_as(int64_t a, int64_t out) const {
-    const at::Tensor &ta = env_[a], &tout = env_[out];
-    const Storage s = storage_of(a);
-    if (!ta.defined() || !tout.defined() || s == nullptr || ta.dtype() != tout.dtype() ||
-        ta.sizes() != tout.sizes() || ta.strides() != tout.strides() || !devices_[a] ||
-        devices_[a] != devices_[out] || !ta.is_non_overlapping_and_dense() ||
-        storage_of(out) == s) {
-      return "rule 2: the result differs from its first argument in dtype, geometry or device, "
-             "or that argument addresses an element twice";
-    }
-    return std::nullopt;
-  }
-
-  // Rules 4 and 5 of the in-place and scatter rewrites: writing a's storage S at node n, whose
-  // result `out` then is a. Sets `copy_back` to the epilogue copy_ the write replaces, if any.
-  Verdict dead_after(int64_t n, int64_t a, int64_t out, int64_t& copy_back) const {
-    const Storage s = storage_of(a);
-    copy_back = -1;
-    if (outside_.count(s) != 0) {
-      const int64_t x = identity_[a];
-      if (g_.values[x].kind != ValueSource::Kind::kInput) {
-        return "rule 5: the written storage is a constant's or a view of an input's";
-      }
-      copy_back = epilogue_copy(x, n);
-      if (copy_back < 0) return "rule 5: the program does not write this input";
-      if (shares_memory_with_another_input(x)) {
-        return "rule 5: the input shares memory with another input";
-      }
-      // The epilogue then copies v over x whole. Unless v is out itself, out's bytes are gone
-      // after it: nothing may read them there (an output included), and v may not be one of them.
-      const int64_t v = g_.nodes[copy_back].args[1].values[0];
-      if (identity_[v] != out) {
-        const auto& in_fresh = members_.at(storage_of(out));
-        const bool read_after = std::any_of(in_fresh.begin(), in_fresh.end(), [&](int64_t id) {
-          return id == v || std::any_of(readers_[id].begin(), readers_[id].end(),
-                                        [&](int64_t r) { return r > copy_back; });
-        });
-        if (read_after || storage_of(v) == s) {
-          return "rule 4: the result is read after the epilogue overwrites the input";
-        }
-      } else if (std::find(readers_[v].begin(), readers_[v].end(), num_nodes_) !=
-                 readers_[v].end()) {
-        return "rule 4: the result is returned, and would share the input's memory";
+        refused = out_form(n, *out_op, c);  // the out= form's reason, as the Python pass's
       }
     }
-    if (old_bytes_read(s, n, copy_back)) {
-      return "rule 4: the old value is read afterwards (a later op or an output)";
-    }
-    return std::nullopt;
+    if (!candidate) return false;
   }
+  if (!refused) return true;
+  decisions_[n] = {n, names_[n], false, *refused};
+  return false;
+}
 
-  // After a rewrite of node n: out is the tensor `a` is, and lives in a's storage.
-  void commit(int64_t n, int64_t a, int64_t out, int64_t copy_back, std::string done) {
-    const Storage s = storage_of(a), fresh = storage_of(out);
-    identity_[out] = identity_[a];
-    merge(fresh, s);
-    if (copy_back >= 0) {
-      // Where the epilogue copies out itself, it now copies the input onto itself: removed,
-      // unless its result is read.
-      const GraphNode& c = g_.nodes[copy_back];
-      const bool copy_read =
-          identity_[c.args[1].values[0]] != identity_[a] || result_read(copy_back);
-      if (!copy_read) remove_copy(copy_back);
-      done += std::string(" into the input the program writes") +
-              (copy_read ? "" : "; its epilogue copy_ removed");
-    }
-    decisions_[n] = {n, names_[n], true, std::move(done)};
-    done_[n] = 1;
+Verdict Reinplacer::deterministic_and_not_recorded(const GraphNode& node) const {
+  if (node.op.hasTag(at::Tag::nondeterministic_seeded)) return "rule 1: a random op";
+  // A node recorded in the graph's starting grad mode replays in the caller's, which may be on
+  // (Note [Capture: grad mode]).
+  if (any_requires_grad_ && (node.grad_enabled || node.grad_enabled == g_.grad_enabled)) {
+    return "rule 1: autograd may record it (an input requires grad, and the node may run with "
+           "grad mode on)";
   }
+  return std::nullopt;
+}
 
-  void merge(Storage fresh, Storage s) {
-    if (fresh == s) return;
-    auto& joined = members_[fresh];
-    auto& into = members_[s];
-    into.insert(into.end(), joined.begin(), joined.end());
-    joined.clear();
-    moved_[fresh] = s;
+Verdict Reinplacer::laid_out_as(int64_t a, int64_t out) const {
+  const at::Tensor &ta = env_[a], &tout = env_[out];
+  const Storage s = storage_of(a);
+  if (!ta.defined() || !tout.defined() || s == nullptr || ta.dtype() != tout.dtype() ||
+      ta.sizes() != tout.sizes() || ta.strides() != tout.strides() || !devices_[a] ||
+      devices_[a] != devices_[out] || !ta.is_non_overlapping_and_dense() || storage_of(out) == s) {
+    return "rule 2: the result differs from its first argument in dtype, geometry or device, "
+           "or that argument addresses an element twice";
   }
+  return std::nullopt;
+}
 
-  bool result_read(int64_t n) const {
-    bool read = false;
-    for (const auto& r : g_.nodes[n].returns) {
-      for_each_value(r, [&](int64_t id) { read |= read_by_a_kept_node(id, n); });
-    }
-    return read;
-  }
-
-  void remove_copy(int64_t c) {
-    removed_[c] = 1;
-    decisions_[c] = {c, names_[c], true,
-                     "removed: it copies a value onto itself, already in place"};
-  }
-
-  // `out = op(a, ...)` -> `op_(a, ...)`.
-  Verdict in_place(int64_t n, const c10::OperatorHandle& twin) {
-    GraphNode& node = g_.nodes[n];
-    const int64_t a = node.args[0].values[0], out = node.returns[0].values[0];
-    if (auto why = deterministic_and_not_recorded(node)) return why;
-    if (auto why = laid_out_as(a, out)) return why;
-    const Storage s = storage_of(a);
-    bool overlaps = false;
-    for (size_t k = 1; k < node.args.size(); ++k) {
-      for_each_value(node.args[k], [&](int64_t id) { overlaps |= storage_of(id) == s; });
-    }
-    if (overlaps) return "rule 3: another operand lies in the written storage";
-    int64_t copy_back = -1;
-    if (auto why = dead_after(n, a, out, copy_back)) return why;
-    node.op = twin;
-    commit(n, a, out, copy_back, "in place as " + op_name(twin));
-    return std::nullopt;
-  }
-
-  // `out = X_scatter(a, src, args...)` -> `copy_(X(a, args...), src)`; out is then a.
-  Verdict scatter(int64_t n, const ScatterView& sv) {
-    const GraphNode& node = g_.nodes[n];
-    if (node.args.size() < 2 || node.args[0].kind != GraphArg::Kind::kValue ||
-        node.args[1].kind != GraphArg::Kind::kValue || node.args[0].values[0] < 0 ||
-        node.args[1].values[0] < 0) {
-      return "rule 2: its base or source is not a tensor";
-    }
-    for (size_t k = 2; k < node.args.size(); ++k) {
-      if (node.args[k].kind != GraphArg::Kind::kConstant) {
-        return "rule 2: the view it writes through has a tensor argument";
-      }
-    }
-    const int64_t a = node.args[0].values[0], src = node.args[1].values[0];
-    const int64_t out = node.returns[0].values[0];
-    if (auto why = deterministic_and_not_recorded(node)) return why;
-    if (auto why = laid_out_as(a, out)) return why;
-    if (storage_of(src) == storage_of(a)) return "rule 3: the source lies in the written storage";
-    auto& d = c10::Dispatcher::singleton();
-    GraphNode view{d.findSchemaOrThrow(sv.view, sv.view_overload), {value_arg(a)}, {}};
-    view.args.insert(view.args.end(), node.args.begin() + 2, node.args.end());
-    int64_t copy_back = -1, region_copy = -1;
+Verdict Reinplacer::dead_after(int64_t n, int64_t a, int64_t out, int64_t& copy_back) const {
+  const Storage s = storage_of(a);
+  copy_back = -1;
+  if (outside_.count(s) != 0) {
     const int64_t x = identity_[a];
-    if (outside_.count(storage_of(a)) != 0 && g_.values[x].kind == ValueSource::Kind::kInput &&
-        epilogue_copy(x, n) < 0) {
-      // The program may write this input region by region (Note [Capture: region-precise
-      // epilogue]).
-      if (auto why = region_written_later(n, a, out, src, view, region_copy)) return why;
-    } else if (auto why = dead_after(n, a, out, copy_back)) {
-      return why;
-    }
-    const int64_t view_id = new_node_value(g_);
-    view.returns.push_back(value_arg(view_id));
-    view.grad_enabled = node.grad_enabled;
-    GraphArg non_blocking;
-    non_blocking.constant = false;
-    GraphNode copy{d.findSchemaOrThrow("aten::copy_", ""),
-                   {value_arg(view_id), value_arg(src), non_blocking},
-                   {value_arg(new_node_value(g_))}};
-    copy.grad_enabled = node.grad_enabled;
-    const std::string done =
-        std::string("scatter in place: the source copied through ") + sv.view +
-        (std::string(sv.view_overload).empty() ? "" : "." + std::string(sv.view_overload));
-    replacement_[n] = {std::move(view), std::move(copy)};
-    rename_[out] = a;
-    commit(n, a, out, copy_back, done);
-    if (region_copy >= 0) {
-      remove_copy(region_copy);
-      decisions_[n].rule += "; the epilogue's copy_ of the region removed";
-    }
-    return std::nullopt;
-  }
-
-  // Rules 4 and 5 for a scatter into an input x (a is x whole) that the program writes region by
-  // region: a later copy_ writes exactly the scatter's region W of x (the program's own write of
-  // it), nothing reads x's old bytes in W before that copy_, and nothing reads out (which becomes
-  // x) once the program's writes into x begin. Sets `region_copy` to that copy_ where it copies
-  // src itself with no write into x before it: it is then redundant.
-  Verdict region_written_later(int64_t n, int64_t a, int64_t out, int64_t src,
-                               const GraphNode& view, int64_t& region_copy) const {
-    if (shares_memory_with_another_input(identity_[a])) {
-      return "rule 5: the input shares memory with another input";
-    }
-    torch::jit::Stack stack;
-    push_node_args(view, env_, stack);
-    view.op.callBoxed(stack);
-    const at::Tensor w = stack[0].toTensor();
-    const Storage s = storage_of(a), fresh = storage_of(out);
-    auto writes_s = [&](int64_t r) {
-      const GraphNode& node = g_.nodes[r];
-      if (!replacement_[r].empty()) return storage_of(node.args[0].values[0]) == s;
-      const auto& schema_args = node.op.schema().arguments();
-      bool writes = false;
-      for (size_t k = 0; k < node.args.size() && k < schema_args.size(); ++k) {
-        if (schema_args[k].alias_info() == nullptr || !schema_args[k].alias_info()->isWrite()) {
-          continue;
-        }
-        for_each_value(node.args[k], [&](int64_t id) { writes |= storage_of(id) == s; });
-      }
-      return writes;
-    };
-    int64_t c = -1, first_write = -1;
-    for (int64_t r = n + 1; r < num_nodes_ && c < 0; ++r) {
-      if (removed_[r] != 0) continue;
-      const GraphNode& node = g_.nodes[r];
-      if (first_write < 0 && writes_s(r)) first_write = r;
-      if (is_copy_(node.op) && node.args[0].kind == GraphArg::Kind::kValue) {
-        const int64_t dest = node.args[0].values[0];
-        if (storage_of(dest) == s && env_[dest].dtype() == w.dtype() &&
-            same_geometry(env_[dest], w)) {
-          c = r;
-        }
-      }
-    }
-    if (c < 0) return "rule 5: the program does not write this region of the input";
-    for (int64_t r = n + 1; r < num_nodes_; ++r) {
-      if (removed_[r] != 0 || is_view_op(g_.nodes[r].op)) continue;
-      const GraphNode& node = g_.nodes[r];
-      // A copy_'s destination, and a rewritten scatter's base, are written, not read.
-      const bool first_is_written = is_copy_(node.op) || !replacement_[r].empty();
-      for (size_t k = first_is_written ? 1 : 0; k < node.args.size(); ++k) {
-        Verdict why;
-        for_each_value(node.args[k], [&](int64_t id) {
-          const Storage t = storage_of(id);
-          if (t == s && r < c && spans_and_elements_overlap(env_[id], w)) {
-            why = "rule 4: node " + std::to_string(r) + " reads the region's old value";
-          } else if (t == fresh && first_write >= 0 && r >= first_write) {
-            why = "rule 4: node " + std::to_string(r) +
-                  " reads the result after the program's writes into the input begin";
-          }
-        });
-        if (why) return why;
-      }
-    }
-    for (int64_t id : members_.at(fresh)) {
-      if (read_by_a_kept_node(id, num_nodes_ - 1)) {
-        return "rule 4: the result is returned, and would share the input's memory";
-      }
-    }
-    const GraphNode& copy = g_.nodes[c];
-    region_copy = copy.args[1].kind == GraphArg::Kind::kValue && copy.args[1].values[0] == src &&
-                          first_write == c && !result_read(c)
-                      ? c
-                      : -1;
-    return std::nullopt;
-  }
-
-  // `v = op(...)` whose value the copy_ at node c writes into an input's region d ->
-  // `op.out(..., out=d)`, and the copy_ goes.
-  Verdict out_form(int64_t n, const c10::OperatorHandle& out_op, int64_t c) {
-    GraphNode& node = g_.nodes[n];
-    const int64_t v = node.returns[0].values[0], d = g_.nodes[c].args[0].values[0];
-    if (auto why = deterministic_and_not_recorded(node)) return why;
-    // Rule 5: d is an input, or views of one with constant arguments.
-    std::vector<int64_t> chain;  // d and the views below it, outermost first
-    int64_t x = d;
-    while (g_.values[x].kind == ValueSource::Kind::kNode) {
-      const int64_t k = g_.values[x].index;
-      if (k < 0 || k >= num_nodes_ || removed_[k] != 0 || !replacement_[k].empty() ||
-          !is_view_of_constants(g_.nodes[k], x)) {
-        return "rule 5: the copy_ target is not an input or a view of one";
-      }
-      const GraphNode& view = g_.nodes[k];
-      chain.push_back(x);
-      x = view.args[0].values[0];
-    }
     if (g_.values[x].kind != ValueSource::Kind::kInput) {
-      return "rule 5: the copy_ target is not an input or a view of one";
+      return "rule 5: the written storage is a constant's or a view of an input's";
     }
+    copy_back = later_copy(n, x, /*as_target=*/true);
+    if (copy_back < 0) return "rule 5: the program does not write this input";
     if (shares_memory_with_another_input(x)) {
       return "rule 5: the input shares memory with another input";
     }
-    // Rule 2.
-    const at::Tensor &td = env_[d], &tv = env_[v];
-    const Storage s = storage_of(d), fresh = storage_of(v);
-    if (!td.defined() || !tv.defined() || s == nullptr || fresh == nullptr || fresh == s ||
-        tv.dtype() != td.dtype() || tv.sizes() != td.sizes() || !devices_[d] ||
-        devices_[d] != devices_[v] || may_self_overlap(td.sizes(), td.strides())) {
-      return "rule 2: the result differs from the copy_ target in dtype, sizes or device, or the "
-             "target addresses an element twice";
-    }
-    if (tv.strides() != td.strides() &&
-        (members_.at(fresh).size() != 1 || readers_[v].size() != 1)) {
-      return "rule 2: the result's strides differ from the copy_ target's, and a reader depends "
-             "on them";
-    }
-    // Rule 3: a pointwise op may read exactly the region it writes, each element before writing
-    // it; eager's out= kernels refuse any other overlap.
-    const bool pointwise = node.op.hasTag(at::Tag::pointwise);
-    auto touches_target = [&](int64_t id) {
-      return storage_of(id) == s && spans_and_elements_overlap(env_[id], td);
-    };
-    bool overlaps = false;
-    for (const auto& arg : node.args) {
-      for_each_value(arg, [&](int64_t id) {
-        overlaps |= touches_target(id) &&
-                    !(pointwise && env_[id].dtype() == td.dtype() && same_geometry(env_[id], td));
+    // The epilogue then copies v over x whole. Unless v is out itself, out's bytes are gone
+    // after it: nothing may read them there (an output included), and v may not be one of them.
+    const int64_t v = g_.nodes[copy_back].args[1].values[0];
+    if (identity_[v] != out) {
+      const auto& in_fresh = members_.at(storage_of(out));
+      const bool read_after = std::any_of(in_fresh.begin(), in_fresh.end(), [&](int64_t id) {
+        return id == v || std::any_of(readers_[id].begin(), readers_[id].end(),
+                                      [&](int64_t r) { return r > copy_back; });
       });
-    }
-    if (overlaps) return "rule 3: an operand overlaps the written region";
-    // Rule 4: between the op and the copy_, nothing touches the region (a view made there reads
-    // no bytes); the result is not returned (it would share the input's memory) nor read after
-    // the copy_ (later writes of the input would change it).
-    for (int64_t r = n + 1; r < c; ++r) {
-      if (removed_[r] != 0 || is_view_op(g_.nodes[r].op)) continue;
-      bool touches = false;
-      for (const auto& arg : g_.nodes[r].args) {
-        for_each_value(arg, [&](int64_t id) { touches |= touches_target(id); });
+      if (read_after || storage_of(v) == s) {
+        return "rule 4: the result is read after the epilogue overwrites the input";
       }
-      if (touches) {
-        return "rule 4: node " + std::to_string(r) + " reads or writes the region before the copy_";
-      }
+    } else if (std::find(readers_[v].begin(), readers_[v].end(), num_nodes_) != readers_[v].end()) {
+      return "rule 4: the result is returned, and would share the input's memory";
     }
-    for (int64_t id : members_.at(fresh)) {
-      if (read_by_a_kept_node(id, c)) {
-        return "rule 4: the result is read after the copy_, or returned";
-      }
-    }
-    // The target, made again before the op where the program makes it later (the epilogue's
-    // views of an input come after the ops whose values they take).
-    int64_t target = x;
-    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-      if (defined_at_[*it] < n) {
-        target = *it;
-        continue;
-      }
-      GraphNode view = g_.nodes[g_.values[*it].index];
-      view.args[0] = value_arg(target);
-      target = add_value(env_[*it], devices_[*it], n);
-      view.returns = {value_arg(target)};
-      before_[n].push_back(std::move(view));
-    }
-    node.op = out_op;
-    node.args.push_back(value_arg(target));
-    readers_[x].push_back(n);
-    merge(fresh, s);
-    if (chain.empty()) identity_[v] = identity_[x];
-    if (!result_read(c)) remove_copy(c);
-    decisions_[n] = {n, names_[n], true,
-                     "out= as " + op_name(out_op) + " into the copy_'s target" +
-                         (removed_[c] != 0 ? "; the copy_ removed" : "")};
-    done_[n] = 1;
-    return std::nullopt;
   }
+  if (old_bytes_read(s, n, copy_back)) {
+    return "rule 4: the old value is read afterwards (a later op or an output)";
+  }
+  return std::nullopt;
+}
 
-  // Whether `node` is a view op returning `x` from a value and constant arguments.
-  static bool is_view_of_constants(const GraphNode& node, int64_t x) {
-    if (!is_view_op(node.op) || node.args.empty() || node.args[0].kind != GraphArg::Kind::kValue ||
-        node.args[0].values[0] < 0 || node.returns.size() != 1 ||
-        node.returns[0].kind != GraphArg::Kind::kValue || node.returns[0].values[0] != x) {
-      return false;
+void Reinplacer::commit(int64_t n, int64_t a, int64_t out, int64_t copy_back, std::string done) {
+  const Storage s = storage_of(a), fresh = storage_of(out);
+  identity_[out] = identity_[a];
+  merge(fresh, s);
+  if (copy_back >= 0) {
+    // Where the epilogue copies out itself, it now copies the input onto itself: removed,
+    // unless its result is read.
+    const GraphNode& c = g_.nodes[copy_back];
+    const bool copy_read = identity_[c.args[1].values[0]] != identity_[a] || result_read(copy_back);
+    if (!copy_read) remove_copy(copy_back);
+    done += std::string(" into the input the program writes") +
+            (copy_read ? "" : "; its epilogue copy_ removed");
+  }
+  decisions_[n] = {n, names_[n], true, std::move(done)};
+  done_[n] = 1;
+}
+
+void Reinplacer::merge(Storage fresh, Storage s) {
+  if (fresh == s) return;
+  auto& joined = members_[fresh];
+  auto& into = members_[s];
+  into.insert(into.end(), joined.begin(), joined.end());
+  joined.clear();
+  moved_[fresh] = s;
+}
+
+bool Reinplacer::result_read(int64_t n) const {
+  bool read = false;
+  for (const auto& r : g_.nodes[n].returns) {
+    for_each_value(r, [&](int64_t id) { read |= read_by_a_kept_node(id, n); });
+  }
+  return read;
+}
+
+void Reinplacer::remove_copy(int64_t c) {
+  removed_[c] = 1;
+  decisions_[c] = {c, names_[c], true, "removed: it copies a value onto itself, already in place"};
+}
+
+Verdict Reinplacer::in_place(int64_t n, const c10::OperatorHandle& twin) {
+  GraphNode& node = g_.nodes[n];
+  const int64_t a = node.args[0].values[0], out = node.returns[0].values[0];
+  if (auto why = deterministic_and_not_recorded(node)) return why;
+  if (auto why = laid_out_as(a, out)) return why;
+  const Storage s = storage_of(a);
+  bool overlaps = false;
+  for (size_t k = 1; k < node.args.size(); ++k) {
+    for_each_value(node.args[k], [&](int64_t id) { overlaps |= storage_of(id) == s; });
+  }
+  if (overlaps) return "rule 3: another operand lies in the written storage";
+  int64_t copy_back = -1;
+  if (auto why = dead_after(n, a, out, copy_back)) return why;
+  node.op = twin;
+  commit(n, a, out, copy_back, "in place as " + op_name(twin));
+  return std::nullopt;
+}
+
+Verdict Reinplacer::scatter(int64_t n, const ScatterView& sv) {
+  const GraphNode& node = g_.nodes[n];
+  if (node.args.size() < 2 || node.args[0].kind != GraphArg::Kind::kValue ||
+      node.args[1].kind != GraphArg::Kind::kValue || node.args[0].values[0] < 0 ||
+      node.args[1].values[0] < 0) {
+    return "rule 2: its base or source is not a tensor";
+  }
+  for (size_t k = 2; k < node.args.size(); ++k) {
+    if (node.args[k].kind != GraphArg::Kind::kConstant) {
+      return "rule 2: the view it writes through has a tensor argument";
     }
-    return std::all_of(node.args.begin() + 1, node.args.end(),
-                       [](const GraphArg& a) { return a.kind == GraphArg::Kind::kConstant; });
   }
-
-  // A value added by a rewrite, with its meta tensor, defined just before node n.
-  int64_t add_value(const at::Tensor& meta, std::optional<at::Device> device, int64_t n) {
-    const int64_t id = new_node_value(g_);
-    env_.push_back(meta);
-    devices_.push_back(device);
-    defined_at_.push_back(n);
-    readers_.push_back({n});
-    identity_.push_back(id);
-    if (const Storage s = storage_of(id)) members_[s].push_back(id);
-    return id;
+  const int64_t a = node.args[0].values[0], src = node.args[1].values[0];
+  const int64_t out = node.returns[0].values[0];
+  if (auto why = deterministic_and_not_recorded(node)) return why;
+  if (auto why = laid_out_as(a, out)) return why;
+  if (storage_of(src) == storage_of(a)) return "rule 3: the source lies in the written storage";
+  auto& d = c10::Dispatcher::singleton();
+  GraphNode view{d.findSchemaOrThrow(sv.view, sv.view_overload), {value_arg(a)}, {}};
+  view.args.insert(view.args.end(), node.args.begin() + 2, node.args.end());
+  int64_t copy_back = -1, region_copy = -1;
+  const int64_t x = identity_[a];
+  if (outside_.count(storage_of(a)) != 0 && g_.values[x].kind == ValueSource::Kind::kInput &&
+      later_copy(n, x, /*as_target=*/true) < 0) {
+    // The program may write this input region by region.
+    if (auto why = region_written_later(n, a, out, src, view, region_copy)) return why;
+  } else if (auto why = dead_after(n, a, out, copy_back)) {
+    return why;
   }
+  const int64_t view_id = new_node_value(g_);
+  view.returns.push_back(value_arg(view_id));
+  view.grad_enabled = node.grad_enabled;
+  GraphArg non_blocking;
+  non_blocking.constant = false;
+  GraphNode copy{d.findSchemaOrThrow("aten::copy_", ""),
+                 {value_arg(view_id), value_arg(src), non_blocking},
+                 {value_arg(new_node_value(g_))}};
+  copy.grad_enabled = node.grad_enabled;
+  const std::string done =
+      std::string("scatter in place: the source copied through ") + sv.view +
+      (std::string(sv.view_overload).empty() ? "" : "." + std::string(sv.view_overload));
+  replacement_[n] = {std::move(view), std::move(copy)};
+  rename_[out] = a;
+  commit(n, a, out, copy_back, done);
+  if (region_copy >= 0) {
+    remove_copy(region_copy);
+    decisions_[n].rule += "; the epilogue's copy_ of the region removed";
+  }
+  return std::nullopt;
+}
 
-  // -- the rewritten graph ---------------------------------------------------------------------
-  void rebuild() {
-    std::vector<GraphNode> nodes;
-    nodes.reserve(g_.nodes.size());
-    for (int64_t n = 0; n < num_nodes_; ++n) {
-      for (auto& b : before_[n]) nodes.push_back(std::move(b));
-      if (removed_[n] != 0) continue;
-      if (replacement_[n].empty()) {
-        nodes.push_back(std::move(g_.nodes[n]));
-      } else {
-        for (auto& r : replacement_[n]) nodes.push_back(std::move(r));
-      }
+void Reinplacer::rebuild() {
+  std::vector<GraphNode> nodes;
+  nodes.reserve(g_.nodes.size());
+  for (int64_t n = 0; n < num_nodes_; ++n) {
+    for (auto& b : before_[n]) nodes.push_back(std::move(b));
+    if (removed_[n] != 0) continue;
+    if (replacement_[n].empty()) {
+      nodes.push_back(std::move(g_.nodes[n]));
+    } else {
+      for (auto& r : replacement_[n]) nodes.push_back(std::move(r));
     }
-    g_.nodes = std::move(nodes);
-    rename_values(g_, rename_);
-    // The epilogue's views of a target an out= op now writes are read by nothing.
-    remove_unread_nodes(g_, [](const GraphNode& node) { return !is_view_op(node.op); });
   }
-
-  Graph& g_;
-  const int64_t num_nodes_;
-  std::string failed_op_;
-  std::vector<std::string> names_;  // each node's op as the graph had it, for the report
-  // The meta run: each value's meta tensor and device.
-  std::vector<at::Tensor> env_;
-  std::vector<std::optional<at::Device>> devices_;
-  // Where each value is defined and read (node indices; num_nodes_: an output), the values in
-  // each storage, the storages of inputs and constants, and where rewritten storages went.
-  std::vector<int64_t> defined_at_;
-  std::vector<std::vector<int64_t>> readers_;
-  std::unordered_map<Storage, std::vector<int64_t>> members_;
-  std::unordered_set<Storage> outside_;
-  std::unordered_map<Storage, Storage> moved_;
-  // What each value is at run time: after a rewrite, out is the tensor its first argument is.
-  std::vector<int64_t> identity_;
-  bool any_requires_grad_ = false;
-  // The rewrites: nodes removed, replaced by others, or preceded by new ones; values renamed.
-  std::vector<char> removed_, done_;
-  std::vector<std::vector<GraphNode>> replacement_, before_;
-  std::unordered_map<int64_t, int64_t> rename_;
-  std::map<int64_t, ReinplaceDecision> decisions_;
-};
-
-}  // namespace
+  g_.nodes = std::move(nodes);
+  rename_values(g_, rename_);
+  // The epilogue's views of a target an out= op now writes are read by nothing.
+  remove_unread_nodes(g_, [](const GraphNode& node) { return !is_view_op(node.op); });
+}
 
 std::vector<ReinplaceDecision> reinplace_graph(Graph& graph) {
   return Reinplacer(graph).run();
