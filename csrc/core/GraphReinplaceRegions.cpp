@@ -190,11 +190,16 @@ bool Reinplacer::is_view_of_constants(const GraphNode& node, int64_t x) {
 
 int64_t Reinplacer::add_value(const at::Tensor& meta, std::optional<at::Device> device, int64_t n) {
   const int64_t id = new_node_value(g_);
-  env_.push_back(meta);
-  devices_.push_back(device);
-  defined_at_.push_back(n);
-  readers_.push_back({n});
-  identity_.push_back(id);
+  // The tables follow the graph's values, including those a scatter's rewrite added unrecorded.
+  for (auto k = static_cast<int64_t>(identity_.size()); k <= id; ++k) identity_.push_back(k);
+  env_.resize(id + 1);
+  devices_.resize(id + 1);
+  defined_at_.resize(id + 1, -1);
+  readers_.resize(id + 1);
+  env_[id] = meta;
+  devices_[id] = device;
+  defined_at_[id] = n;
+  readers_[id] = {n};
   if (const Storage s = storage_of(id)) members_[s].push_back(id);
   return id;
 }
