@@ -222,6 +222,20 @@ def test_rows_of_an_input_written_one_after_another_match_eager():
     _in_place(explain, "aten::select_scatter", "scatter in place")
 
 
+def test_scatter_then_a_result_computed_into_a_row_of_an_input():
+    # The scatter's rewrite adds values to the graph before the out= rewrite adds the row's view
+    # (fuzzer program 456784 crashed the pass here).
+    def f(x, y):
+        buf = y * 2
+        buf[0] = 1.0
+        x[1] += buf[1]
+        return buf.sum()
+
+    explain, ops = _cpp_reinplaced_matches_eager(f, torch.randn(3, 4), torch.randn(3, 4))
+    _in_place(explain, "aten::select_scatter", "scatter in place")
+    _in_place(explain, "aten::add.Tensor", "out= as aten::add.out")
+
+
 # -- what it keeps ----------------------------------------------------------------------------
 
 def test_old_value_read_later_keeps_the_op():
