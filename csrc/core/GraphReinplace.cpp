@@ -349,15 +349,17 @@ Verdict Reinplacer::scatter(int64_t n, const ScatterView& sv) {
   auto& d = c10::Dispatcher::singleton();
   GraphNode view{d.findSchemaOrThrow(sv.view, sv.view_overload), {value_arg(a)}, {}};
   view.args.insert(view.args.end(), node.args.begin() + 2, node.args.end());
+  const at::Tensor w = meta_result(view);
   int64_t copy_back = -1, region_copy = -1;
   const int64_t x = identity_[a];
   if (outside_.count(storage_of(a)) != 0 && g_.values[x].kind == ValueSource::Kind::kInput &&
       later_copy(n, x, /*as_target=*/true) < 0) {
     // The program may write this input region by region.
-    if (auto why = region_written_later(n, a, out, src, view, region_copy)) return why;
+    if (auto why = region_written_later(n, a, out, src, w, region_copy)) return why;
   } else if (auto why = dead_after(n, a, out, copy_back)) {
     return why;
   }
+  const int64_t folded = copy_to_fold(n, src, region_copy, w);
   const int64_t view_id = new_node_value(g_);
   view.returns.push_back(value_arg(view_id));
   view.grad_enabled = node.grad_enabled;
@@ -367,9 +369,18 @@ Verdict Reinplacer::scatter(int64_t n, const ScatterView& sv) {
                  {value_arg(view_id), value_arg(src), non_blocking},
                  {value_arg(new_node_value(g_))}};
   copy.grad_enabled = node.grad_enabled;
-  const std::string done =
+  std::string done =
       std::string("scatter in place: the source copied through ") + sv.view +
       (std::string(sv.view_overload).empty() ? "" : "." + std::string(sv.view_overload));
+  if (folded >= 0) {
+    // Its source's own source, y, goes through the view directly (with its non_blocking).
+    const GraphNode& c = g_.nodes[folded];
+    const int64_t y = c.args[1].values[0];
+    copy.args[1] = value_arg(y);
+    if (c.args.size() > 2) copy.args[2] = c.args[2];
+    readers_[y].insert(std::upper_bound(readers_[y].begin(), readers_[y].end(), n), n);
+    done += " (the copy of its source folded in)";
+  }
   replacement_[n] = {std::move(view), std::move(copy)};
   rename_[out] = a;
   commit(n, a, out, copy_back, done);
@@ -377,7 +388,71 @@ Verdict Reinplacer::scatter(int64_t n, const ScatterView& sv) {
     remove_copy(region_copy);
     decisions_[n].rule += "; the epilogue's copy_ of the region removed";
   }
+  if (folded >= 0) {
+    removed_[folded] = 1;
+    decisions_[folded] = {
+        folded, names_[folded], true,
+        "folded: its source is written through the view of node " + std::to_string(n)};
+  }
   return std::nullopt;
+}
+
+// Note [Reinplace: a region assignment writes its value directly]
+// `x[i] = y` records `s = copy(x[i], y)` (y broadcast to x[i]'s shape and dtype) and then a
+// scatter of s into x. ATen's functional copy clones the whole storage of a view that is not
+// dense (to keep its strides): a column assignment into a 128 MiB tensor copied 128 MiB. Once
+// the scatter writes through its view, the view can take y itself (copy_ broadcasts and casts
+// as copy does) and the copy goes, when s has the view's sizes and dtype, s is read by nothing
+// but the scatter (and the region's epilogue copy_, removed with it), y lies outside the
+// written storage, and nothing writes y's storage between the copy and the scatter. Rejected:
+// rewriting copy itself (into an expand and a clone: still a temporary of the region's size).
+int64_t Reinplacer::copy_to_fold(int64_t n, int64_t src, int64_t region_copy,
+                                 const at::Tensor& w) const {
+  const ValueSource& source = g_.values[src];
+  if (source.kind != ValueSource::Kind::kNode || source.index < 0 || source.index >= n) return -1;
+  const int64_t k = source.index;
+  const GraphNode& c = g_.nodes[k];
+  const auto& name = c.op.operator_name();
+  if (name.name != "aten::copy" || !name.overload_name.empty() || removed_[k] != 0 ||
+      done_[k] != 0 || c.args.size() < 2 || c.args[0].kind != GraphArg::Kind::kValue ||
+      c.args[1].kind != GraphArg::Kind::kValue || c.args[1].values[0] < 0 ||
+      (c.args.size() > 2 && c.args[2].kind != GraphArg::Kind::kConstant)) {
+    return -1;
+  }
+  const int64_t self = c.args[0].values[0], y = c.args[1].values[0];
+  const Storage ys = storage_of(y);
+  if (self < 0 || !env_[self].defined() || env_[self].sizes() != w.sizes() ||
+      env_[self].dtype() != w.dtype() || ys == nullptr ||
+      ys == storage_of(g_.nodes[n].args[0].values[0]) || members_.at(storage_of(src)).size() != 1) {
+    return -1;
+  }
+  for (int64_t r : readers_[src]) {
+    if (r != n && r != region_copy && (r == num_nodes_ || removed_[r] == 0)) return -1;
+  }
+  for (int64_t r = k + 1; r < n; ++r) {
+    if (removed_[r] == 0 && writes_storage(r, ys)) return -1;
+  }
+  return k;
+}
+
+at::Tensor Reinplacer::meta_result(const GraphNode& node) const {
+  torch::jit::Stack stack;
+  push_node_args(node, env_, stack);
+  node.op.callBoxed(stack);
+  return stack[0].toTensor();
+}
+
+bool Reinplacer::writes_storage(int64_t r, Storage s) const {
+  const GraphNode& node = g_.nodes[r];
+  if (!replacement_[r].empty()) return storage_of(node.args[0].values[0]) == s;  // a scatter's
+  const auto& schema_args = node.op.schema().arguments();
+  bool writes = false;
+  for (size_t k = 0; k < node.args.size() && k < schema_args.size(); ++k) {
+    if (schema_args[k].alias_info() != nullptr && schema_args[k].alias_info()->isWrite()) {
+      for_each_value(node.args[k], [&](int64_t id) { writes |= storage_of(id) == s; });
+    }
+  }
+  return writes;
 }
 
 void Reinplacer::rebuild() {

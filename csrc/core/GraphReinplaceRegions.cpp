@@ -15,28 +15,12 @@
 namespace tfz::detail {
 
 Verdict Reinplacer::region_written_later(int64_t n, int64_t a, int64_t out, int64_t src,
-                                         const GraphNode& view, int64_t& region_copy) const {
+                                         const at::Tensor& w, int64_t& region_copy) const {
   if (shares_memory_with_another_input(identity_[a])) {
     return "rule 5: the input shares memory with another input";
   }
-  torch::jit::Stack stack;
-  push_node_args(view, env_, stack);
-  view.op.callBoxed(stack);
-  const at::Tensor w = stack[0].toTensor();
   const Storage s = storage_of(a), fresh = storage_of(out);
-  auto writes_s = [&](int64_t r) {
-    const GraphNode& node = g_.nodes[r];
-    if (!replacement_[r].empty()) return storage_of(node.args[0].values[0]) == s;
-    const auto& schema_args = node.op.schema().arguments();
-    bool writes = false;
-    for (size_t k = 0; k < node.args.size() && k < schema_args.size(); ++k) {
-      if (schema_args[k].alias_info() == nullptr || !schema_args[k].alias_info()->isWrite()) {
-        continue;
-      }
-      for_each_value(node.args[k], [&](int64_t id) { writes |= storage_of(id) == s; });
-    }
-    return writes;
-  };
+  auto writes_s = [&](int64_t r) { return writes_storage(r, s); };
   int64_t c = -1, first_write = -1;
   for (int64_t r = n + 1; r < num_nodes_ && c < 0; ++r) {
     if (removed_[r] != 0) continue;
@@ -60,7 +44,7 @@ Verdict Reinplacer::region_written_later(int64_t n, int64_t a, int64_t out, int6
       Verdict why;
       for_each_value(node.args[k], [&](int64_t id) {
         const Storage t = storage_of(id);
-        if (t == s && r < c && spans_and_elements_overlap(env_[id], w)) {
+        if (t == s && r <= c && spans_and_elements_overlap(env_[id], w)) {
           why = "rule 4: node " + std::to_string(r) + " reads the region's old value";
         } else if (t == fresh && first_write >= 0 && r >= first_write) {
           why = "rule 4: node " + std::to_string(r) +

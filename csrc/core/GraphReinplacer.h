@@ -94,8 +94,19 @@ class Reinplacer {
   // it), nothing reads x's old bytes in W before that copy_, and nothing reads out (which becomes
   // x) once the program's writes into x begin. Sets `region_copy` to that copy_ where it copies
   // src itself with no write into x before it: it is then redundant.
-  Verdict region_written_later(int64_t n, int64_t a, int64_t out, int64_t src,
-                               const GraphNode& view, int64_t& region_copy) const;
+  Verdict region_written_later(int64_t n, int64_t a, int64_t out, int64_t src, const at::Tensor& w,
+                               int64_t& region_copy) const;
+
+  // The functional `copy(s, y)` that made a scatter's source, when the scatter at node n can write
+  // y through its view (region W of meta tensor `w`) instead, or -1.
+  // See Note [Reinplace: a region assignment writes its value directly].
+  int64_t copy_to_fold(int64_t n, int64_t src, int64_t region_copy, const at::Tensor& w) const;
+
+  // The meta tensor a view node (of values in the meta run) returns.
+  at::Tensor meta_result(const GraphNode& node) const;
+
+  // Whether node r writes storage s (a scatter already rewritten writes its base's).
+  bool writes_storage(int64_t r, Storage s) const;
 
   // `v = op(...)` whose value the copy_ at node c writes into an input's region d ->
   // `op.out(..., out=d)`, and the copy_ goes.

@@ -158,6 +158,10 @@ def test_slices_of_a_large_input_written_then_read_are_written_in_place():
     assert sum(": scatter in place" in line for line in explain) == 2, "\n".join(explain)
     assert "aten.slice_scatter.default" not in ops, ops
     assert ops.count("aten.copy_.default") == 2, ops  # one per region, as eager writes them
+    # x[:, 0:64] = y: y itself goes through the view, not a copy of x's whole storage
+    # (Note [Reinplace: a region assignment writes its value directly]).
+    assert "aten.copy.default" not in ops, ops
+    assert any(line.startswith("node 1 aten::copy: folded") for line in explain), explain
 
 
 def test_rows_of_an_input_written_then_read_are_written_in_place():
@@ -313,6 +317,16 @@ def test_written_value_returned_keeps_its_own_buffer():
                                                  torch.randn(4, 3))
     assert not any(": out= as" in line for line in explain), "\n".join(explain)
     assert "aten.mm.default" in ops, ops
+
+
+def test_region_assigned_from_its_own_storage_keeps_the_copy():
+    def f(x):
+        x[:, 0:2] = x[:, 2:4]  # y lies in the written storage: the copy stays, then goes in place
+        return x[:, 1:3].sum()
+
+    explain, ops = _cpp_reinplaced_matches_eager(f, torch.randn(4, 6))
+    _in_place(explain, "aten::slice_scatter", "scatter in place")
+    assert "aten.copy.default" in ops, ops
 
 
 def test_old_value_of_an_input_region_read_before_its_copy_keeps_the_scatter():
