@@ -359,7 +359,7 @@ Verdict Reinplacer::scatter(int64_t n, const ScatterView& sv) {
   } else if (auto why = dead_after(n, a, out, copy_back)) {
     return why;
   }
-  const int64_t folded = copy_to_fold(n, src, region_copy, w);
+  const int64_t folded = source_to_fold(n, src, region_copy, w);
   const int64_t view_id = new_node_value(g_);
   view.returns.push_back(value_arg(view_id));
   view.grad_enabled = node.grad_enabled;
@@ -373,13 +373,25 @@ Verdict Reinplacer::scatter(int64_t n, const ScatterView& sv) {
       std::string("scatter in place: the source copied through ") + sv.view +
       (std::string(sv.view_overload).empty() ? "" : "." + std::string(sv.view_overload));
   if (folded >= 0) {
-    // Its source's own source, y, goes through the view directly (with its non_blocking).
+    // See Note [Reinplace: a region assignment writes its value directly].
     const GraphNode& c = g_.nodes[folded];
-    const int64_t y = c.args[1].values[0];
-    copy.args[1] = value_arg(y);
-    if (c.args.size() > 2) copy.args[2] = c.args[2];
-    readers_[y].insert(std::upper_bound(readers_[y].begin(), readers_[y].end(), n), n);
-    done += " (the copy of its source folded in)";
+    if (is_functional_copy(c.op)) {  // y itself through the view, with copy's non_blocking
+      copy.args[1] = c.args[1];
+      if (c.args.size() > 2) copy.args[2] = c.args[2];
+    } else {  // the op computes into the view
+      copy = c;
+      copy.op = *out_variant(c.op);
+      copy.args.push_back(value_arg(view_id));
+      copy.returns = {value_arg(new_node_value(g_))};
+    }
+    for (const auto& arg : copy.args) {
+      for_each_value(arg, [&](int64_t id) {
+        if (id < static_cast<int64_t>(readers_.size())) {
+          readers_[id].insert(std::upper_bound(readers_[id].begin(), readers_[id].end(), n), n);
+        }
+      });
+    }
+    done += " (" + names_[folded] + " of its source folded in)";
   }
   replacement_[n] = {std::move(view), std::move(copy)};
   rename_[out] = a;
@@ -390,47 +402,76 @@ Verdict Reinplacer::scatter(int64_t n, const ScatterView& sv) {
   }
   if (folded >= 0) {
     removed_[folded] = 1;
-    decisions_[folded] = {
-        folded, names_[folded], true,
-        "folded: its source is written through the view of node " + std::to_string(n)};
+    decisions_[folded] = {folded, names_[folded], true,
+                          "folded: it writes the view of node " + std::to_string(n) + " directly"};
   }
   return std::nullopt;
 }
 
 // Note [Reinplace: a region assignment writes its value directly]
 // `x[i] = y` records `s = copy(x[i], y)` (y broadcast to x[i]'s shape and dtype) and then a
-// scatter of s into x. ATen's functional copy clones the whole storage of a view that is not
-// dense (to keep its strides): a column assignment into a 128 MiB tensor copied 128 MiB. Once
-// the scatter writes through its view, the view can take y itself (copy_ broadcasts and casts
-// as copy does) and the copy goes, when s has the view's sizes and dtype, s is read by nothing
-// but the scatter (and the region's epilogue copy_, removed with it), y lies outside the
-// written storage, and nothing writes y's storage between the copy and the scatter. Rejected:
-// rewriting copy itself (into an expand and a clone: still a temporary of the region's size).
-int64_t Reinplacer::copy_to_fold(int64_t n, int64_t src, int64_t region_copy,
-                                 const at::Tensor& w) const {
+// scatter of s into x; `x[i].mul_(2)` records `s = mul(x[i], 2)` and the same scatter. ATen's
+// functional copy clones the whole storage of a view that is not dense (to keep its strides): a
+// column assignment into a 128 MiB tensor copied 128 MiB. Once the scatter writes through its
+// view, the node that made s can write the view itself instead: copy's y goes through the view
+// (copy_ broadcasts and casts as copy does), another op computes into it with its out= form
+// (mul.out(x[i], 2, out=x[i]): an in-place mul). That op then runs at the scatter, so this holds
+// when s has the view's sizes and dtype, s is read by nothing but the scatter (and the region's
+// epilogue copy_, removed with it), the op is deterministic and not recorded by autograd, its
+// operands do not overlap the view (a pointwise op may read exactly the view; copy's y lies
+// outside the written storage), and nothing writes their storages between the op and the
+// scatter. Rejected: rewriting copy itself (into an expand and a clone: still a temporary of the
+// region's size).
+bool Reinplacer::is_functional_copy(const c10::OperatorHandle& op) {
+  const auto& name = op.operator_name();
+  return name.name == "aten::copy" && name.overload_name.empty();
+}
+
+int64_t Reinplacer::source_to_fold(int64_t n, int64_t src, int64_t region_copy,
+                                   const at::Tensor& w) const {
   const ValueSource& source = g_.values[src];
   if (source.kind != ValueSource::Kind::kNode || source.index < 0 || source.index >= n) return -1;
   const int64_t k = source.index;
   const GraphNode& c = g_.nodes[k];
-  const auto& name = c.op.operator_name();
-  if (name.name != "aten::copy" || !name.overload_name.empty() || removed_[k] != 0 ||
-      done_[k] != 0 || c.args.size() < 2 || c.args[0].kind != GraphArg::Kind::kValue ||
-      c.args[1].kind != GraphArg::Kind::kValue || c.args[1].values[0] < 0 ||
-      (c.args.size() > 2 && c.args[2].kind != GraphArg::Kind::kConstant)) {
-    return -1;
-  }
-  const int64_t self = c.args[0].values[0], y = c.args[1].values[0];
-  const Storage ys = storage_of(y);
-  if (self < 0 || !env_[self].defined() || env_[self].sizes() != w.sizes() ||
-      env_[self].dtype() != w.dtype() || ys == nullptr ||
-      ys == storage_of(g_.nodes[n].args[0].values[0]) || members_.at(storage_of(src)).size() != 1) {
+  if (removed_[k] != 0 || done_[k] != 0 || !replacement_[k].empty() || c.returns.size() != 1 ||
+      c.returns[0].kind != GraphArg::Kind::kValue || !env_[src].defined() ||
+      env_[src].sizes() != w.sizes() || env_[src].dtype() != w.dtype() ||
+      members_.at(storage_of(src)).size() != 1) {
     return -1;
   }
   for (int64_t r : readers_[src]) {
     if (r != n && r != region_copy && (r == num_nodes_ || removed_[r] == 0)) return -1;
   }
+  const Storage s = storage_of(g_.nodes[n].args[0].values[0]);
+  std::vector<Storage> read;  // the storages of the operands the write will read
+  if (is_functional_copy(c.op)) {
+    if (c.args.size() < 2 || c.args[1].kind != GraphArg::Kind::kValue || c.args[1].values[0] < 0 ||
+        (c.args.size() > 2 && c.args[2].kind != GraphArg::Kind::kConstant)) {
+      return -1;
+    }
+    const Storage ys = storage_of(c.args[1].values[0]);
+    if (ys == nullptr || ys == s) return -1;
+    read.push_back(ys);
+  } else {
+    if (!out_variant(c.op) || deterministic_and_not_recorded(c)) return -1;
+    const bool pointwise = c.op.hasTag(at::Tag::pointwise);
+    bool overlaps = false;
+    for (const auto& arg : c.args) {
+      for_each_value(arg, [&](int64_t id) {
+        const Storage t = storage_of(id);
+        if (t == nullptr) return;
+        read.push_back(t);
+        overlaps |= t == s && spans_and_elements_overlap(env_[id], w) &&
+                    !(pointwise && env_[id].dtype() == w.dtype() && same_geometry(env_[id], w));
+      });
+    }
+    if (overlaps) return -1;
+  }
   for (int64_t r = k + 1; r < n; ++r) {
-    if (removed_[r] == 0 && writes_storage(r, ys)) return -1;
+    if (removed_[r] != 0) continue;
+    for (Storage t : read) {
+      if (writes_storage(r, t)) return -1;
+    }
   }
   return k;
 }

@@ -97,10 +97,13 @@ class Reinplacer {
   Verdict region_written_later(int64_t n, int64_t a, int64_t out, int64_t src, const at::Tensor& w,
                                int64_t& region_copy) const;
 
-  // The functional `copy(s, y)` that made a scatter's source, when the scatter at node n can write
-  // y through its view (region W of meta tensor `w`) instead, or -1.
+  // The node that made a scatter's source, when it can write the scatter's view (region W of
+  // meta tensor `w`) at node n instead: a functional copy (its source then goes through the
+  // view) or an op with an out= form; else -1.
   // See Note [Reinplace: a region assignment writes its value directly].
-  int64_t copy_to_fold(int64_t n, int64_t src, int64_t region_copy, const at::Tensor& w) const;
+  int64_t source_to_fold(int64_t n, int64_t src, int64_t region_copy, const at::Tensor& w) const;
+
+  static bool is_functional_copy(const c10::OperatorHandle& op);
 
   // The meta tensor a view node (of values in the meta run) returns.
   at::Tensor meta_result(const GraphNode& node) const;
