@@ -11,6 +11,7 @@
 #include "core/GraphPasses.h"
 #include "core/GraphRun.h"
 #include "core/MemoryOverlap.h"
+#include "core/OpSchemaInfo.h"
 #include "core/OpVariants.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -489,7 +490,7 @@ bool Reinplacer::writes_storage(int64_t r, Storage s) const {
   const auto& schema_args = node.op.schema().arguments();
   bool writes = false;
   for (size_t k = 0; k < node.args.size() && k < schema_args.size(); ++k) {
-    if (schema_args[k].alias_info() != nullptr && schema_args[k].alias_info()->isWrite()) {
+    if (is_written(schema_args[k])) {
       for_each_value(node.args[k], [&](int64_t id) { writes |= storage_of(id) == s; });
     }
   }

@@ -20,12 +20,11 @@ Verdict Reinplacer::region_written_later(int64_t n, int64_t a, int64_t out, int6
     return "rule 5: the input shares memory with another input";
   }
   const Storage s = storage_of(a), fresh = storage_of(out);
-  auto writes_s = [&](int64_t r) { return writes_storage(r, s); };
   int64_t c = -1, first_write = -1;
   for (int64_t r = n + 1; r < num_nodes_ && c < 0; ++r) {
     if (removed_[r] != 0) continue;
     const GraphNode& node = g_.nodes[r];
-    if (first_write < 0 && writes_s(r)) first_write = r;
+    if (first_write < 0 && writes_storage(r, s)) first_write = r;
     if (is_aten_copy_(node.op) && node.args[0].kind == GraphArg::Kind::kValue) {
       const int64_t dest = node.args[0].values[0];
       if (storage_of(dest) == s && env_[dest].dtype() == w.dtype() &&
