@@ -31,7 +31,10 @@ namespace tfz::detail {
 // tfz::reinplace(graph) gives C++ programs what reinplace(gm) gives Python ones, with three
 // rewrites, tried on each node in graph order (and again until nothing changes: a rewrite can
 // free the buffer an earlier candidate needed):
-//   in place  `out = op(a, ...)` becomes `op_(a, ...)`, writing a's storage S; out is then a;
+//   in place  `out = op(a, ...)` becomes `op_(a, ...)`, writing a's storage S; out is then a
+//             (`outs = _foreach_op(as, ...)` becomes `_foreach_op_(as, ...)` when every element
+//             passes the rules below, the elements' storages being distinct: all or none, as
+//             the in-place list op writes all of them);
 //   scatter   `out = X_scatter(a, src, args...)` (X: slice, select, diagonal) becomes
 //             `copy_(X(a, args...), src)`, writing the view it names in S; out is then a;
 //   out=      `v = op(...)` whose value a later `copy_(d, v)` writes into an input's region d
@@ -187,6 +190,13 @@ bool Reinplacer::shares_memory_with_another_input(int64_t x) const {
 
 bool Reinplacer::try_node(int64_t n) {
   const GraphNode& node = g_.nodes[n];
+  if (node.returns.size() == 1 && node.returns[0].kind == GraphArg::Kind::kValueList) {
+    const auto twin = in_place_twin(node.op);
+    if (!twin || node.args.empty() || node.args[0].kind != GraphArg::Kind::kValueList) return false;
+    Verdict refused = in_place_each(n, *twin);
+    if (refused) decisions_[n] = {n, names_[n], false, *refused};
+    return !refused;
+  }
   if (node.returns.size() != 1 || node.returns[0].kind != GraphArg::Kind::kValue) return false;
   Verdict refused;
   if (const ScatterView* sv = scatter_view_of(node.op);
@@ -327,6 +337,55 @@ Verdict Reinplacer::in_place(int64_t n, const c10::OperatorHandle& twin) {
   if (auto why = dead_after(n, a, out, copy_back)) return why;
   node.op = twin;
   commit(n, a, out, copy_back, "in place as " + op_name(twin));
+  return std::nullopt;
+}
+
+Verdict Reinplacer::in_place_each(int64_t n, const c10::OperatorHandle& twin) {
+  GraphNode& node = g_.nodes[n];
+  const std::vector<int64_t> selves = node.args[0].values, outs = node.returns[0].values;
+  if (selves.size() != outs.size() ||
+      std::any_of(selves.begin(), selves.end(), [](int64_t id) { return id < 0; })) {
+    return "rule 2: the result is not one tensor per written tensor";
+  }
+  if (auto why = deterministic_and_not_recorded(node)) return why;
+  const auto element = [](size_t k, const std::string& why) {
+    return why + " (element " + std::to_string(k) + ")";
+  };
+  std::unordered_set<Storage> written;
+  for (size_t k = 0; k < selves.size(); ++k) {
+    if (auto why = laid_out_as(selves[k], outs[k])) return element(k, *why);
+    written.insert(storage_of(selves[k]));
+  }
+  if (written.size() != selves.size()) {
+    return "rule 3: two written tensors share a storage";
+  }
+  bool overlaps = false;
+  for (size_t k = 1; k < node.args.size(); ++k) {
+    for_each_value(node.args[k],
+                   [&](int64_t id) { overlaps |= written.count(storage_of(id)) != 0; });
+  }
+  if (overlaps) return "rule 3: another operand lies in a written storage";
+  // Rules 4 and 5 per element, each on its own storage: the checks of one element do not read
+  // what committing another changes, so all are checked before any is committed.
+  std::vector<int64_t> copy_backs(selves.size(), -1);
+  for (size_t k = 0; k < selves.size(); ++k) {
+    if (auto why = dead_after(n, selves[k], outs[k], copy_backs[k])) return element(k, *why);
+  }
+  // The twin returns nothing: each result is its written tensor from here on.
+  node.op = twin;
+  node.returns.clear();
+  int64_t into_inputs = 0;
+  for (size_t k = 0; k < selves.size(); ++k) {
+    rename_[outs[k]] = selves[k];
+    commit(n, selves[k], outs[k], copy_backs[k], "");
+    into_inputs += copy_backs[k] >= 0 ? 1 : 0;
+  }
+  std::string done = "in place as " + op_name(twin);
+  if (into_inputs > 0) {
+    done += ", " + std::to_string(into_inputs) + " of its " + std::to_string(selves.size()) +
+            " tensors into inputs the program writes";
+  }
+  decisions_[n] = {n, names_[n], true, std::move(done)};
   return std::nullopt;
 }
 

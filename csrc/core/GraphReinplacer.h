@@ -86,6 +86,9 @@ class Reinplacer {
   // `out = op(a, ...)` -> `op_(a, ...)`.
   Verdict in_place(int64_t n, const c10::OperatorHandle& twin);
 
+  // `outs = _foreach_op(as, ...)` -> `_foreach_op_(as, ...)`: the in-place rules per element.
+  Verdict in_place_each(int64_t n, const c10::OperatorHandle& twin);
+
   // `out = X_scatter(a, src, args...)` -> `copy_(X(a, args...), src)`; out is then a.
   Verdict scatter(int64_t n, const ScatterView& sv);
 

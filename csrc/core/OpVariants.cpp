@@ -17,16 +17,19 @@ bool is_view_op(const c10::OperatorHandle& op) {
 std::optional<c10::OperatorHandle> in_place_twin(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   if (schema.is_mutable() || schema.returns().size() != 1 ||
-      schema.returns()[0].alias_info() != nullptr || schema.arguments().empty() ||
-      !schema.returns()[0].type()->isSubtypeOf(*c10::TensorType::get())) {
+      schema.returns()[0].alias_info() != nullptr || schema.arguments().empty()) {
     return std::nullopt;
   }
+  const auto& result_type = *schema.returns()[0].type();
+  const bool one_tensor = result_type.isSubtypeOf(*c10::TensorType::get());
+  if (!one_tensor && !result_type.isSubtypeOf(*c10::ListType::ofTensors())) return std::nullopt;
   auto twin = c10::Dispatcher::singleton().findOp({schema.name() + "_", schema.overload_name()});
   if (!twin) return std::nullopt;
   const auto& args = schema.arguments();
   const auto& twin_args = twin->schema().arguments();
   if (twin_args.size() != args.size() || twin_args[0].alias_info() == nullptr ||
-      !twin_args[0].alias_info()->isWrite()) {
+      !twin_args[0].alias_info()->isWrite() ||
+      twin->schema().returns().size() != (one_tensor ? 1U : 0U)) {
     return std::nullopt;
   }
   for (size_t a = 0; a < args.size(); ++a) {

@@ -13,7 +13,9 @@ namespace tfz::detail {
 bool is_view_op(const c10::OperatorHandle& op);
 
 /// The in-place twin of a functional op: `name_` with the same overload, whose first argument is
-/// written and whose other arguments have the same names and types.
+/// written and whose other arguments have the same names and types. For an op returning one
+/// Tensor the twin returns its written self; for a `_foreach_*` op returning a Tensor[] (one
+/// result per element of its first argument) the twin returns nothing.
 std::optional<c10::OperatorHandle> in_place_twin(const c10::OperatorHandle& op);
 
 /// The out= overload of a functional op with one tensor result: the op's arguments, then one

@@ -126,6 +126,28 @@ def test_whole_input_update_computes_into_the_input():
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_foreach_updates_of_inputs_and_of_fresh_lists_run_in_place(remove):
+    # An optimizer's shape: lists of inputs updated by _foreach_*_ ops, through temporaries that
+    # are lists too. Each list op writes its first list in place, element by element.
+    def f(p0, p1, g0, g1, a0, a1):
+        params, grads, avgs = [p0, p1], [g0, g1], [a0, a1]
+        torch._foreach_mul_(avgs, 0.9)
+        torch._foreach_add_(avgs, grads, alpha=0.1)
+        step = torch._foreach_mul(avgs, -0.01)
+        step = torch._foreach_abs(step)
+        torch._foreach_sqrt_(step)
+        torch._foreach_add_(params, step)
+        return grads[0].sum()
+
+    args = [torch.randn(4, 3), torch.randn(5)] * 3
+    explain, ops = _cpp_reinplaced_matches_eager(f, *[a.clone() for a in args], remove=remove)
+    _in_place(explain, "aten::_foreach_mul.Scalar")
+    _in_place(explain, "aten::_foreach_add.List")
+    _in_place(explain, "aten::_foreach_abs")
+    assert "aten.copy_.default" not in ops, ops
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
 def test_slices_written_into_a_fresh_buffer_are_written_in_place(remove):
     def f(a, b):
         buf = torch.zeros(4, 8)
@@ -284,6 +306,39 @@ def test_operand_in_the_written_storage_keeps_the_op():
 
     explain, _ = _cpp_reinplaced_matches_eager(f, torch.randn(3, 3))
     _kept(explain, "aten::add.Tensor", "rule 3")
+
+
+def test_foreach_list_naming_one_tensor_twice_keeps_the_op():
+    def f(x):
+        h = x * 2
+        outs = torch._foreach_add([h, h], 1)
+        return outs[0] + outs[1]
+
+    explain, _ = _cpp_reinplaced_matches_eager(f, torch.randn(4))
+    _kept(explain, "aten::_foreach_add.Scalar", "rule 3")
+
+
+def test_foreach_element_whose_old_value_is_read_later_keeps_the_op():
+    # One element's old value is read after the list op: no element may be written (the in-place
+    # op writes all of them).
+    def f(x, y):
+        a, b = x * 2, y * 2
+        outs = torch._foreach_exp([a, b])
+        return outs[0] + outs[1] + b
+
+    explain, _ = _cpp_reinplaced_matches_eager(f, torch.randn(4), torch.randn(4))
+    _kept(explain, "aten::_foreach_exp", "rule 4")
+
+
+def test_foreach_operand_in_a_written_storage_keeps_the_op():
+    def f(x):
+        h = x * 2
+        g = x * 3
+        outs = torch._foreach_add([h, g], [g, h])
+        return outs[0] * outs[1]
+
+    explain, _ = _cpp_reinplaced_matches_eager(f, torch.randn(4))
+    _kept(explain, "aten::_foreach_add.List", "rule 3")
 
 
 def test_broadcasting_result_keeps_the_op():
@@ -473,12 +528,9 @@ def test_inference_mlp_and_sgd_update_match_eager(remove):
     assert any(": in place" in line for line in explain), "\n".join(explain)
 
 
-# The Adam step's updates are _foreach ops over lists, which the C++ pass does not rewrite (its
-# candidates return one tensor; docs/reinplace.md, "Not done"): only its result is checked.
-@pytest.mark.parametrize("name, rewrites", [("real/gpt_kv_cache", True), ("real/mlp_train", True),
-                                            ("real/resnet_block", True),
-                                            ("real/adam_foreach", False)])
-def test_client_workloads_give_eager_results_after_the_cpp_pass(name, rewrites):
+@pytest.mark.parametrize("name", ["real/gpt_kv_cache", "real/mlp_train", "real/resnet_block",
+                                  "real/adam_foreach"])
+def test_client_workloads_give_eager_results_after_the_cpp_pass(name):
     # torch.nn modules through functional_call (a GPT block writing its KV cache, an MLP training
     # step, a ResNet block) and an Adam step over _foreach ops: code nobody here wrote for the pass.
     w = workloads.get(name)
@@ -498,4 +550,4 @@ def test_client_workloads_give_eager_results_after_the_cpp_pass(name, rewrites):
     assert problem is None, problem
     rewritten = [line for line in explain
                  if re.search(r": (in place as|scatter in place|out= as)", line)]
-    assert bool(rewritten) == rewrites, "\n".join(explain)
+    assert rewritten, "\n".join(explain)
