@@ -29,6 +29,15 @@ if DEVICE != "cpu":
 from torch_functionalize.testing._internal import workloads  # noqa: E402
 
 RESULT_TAG = "@@BENCH-RESULT@@ "
+
+# glibc malloc for timing workers (run.py's and reinplace.py's): tensors up to 32 MiB come from the
+# heap and freed memory stays there (no trimming), so a freed tensor's pages are reused instead of
+# being returned to the OS and faulted back in. glibc's default threshold moves with the
+# allocation history, which made large-tensor times swing by up to 2x from one process to the
+# next; this is the steady state of a caching allocator. Variables already set in the environment
+# win.
+TIMING_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                     "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 IMPLS = ("eager", "ours", "torch.func", "FTMode")
 
 

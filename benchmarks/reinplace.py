@@ -12,7 +12,14 @@ torch.fx.passes.reinplace on make_fx(torch.func.functionalize(f)); Inductor's re
 (outputs and inputs afterwards) is checked against eager before it is measured. Peak memory is
 the allocator's peak of live CPU tensor bytes during one call above what was live before it
 (torch.profiler allocation events); time is the median of up to 400 calls (2 s) on the same
-inputs, after a warm-up call. Each variant runs in its own process, one after the other.
+inputs, after a warm-up call, on the CPU clock of the calling thread (time.thread_time, as
+benchmarks/run.py: with one intra-op thread all work runs there, and on a shared 2-core machine
+wall-clock medians moved by 2-3x between processes with other jobs' load). Each variant runs in
+its own process, one after the other, with run.py's malloc settings for timing (TIMING_MALLOC_ENV:
+freed tensors up to 32 MiB reused from the heap, as a caching allocator would, instead of being
+unmapped and faulted back in on the next call). Rejected: MALLOC_MMAP_THRESHOLD_=65536, used
+here before: every buffer above 64 KiB then cost its page faults on every call, which made a
+1 MiB undo copy cost twice its copy and the eager-mode column swing between 1.7x and 7x.
 
   python benchmarks/reinplace.py --device cuda   # the same on CUDA tensors
 
@@ -178,7 +185,7 @@ def _cuda_peak_bytes(g: Callable[..., Any], inputs: tuple) -> int:
 
 def _clock(device: str) -> Callable[[], float]:
     if device == "cpu":
-        return time.perf_counter
+        return time.thread_time
 
     def synchronized() -> float:
         torch.cuda.synchronize()
@@ -228,7 +235,8 @@ def worker(name: str, variant: str, device: str = "cpu") -> dict[str, Any]:
 # -- the run ----------------------------------------------------------------------------------
 
 def _run(name: str, variant: str) -> dict[str, Any]:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    from _harness import TIMING_MALLOC_ENV
+    env = dict(TIMING_MALLOC_ENV, **os.environ)  # variables already set win, as in run.py
     proc = subprocess.run([sys.executable, __file__, "--worker", name, variant],
                           capture_output=True, text=True, env=env, timeout=900)
     for line in proc.stdout.splitlines():

@@ -25,7 +25,7 @@ import time
 
 # _harness.py (beside this script) first: it makes TFZ_BENCH_DEVICE the default device before the
 # workloads build their modules.
-from _harness import IMPLS, RESULT_TAG
+from _harness import IMPLS, RESULT_TAG, TIMING_MALLOC_ENV
 from torch_functionalize.testing._internal import workloads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,13 +39,6 @@ MEMORY_SLACK = (1.05, 512 * 1024)   # ours <= torch.func * 1.05 + 512 KiB counts
 # ---------------------------------------------------------------------------------------------
 # Running the workers.
 
-# glibc malloc for the timing workers: tensors up to 32 MiB come from the heap and freed memory
-# stays there (no trimming), so a freed tensor's pages are reused instead of being returned to the
-# OS and faulted back in. glibc's default threshold moves with the allocation history, which made
-# large-tensor times swing by up to 2x from one process to the next; this is the steady state of
-# a caching allocator. Variables already set in the environment win.
-TIMING_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
-                     "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 
 def _run_worker(argv: list[str], timeout: float, env: dict | None = None) -> dict:
