@@ -51,6 +51,13 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::ji
 void generic_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                     const Layer& layer);
 
+/// After rrelu_with_noise_functional ran on `inner` (the mutable op's arguments, unwrapped) and
+/// left `results`: the result autograd sees is self * noise_out, whose derivative is eager's.
+/// See Note [Kernel: rrelu's noise under autograd].
+void differentiate_rrelu_through_its_noise(const OpInfo& info, const c10::OperatorHandle& op,
+                                           const std::vector<c10::IValue>& inner,
+                                           torch::jit::Stack& results);
+
 /// mutable_kernel with the functional variant called on the wrappers instead of their inner
 /// values, Python un-hidden, so a composite variant decomposes above our key (under a
 /// TorchDispatchMode only; see Note [Kernel: composites intercepted whole]).

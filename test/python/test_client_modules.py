@@ -90,6 +90,11 @@ MODULES = {
     "spectral_norm_hook": (spectral_hook, lambda: torch.randn(5, 4)),
     "inplace_activations_and_dropout": (inplace_activations, lambda: torch.randn(5, 4)),
     "fake_quantize": (fake_quant, lambda: torch.randn(5, 4)),
+    # Its backward multiplies by the noise the forward drew: the functional variant's
+    # derivative read the noise before the draw (Note [Kernel: rrelu's noise under autograd]).
+    "rrelu_in_training": (lambda: nn.Sequential(nn.Linear(4, 4), nn.RReLU(), nn.Linear(4, 4),
+                                                nn.RReLU(0.05, 0.4, inplace=True)),
+                          lambda: torch.randn(6, 4)),
 }
 
 

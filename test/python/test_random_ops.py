@@ -195,6 +195,30 @@ def test_dropout_functional_training_mode(remove):
     assert_matches_eager(f, torch.randn(6, 6), remove=remove)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_rrelu_gradient_in_training_is_the_noise_it_drew(remove, dtype):
+    # Note [Kernel: rrelu's noise under autograd]: backward multiplies by the slopes the forward
+    # drew, not by the noise tensor before the draw (F.rrelu's is torch.empty_like).
+    def f(x, h):
+        torch.manual_seed(2)
+        y = F.rrelu(x, 0.1, 0.3, training=True)
+        z = torch.ops.aten.rrelu_with_noise(h * 1, torch.zeros_like(h), 0.2, 0.25, True)
+        w = F.rrelu(x * 1, training=True, inplace=True)
+        gx, gh = torch.autograd.grad((y * 3 + w).sum() + z.sum(), (x, h))
+        return y.detach(), z.detach(), w.detach(), gx, gh
+
+    def run(fn):
+        x = torch.randn(4, 6).to(dtype).requires_grad_()
+        return fn(x, torch.randn(7).to(dtype).requires_grad_())
+
+    torch.manual_seed(0)
+    expected = run(f)
+    torch.manual_seed(0)
+    actual = run(functionalize(f, remove=remove))
+    for a, e in zip(actual, expected):
+        assert torch.equal(a, e), (a, e)
+
+
 def test_dropout_module_train_and_eval(remove):
     # nn.Dropout in train mode draws eager's mask; in eval mode it is the identity.
     def f(x):
