@@ -12,6 +12,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -86,6 +87,9 @@ void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensor
       torch::jit::Stack stack;
       stack.emplace_back(target);
       stack.insert(stack.end(), m.args.begin(), m.args.end());
+      // A resize eager made inside a kernel bumps no version (Note [Inputs: version counters]).
+      std::optional<at::AutoDispatchBelowADInplaceOrView> uncounted;
+      if (!m.counts_version) uncounted.emplace();
       m.op.callBoxed(stack);
     }
   };
@@ -106,6 +110,13 @@ void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensor
     replay_on(probe, /*geometry_only=*/true);
   }
   const auto probe_bytes = static_cast<int64_t>(probe.storage().nbytes());
+  // Only resizes eager made inside kernels that bump nothing: the input's geometry changes without
+  // a bump (Note [Inputs: version counters]).
+  std::optional<at::AutoDispatchBelowADInplaceOrView> uncounted;
+  if (std::none_of(mutations.begin(), mutations.end(),
+                   [](const MetadataMutation& m) { return m.counts_version; })) {
+    uncounted.emplace();
+  }
   if (probe_bytes > storage_bytes) {
     const int64_t grown = probe_bytes / item - original.storage_offset();
     // resize_ to the sizes a tensor has already is a no-op that grows nothing: x = b.expand(3)
@@ -395,7 +406,10 @@ int covering_member(const std::vector<at::Tensor>& originals, c10::ArrayRef<size
 // saved-tensor check and by user code). Each input's wrapper starts at the input's version and
 // counts the writes made inside f (its views share its counter), so code inside f reads eager's
 // versions; here the input is brought to its wrapper's count, the epilogue's own copy_ included
-// in it. Rejected: sharing the caller's counter with the wrapper (the epilogue's copy_ would
+// in it. A resize_ the epilogue replays bumps the input as eager's did (the wrapper counted it
+// too), except one eager made inside a kernel that bumps nothing, which replays below
+// ADInplaceOrView (Note [Schema: in-place arguments an op resizes]).
+// Rejected: sharing the caller's counter with the wrapper (the epilogue's copy_ would
 // count once more than eager, and a call that raises would leave versions bumped for writes
 // that never reached the input).
 // Note [Inputs: an input given other data]

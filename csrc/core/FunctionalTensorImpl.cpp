@@ -335,10 +335,12 @@ void FunctionalTensorImpl::mutate_view_meta_(std::shared_ptr<const ViewMeta> ste
 
 void FunctionalTensorImpl::resize_chain_(std::shared_ptr<const ViewMeta> step,
                                          std::vector<MetadataMutation> mutations,
-                                         std::vector<std::shared_ptr<const ViewMeta>> prefix) {
+                                         std::vector<std::shared_ptr<const ViewMeta>> prefix,
+                                         bool counts_version) {
   TORCH_INTERNAL_ASSERT(is_up_to_date(), "resize_chain_ on a stale wrapper");
   TORCH_INTERNAL_ASSERT(prefix.empty() || step, "resize_chain_: a prefix needs a step");
-  if (!mutations.empty()) count_metadata_write_(mutations.front());
+  if (!mutations.empty() && counts_version) count_metadata_write_(mutations.front());
+  for (auto& m : mutations) m.counts_version = m.counts_version && counts_version;
   remember_entry_();
   InnerCallGuard guard;
   auto& storage = alias_storage();

@@ -22,6 +22,9 @@ namespace tfz::detail {
 struct MetadataMutation {
   c10::OperatorHandle op;         // the in-place op as called (e.g. aten::t_)
   std::vector<c10::IValue> args;  // arguments after self
+  // Whether eager's call bumped the version (false: a resize inside a kernel that bumps none,
+  // replayed on the input without a bump). See Note [Inputs: version counters].
+  bool counts_version = true;
 };
 
 class FunctionalTensorImpl final : public c10::TensorImpl {
@@ -89,8 +92,11 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   /// epilogue. `prefix`: steps before `step` that reinterpret the base in this wrapper's dtype
   /// (as_strided_ of a view of another dtype, see base_in_dtype_of in ViewKernels.cpp); a chain
   /// with a prefix is no resize_ chain. See Note [Kernel: resize_].
+  /// `counts_version`: false for a resize inside a kernel that bumps no version (eager resizes
+  /// natively there, bumping nothing).
   void resize_chain_(std::shared_ptr<const ViewMeta> step, std::vector<MetadataMutation> mutations,
-                     std::vector<std::shared_ptr<const ViewMeta>> prefix = {});
+                     std::vector<std::shared_ptr<const ViewMeta>> prefix = {},
+                     bool counts_version = true);
   /// A fresh view whose steps apply to the storage's base rather than to the tensor it was
   /// taken from (as_strided without views): its chain becomes `steps` (the as_strided step,
   /// after the base's reinterpretation in the view's dtype where it has another).

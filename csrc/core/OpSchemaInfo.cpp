@@ -259,6 +259,23 @@ bool keeps_shape_of_same_numel(const std::string& name) {
          name == "aten::logspace";
 }
 
+// Note [Schema: in-place arguments an op resizes]
+// A per-channel observer's state starts empty: FusedMovingAvgObsFakeQuantize's running_min and
+// running_max are tensor([]), its scale and zero_point have one element, and
+// _fused_moving_avg_obs_fq_helper resizes all four to the number of channels on its first call
+// (QAT's default qconfig for weights). Written arguments that are not out= normally keep their
+// shape, and a write of another shape is refused with eager's message for in-place ops; for this
+// op the plan says its written arguments are resized as an out= op's out is
+// (OpInfo::resizes_written), which the mutation kernel then does.
+// The same op bumps none of their versions in eager, although it has an ADInplaceOrView kernel
+// (measured on torch 2.13: running_min, running_max, scale and zero_point stay at version 0,
+// resized or not), so its plan says that too (OpInfo::bumps_versions).
+// Rejected: letting any written argument with no element be resized (x = torch.empty(0);
+// x.add_(torch.ones(3)) raises in eager, and would not here).
+bool resizes_written_arguments(const std::string& name) {
+  return name == "aten::_fused_moving_avg_obs_fq_helper";
+}
+
 void plan_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle& functional,
                        OpInfo& info) {
   const auto& schema = op.schema();
@@ -292,6 +309,7 @@ void plan_mutable_with(const c10::OperatorHandle& op, const c10::OperatorHandle&
   }
   const bool dtype_from_out = reduces_in_out_dtype(schema.name());
   info.out_keeps_shape_of_same_numel = keeps_shape_of_same_numel(schema.name());
+  info.resizes_written = resizes_written_arguments(schema.name());
   for (const auto& fa : functional.schema().arguments()) {
     ArgSource src{ArgSource::Default, -1};
     for (size_t j = 0; j < args.size(); ++j) {
@@ -382,8 +400,9 @@ OpInfo classify(const c10::OperatorHandle& op) {
   info.name = c10::toString(op.operator_name());
   info.wraps_plain_outputs = !has_tensor_arguments(schema);  // a factory (Note [Kernel: factories])
   info.seeded = op.hasTag(at::Tag::nondeterministic_seeded);
-  info.bumps_versions = op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView) ||
-                        info.name.rfind("aten::_foreach_", 0) == 0;
+  info.bumps_versions = (op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView) ||
+                         info.name.rfind("aten::_foreach_", 0) == 0) &&
+                        !resizes_written_arguments(schema.name());
 
   bool writes = false;
   for (const auto& a : schema.arguments()) writes |= is_written(a);

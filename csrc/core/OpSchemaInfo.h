@@ -91,6 +91,9 @@ struct OpInfo {
   // Mutable: a tensor passed as two arguments stays one tensor in the functional variant (custom
   // ops' companions clone per distinct tensor), so eager's order is kept for that pair.
   bool keeps_identical_arguments = false;
+  // Mutable: eager's kernel resizes its written arguments as out= ops resize out.
+  // See Note [Schema: in-place arguments an op resizes].
+  bool resizes_written = false;
   // Mutable: an out= tensor with the result's number of elements keeps its shape.
   // See Note [Schema: out= of the same number of elements].
   bool out_keeps_shape_of_same_numel = false;

@@ -93,7 +93,7 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value, bool counts_
 void resize_functional(std::string_view op_name, const at::Tensor& self,
                        const std::vector<int64_t>& size, const c10::IValue& memory_format,
                        const Layer& layer, c10::IntArrayRef then_strides = {},
-                       bool overwritten = false);
+                       bool overwritten = false, bool counts_version = true);
 /// Whether an in-place op may write the wrapper's inner value directly, because nothing else
 /// can observe it (Note [Kernel: in-place on the inner value]).
 bool can_write_inner_in_place(const at::Tensor& wrapper);

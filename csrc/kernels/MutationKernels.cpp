@@ -165,7 +165,7 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value_in, bool coun
     const bool dense = value.layout() == c10::kStrided && value.is_non_overlapping_and_dense();
     resize_functional(c10::toString(resize_op.operator_name()), wrapper, value.sizes().vec(),
                       c10::IValue(), *layer, dense ? value.strides() : c10::IntArrayRef(),
-                      /*overwritten=*/true);
+                      /*overwritten=*/true, counts_version);
   }
   if (impl->chain().empty() && same_sizes_other_strides(wrapper, value)) {
     value = restrided_copy(at::empty_strided(wrapper.sizes(), wrapper.strides(),
@@ -274,7 +274,7 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
   for (const auto& w : info.written) {
     zip_written(args[w.index], fstack[w.functional_return],
                 [&](const at::Tensor& t, const at::Tensor& v) {
-                  check_eager_rules(info.name, t, v, /*resizes=*/w.is_out);
+                  check_eager_rules(info.name, t, v, /*resizes=*/w.is_out || info.resizes_written);
                 });
   }
   // See Note [Schema: out= of the same number of elements].

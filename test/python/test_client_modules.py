@@ -77,6 +77,16 @@ def observers():
                          PerChannelMinMaxObserver(ch_axis=1), HistogramObserver(bins=16))
 
 
+def qat_prepared():
+    # QAT's default qconfig: FusedMovingAvgObsFakeQuantize, whose per-channel weight observer
+    # starts with empty running min/max that its fused op resizes
+    # (Note [Schema: in-place arguments an op resizes]).
+    model = nn.Sequential(torch.ao.quantization.QuantStub(), nn.Linear(4, 4), nn.ReLU(),
+                          nn.Linear(4, 2), torch.ao.quantization.DeQuantStub())
+    model.qconfig = torch.ao.quantization.get_default_qat_qconfig("fbgemm")
+    return torch.ao.quantization.prepare_qat(model.train())
+
+
 MODULES = {
     "batch_norm": (lambda: nn.BatchNorm1d(4), lambda: torch.randn(6, 4)),
     "batch_norm_cumulative_average": (bn_cumulative, lambda: torch.randn(6, 4)),
@@ -92,6 +102,7 @@ MODULES = {
     "fake_quantize": (fake_quant, lambda: torch.randn(5, 4)),
     # Its backward multiplies by the noise the forward drew: the functional variant's
     # derivative read the noise before the draw (Note [Kernel: rrelu's noise under autograd]).
+    "qat_fused_fake_quantize": (qat_prepared, lambda: torch.randn(6, 4)),
     "rrelu_in_training": (lambda: nn.Sequential(nn.Linear(4, 4), nn.RReLU(), nn.Linear(4, 4),
                                                 nn.RReLU(0.05, 0.4, inplace=True)),
                           lambda: torch.randn(6, 4)),

@@ -68,7 +68,8 @@ void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit
 
 void resize_functional(std::string_view op_name, const at::Tensor& self,
                        const std::vector<int64_t>& size, const c10::IValue& memory_format,
-                       const Layer& layer, c10::IntArrayRef then_strides, bool overwritten) {
+                       const Layer& layer, c10::IntArrayRef then_strides, bool overwritten,
+                       bool counts_version) {
   auto* impl = maybe_get_impl(self);
   TORCH_CHECK(impl != nullptr, "functionalize: ", op_name,
               ": cannot resize a plain tensor (created outside the function) inside it. Pass it "
@@ -173,7 +174,7 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
     mutations.push_back(
         {restride_op, {c10::IValue(size), c10::IValue(strides), c10::IValue(offset)}});
   }
-  impl->resize_chain_(std::move(step), std::move(mutations));
+  impl->resize_chain_(std::move(step), std::move(mutations), {}, counts_version);
   if (!layer.reapply_views) {
     // The value is an as_strided_copy (offset 0); the wrapper reports eager's geometry, whose
     // offset the next resize_ or as_strided reads (Note [Strides: what eager gives], case
