@@ -1,9 +1,11 @@
 """Modules and utilities that write state eager's user never sees written, called inside the
 functionalized function as client code calls them: norms with running statistics (cumulative
 averages included), Embedding(max_norm=), spectral norm in both forms, quantization observers and
-FakeQuantize, in-place activations and dropout, clip_grad_norm_, nn.init fills with eager's random
-draws, a torch.export-ed module called through functional_call, and a Hugging Face GPT-2 trained
-two steps. Each against eager (reference.assert_client_matches_eager): outputs, written inputs and
+FakeQuantize (QAT's fused form included), in-place activations and dropout, RReLU in training,
+recurrent and attention modules (GRU, MultiheadAttention, attention dropout, a decoder layer),
+orthogonal and weight-norm parametrizations, pruning, EmbeddingBag(max_norm=), clip_grad_norm_,
+nn.init fills with eager's random draws, a torch.export-ed module called through functional_call,
+and a Hugging Face GPT-2 trained two steps. Each against eager (reference.assert_client_matches_eager): outputs, written inputs and
 their autograd state, and make_fx / capture graphs replayed."""
 import pytest
 import torch
@@ -87,6 +89,58 @@ def qat_prepared():
     return torch.ao.quantization.prepare_qat(model.train())
 
 
+class SelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, dropout=0.1, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=True)[0]
+
+
+class DropoutAttention(nn.Module):
+    """scaled_dot_product_attention with dropout in training (a random op inside a fused one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        out = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)
+        return out.transpose(1, 2).reshape(2, 5, 8)
+
+
+class GRU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru = nn.GRU(4, 5, num_layers=2, batch_first=True)
+
+    def forward(self, x):
+        return self.gru(x)[0]
+
+
+class DecoderLayer(nn.Module):
+    """A decoder layer attending to its own input as memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerDecoderLayer(8, 2, 16, dropout=0.1, batch_first=True)
+
+    def forward(self, x):
+        return self.layer(x, x)
+
+
+def pruned():
+    import torch.nn.utils.prune as prune
+
+    # torch.nn.utils.prune: a weight_orig parameter, a weight_mask buffer, and a forward
+    # pre-hook that writes weight = weight_orig * weight_mask on the module.
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    prune.l1_unstructured(model[0], "weight", amount=0.4)
+    return model
+
+
 MODULES = {
     "batch_norm": (lambda: nn.BatchNorm1d(4), lambda: torch.randn(6, 4)),
     "batch_norm_cumulative_average": (bn_cumulative, lambda: torch.randn(6, 4)),
@@ -103,6 +157,17 @@ MODULES = {
     # Its backward multiplies by the noise the forward drew: the functional variant's
     # derivative read the noise before the draw (Note [Kernel: rrelu's noise under autograd]).
     "qat_fused_fake_quantize": (qat_prepared, lambda: torch.randn(6, 4)),
+    "gru_two_layers": (GRU, lambda: torch.randn(2, 3, 4)),
+    "multihead_attention_dropout": (SelfAttention, lambda: torch.randn(2, 5, 8)),
+    "sdpa_dropout": (DropoutAttention, lambda: torch.randn(2, 5, 8)),
+    "transformer_decoder_layer": (DecoderLayer, lambda: torch.randn(2, 4, 8)),
+    "orthogonal_parametrization": (lambda: nn.utils.parametrizations.orthogonal(nn.Linear(4, 4)),
+                                   lambda: torch.randn(3, 4)),
+    "weight_norm_parametrization": (
+        lambda: nn.utils.parametrizations.weight_norm(nn.Linear(4, 3)), lambda: torch.randn(3, 4)),
+    "l1_pruned_linear": (pruned, lambda: torch.randn(5, 4)),
+    "embedding_bag_max_norm": (lambda: nn.EmbeddingBag(10, 4, max_norm=0.5, mode="sum"),
+                               lambda: torch.tensor([[1, 2, 2], [7, 1, 9]])),
     "rrelu_in_training": (lambda: nn.Sequential(nn.Linear(4, 4), nn.RReLU(), nn.Linear(4, 4),
                                                 nn.RReLU(0.05, 0.4, inplace=True)),
                           lambda: torch.randn(6, 4)),
