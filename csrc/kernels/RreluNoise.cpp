@@ -27,8 +27,9 @@ namespace tfz::detail {
 void differentiate_rrelu_through_its_noise(const OpInfo& info, const c10::OperatorHandle& op,
                                            const std::vector<c10::IValue>& inner,
                                            torch::jit::Stack& results) {
+  // info.seeded first: one flag read for every other op (rrelu_with_noise draws from a generator).
   static const c10::OperatorName functional("aten::rrelu_with_noise_functional", "");
-  if (!info.functional_op || info.functional_op->operator_name() != functional ||
+  if (!info.seeded || !info.functional_op || info.functional_op->operator_name() != functional ||
       !c10::GradMode::is_enabled() || results.size() != 2) {
     return;
   }
