@@ -32,10 +32,11 @@ namespace tfz::detail {
 //  - out= ops resize `out` through at::native::resize_ on the TensorImpl (resize_output), which
 //    fails on a wrapper ("storage that is not resizable") or silently leaves its shape stale
 //    (matmul, linalg.matrix_power, linalg.multi_dot, quantile, linalg.norm, tensordot, ...);
-//  - max_pool1d and ctc_loss(Tensor lengths) read the input's data pointer directly, and so does
-//    quantile / nanquantile on CPU from torch 2.15 (and 2.11): under capture their out= forms run
-//    the functional variant on the wrappers (see below), which fails with "data is not
-//    allocated" unless the functional forms are taken whole too.
+//  - max_pool1d, ctc_loss(Tensor lengths) and the ops over a PackedSequence's batch sizes
+//    (lstm.data, gru.data, rnn_tanh.data, rnn_relu.data, _pad_packed_sequence) read a data
+//    pointer directly, and so does quantile / nanquantile on CPU from torch 2.15 (and 2.11):
+//    under capture their out= forms run the functional variant on the wrappers (see below),
+//    which fails with "data is not allocated" unless the functional forms are taken whole too.
 // We register our kernel for these ops (all CIA out= ops, plus the named ones) so that they are
 // handled whole: out= ops as Mutable (their functional variant, itself usually CIA, runs on the
 // inner tensors, where the fast path is legal) and the named ones as Functional. Autograd is
@@ -59,6 +60,13 @@ bool has_raw_fast_path(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   if (schema.name() == "aten::max_pool1d" && schema.overload_name().empty()) return true;
   if (schema.name() == "aten::ctc_loss" && schema.overload_name() == "Tensor") return true;
+  // A PackedSequence's batch sizes, read as an int array from their data.
+  if ((schema.name() == "aten::lstm" || schema.name() == "aten::gru" ||
+       schema.name() == "aten::rnn_tanh" || schema.name() == "aten::rnn_relu") &&
+      schema.overload_name() == "data") {
+    return true;
+  }
+  if (schema.name() == "aten::_pad_packed_sequence") return true;
   if ((schema.name() == "aten::quantile" || schema.name() == "aten::nanquantile") &&
       (schema.overload_name().empty() || schema.overload_name() == "scalar")) {
     return true;
