@@ -70,12 +70,40 @@ at::Tensor caller_storage_as_base(const std::vector<at::Tensor>& originals,
 // inputs, and the replayed views would read a placeholder after its write-back.
 // Rejected: a view of the new inner value, as torch.func returns: equal numbers, but a later write
 // through the output does not reach x.
+namespace {
+// Note [Outputs: leaves made inside the function]
+// A leaf made inside f and returned is, in eager, a leaf that requires grad, with the .grad it
+// was given. Its value here can read otherwise: after a write autograd did not see, the value
+// stands for the leaf with the leaf's grad accumulator as grad_fn (a non-leaf whose backward
+// accumulates into a tensor the caller never sees), and its .grad, made inside f, is a wrapper
+// (which would escape). So the returned tensor is a leaf sharing the value's data, with the
+// unwrapped .grad. Values a tracer tracks by identity are left alone: a graph's outputs carry no
+// autograd state. Rejected: returning the leaf the value stands for (it holds the data before
+// the write).
+at::Tensor as_returned(at::Tensor value) {
+  if (!value.requires_grad() || may_be_tracked(value)) return value;
+  const at::Tensor leaf = leaf_standing_for(value);
+  if (!leaf.defined() && value.grad_fn() != nullptr) return value;  // a non-leaf: as it is
+  const at::Tensor& grad = leaf.defined() ? leaf.grad() : value.grad();
+  if (!leaf.defined() && maybe_get_impl(grad) == nullptr) return value;
+  at::Tensor out = value.variable_data();
+  out.set_requires_grad(true);
+  if (auto* g = maybe_get_impl(grad)) {
+    g->sync_();
+    out.mutable_grad() = g->value();
+  } else if (grad.defined()) {
+    out.mutable_grad() = grad;
+  }
+  return out;
+}
+}  // namespace
+
 at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& originals,
                          const std::vector<at::Tensor>& wrappers, bool alias_inputs) {
   auto* impl = maybe_get_impl(out);
   if (impl == nullptr) return out;
   impl->sync_();
-  if (!alias_inputs) return impl->value();
+  if (!alias_inputs) return as_returned(impl->value());
   for (size_t i = 0; i < wrappers.size(); ++i) {  // `return x`: x itself, as in eager
     if (originals[i].defined() && wrappers[i].unsafeGetTensorImpl() == out.unsafeGetTensorImpl()) {
       return originals[i];
@@ -129,10 +157,10 @@ at::Tensor unwrap_output(const at::Tensor& out, const std::vector<at::Tensor>& o
     // caller's storage seen as the base sees it: as bytes, or as elements of the base's dtype.
     result = caller_storage_as_base(originals, wrappers, impl->alias_storage());
   }
-  if (!result.defined()) return impl->value();
+  if (!result.defined()) return as_returned(impl->value());
   const auto steps = chain.steps();
   for (size_t k = best_len; k < steps.size(); ++k) {
-    if (!steps[k]->reapply) return impl->value();  // a *_copy step: the output is not a view
+    if (!steps[k]->reapply) return as_returned(impl->value());  // a *_copy step: not a view
     result = steps[k]->forward(result);
   }
   return result;

@@ -43,9 +43,8 @@ namespace {
 bool same_edge(const torch::autograd::Edge& a, const torch::autograd::Edge& b) {
   return a.function.get() == b.function.get() && a.input_nr == b.input_nr;
 }
+}  // namespace
 
-// Whether a tensor made here without dispatch (a shallow copy) would be unknown to someone who
-// tracks tensors by identity: make_fx's mode, a tensor subclass, a torch.func transform, capture.
 bool may_be_tracked(const at::Tensor& value) {
   return ops_are_recorded() || c10::impl::TorchDispatchModeTLS::any_modes_set() ||
          c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks) ||
@@ -53,7 +52,6 @@ bool may_be_tracked(const at::Tensor& value) {
          value.key_set().has_any(c10::DispatchKeySet(
              {c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper}));
 }
-}  // namespace
 
 at::Tensor with_history_of(const at::Tensor& value, const at::Tensor& old,
                            std::initializer_list<const at::Tensor*> holders, bool views_kept) {

@@ -27,6 +27,11 @@ at::Tensor restrided_copy(const at::Tensor& dst, const at::Tensor& src);
 /// a write autograd did not see), or an undefined tensor.
 at::Tensor leaf_standing_for(const at::Tensor& value);
 
+/// Whether a tensor made without dispatch (a shallow copy of `value`) would be unknown to someone
+/// who tracks tensors by identity: make_fx's mode, a tensor subclass, a torch.func transform, or
+/// a capture's recorder.
+bool may_be_tracked(const at::Tensor& value);
+
 /// Whether `value` has `original`'s gradient edge: the writes that made it were hidden from
 /// autograd, so writing it back into `original` must record no history either.
 bool has_history_of(const at::Tensor& value, const at::Tensor& original);

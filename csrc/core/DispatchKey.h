@@ -68,10 +68,15 @@ inline c10::DispatchKeySet wrapper_key_set() {
 // a plain tensor. Rejected: copying the value's whole key set, as torch's own wrapper does; it
 // would put the value's backend keys (CPU, CUDA) on the wrapper and let their kernels see wrappers.
 // The ZeroTensor bit is mirrored the same way, for `_is_zerotensor()` and for the reroute of
-// Note [Kernel: efficient zero tensors].
+// Note [Kernel: efficient zero tensors]; and so is the Sparse functionality bit, which is what
+// `is_sparse()` and `layout()` read: a sparse COO tensor made inside a layer (a sparse gradient
+// from embedding's backward, torch.sparse_coo_tensor of wrappers) reports torch.sparse_coo, so
+// AccumulateGrad takes its sparse branch and SparseAdam accepts the gradient, as in eager. With
+// the bit, a wrapper's runtime key below autograd is SparsePrivateUse3, where our fallback is
+// registered too (kFallbackKeys).
 inline c10::DispatchKeySet mirrored_key_set(c10::DispatchKeySet value_keys) {
   return value_keys & c10::DispatchKeySet({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative,
-                                           c10::DispatchKey::ZeroTensor});
+                                           c10::DispatchKey::ZeroTensor, c10::DispatchKey::Sparse});
 }
 
 /// Where an op with an efficient-zero wrapper among its arguments goes first: torch's ZeroTensor

@@ -73,11 +73,18 @@ namespace {
 // .grad is the leaf's (Note [Autograd: .backward() inside the function]). The leaf is the value,
 // or the leaf the value stands for after a write autograd did not see
 // (Note [Autograd: writes autograd does not see]).
+// mutable_grad() hands out the leaf's .grad slot for assignment (`w.grad = t`), which no
+// AccumulateGrad hook sees: the layer notes the leaf, to make its .grad plain after the call.
 struct MirroredLeafMeta final : torch::autograd::AutogradMeta {
-  explicit MirroredLeafMeta(at::Tensor leaf) : leaf_(std::move(leaf)) {}
+  MirroredLeafMeta(at::Tensor leaf, int64_t layer_id)
+      : leaf_(std::move(leaf)), layer_id_(layer_id) {}
   const at::Tensor& grad() const override { return leaf_.grad(); }
-  at::Tensor& mutable_grad() override { return leaf_.mutable_grad(); }
+  at::Tensor& mutable_grad() override {
+    note_grad_assigned(layer_id_, leaf_);
+    return leaf_.mutable_grad();
+  }
   at::Tensor leaf_;
+  int64_t layer_id_;
 };
 }  // namespace
 
@@ -121,7 +128,7 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
     if (C10_UNLIKELY(ops_are_recorded())) note_traced_output(layer_id_, value);
   } else {
     grad_accumulator_ = fn ? fn : ag::impl::grad_accumulator(value);
-    meta = std::make_unique<MirroredLeafMeta>(std::move(leaf));
+    meta = std::make_unique<MirroredLeafMeta>(std::move(leaf), layer_id_);
     note_autograd_graph(layer_id_, grad_accumulator_);
     // The weak pointer type follows the strong one (std::weak_ptr or c10::weak_intrusive_ptr).
     meta->grad_accumulator_ = decltype(meta->grad_accumulator_)(grad_accumulator_);
@@ -233,14 +240,17 @@ void FunctionalTensorImpl::set_reference_metadata_(const at::Tensor& reference) 
 // wrapper is synced for an op and its own AutogradMeta asks for grad that its value does not have,
 // the value (a leaf: eager allows requires_grad_ on leaves only) is made to require grad and the
 // wrapper mirrors it again, taking the value's grad accumulator: the leaf is then the value, as
-// autograd.grad and the AccumulateGrad hooks expect. The check costs one pointer test for wrappers
-// without autograd metadata. Rejected: an AutogradMeta subclass on every wrapper that forwards
-// set_requires_grad (one allocation per wrapper for a rare call).
+// autograd.grad and the AccumulateGrad hooks expect. A .grad assigned to the wrapper before that
+// sync (copy.deepcopy sets requires_grad, then .grad) moves to the leaf with it. The check costs
+// one pointer test for wrappers without autograd metadata. Rejected: an AutogradMeta subclass on
+// every wrapper that forwards set_requires_grad (one allocation per wrapper for a rare call).
 void FunctionalTensorImpl::adopt_requires_grad_() {
   auto* meta = autograd_meta();
   if (!meta->requires_grad() || value_.requires_grad() || value_.grad_fn() != nullptr) return;
+  at::Tensor grad = meta->grad();  // meta is replaced below
   value_.unsafeGetTensorImpl()->set_requires_grad(true);
   mirror_autograd_(value_);
+  if (grad.defined()) value_.mutable_grad() = std::move(grad);
 }
 
 void FunctionalTensorImpl::sync_() {

@@ -34,7 +34,9 @@ namespace tfz::detail {
 // value becomes .grad, so the graph writes no captured tensor. A call that raises puts back every
 // .grad it changed. A leaf wrapper's own .grad reads its value's (MirroredLeafMeta, found
 // beside Note [Wrapper: autograd mirrored]), so `w.grad` inside f sees the accumulated gradient
-// for leaves made inside f too.
+// for leaves made inside f too. An assignment `w.grad = t` through a leaf wrapper reaches no hook:
+// the wrapper's metadata notes the leaf when it hands out the .grad slot, and finish() makes that
+// .grad plain too, as the new tensor (eager's assignment replaces, it does not copy).
 // Rejected: handing AccumulateGrad plain gradients (the accumulation then ran eagerly, .grad read
 // inside f was a plain tensor no tracer saw, and without views AccumulateGrad's detach() of it
 // lifted it back into a wrapper), and hooks in the leaf's own hook list (the user's tensor hooks:
@@ -127,6 +129,13 @@ void note_autograd_graph(int64_t layer_id, const NodePtr& fn) {
   layer->autograd->note(fn);
 }
 
+void note_grad_assigned(int64_t layer_id, const at::Tensor& leaf) {
+  Layer* layer = this_threads_layer();
+  if (layer == nullptr || layer->id != layer_id) return;
+  if (!layer->autograd) layer->autograd = std::make_unique<LayerAutograd>(layer_id);
+  layer->autograd->note_assigned(leaf);
+}
+
 void note_traced_output(int64_t layer_id, const at::Tensor& value) {
   Layer* layer = this_threads_layer();
   if (layer == nullptr || layer->id != layer_id || !layer->autograd) return;
@@ -189,6 +198,19 @@ void LayerAutograd::before_accumulate(size_t index, torch::autograd::AccumulateG
   grad = make_fresh_wrapper(grad, layer_id_);
 }
 
+void LayerAutograd::note_assigned(const at::Tensor& leaf) {
+  const auto* impl = leaf.unsafeGetTensorImpl();
+  for (auto& h : hooked_) {
+    if (h.leaf.lock().get() != impl) continue;
+    if (!h.grad_before.has_value()) h.grad_before = leaf.grad();
+    h.assigned = true;
+    return;
+  }
+  hooked_.push_back(Hooked{WeakNodePtr(NodePtr()), nullptr,
+                           c10::weak_intrusive_ptr<c10::TensorImpl>(leaf.getIntrusivePtr()),
+                           leaf.grad(), /*assigned=*/true});
+}
+
 at::Tensor LayerAutograd::leaf_of(const Hooked& h) {
   auto impl = h.leaf.lock();
   return impl ? at::Tensor(std::move(impl)) : at::Tensor();
@@ -206,7 +228,7 @@ void LayerAutograd::finish(bool traced) {
     impl->sync_();
     const at::Tensor value = impl->value();
     at::Tensor& before = *h.grad_before;
-    if (!traced && before.defined() && before.sizes() == value.sizes() &&
+    if (!traced && !h.assigned && before.defined() && before.sizes() == value.sizes() &&
         before.dtype() == value.dtype()) {
       at::NoGradGuard no_grad;
       before.copy_(value);  // eager accumulated into this tensor
@@ -219,7 +241,7 @@ void LayerAutograd::finish(bool traced) {
 
 LayerAutograd::~LayerAutograd() {
   for (auto& h : hooked_) {
-    if (auto node = h.node.lock()) remove_hook(node->pre_hooks(), h.pre);
+    if (auto node = h.node.lock(); node && h.pre != nullptr) remove_hook(node->pre_hooks(), h.pre);
     if (finished_ || !h.grad_before.has_value()) continue;
     // The call raised: every .grad it changed is put back.
     at::Tensor variable = leaf_of(h);

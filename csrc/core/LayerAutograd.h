@@ -44,6 +44,10 @@ class LayerAutograd {
   /// After a call that returned: every leaf's .grad is plain again (copied into the tensor that
   /// was .grad before the call when not `traced`). Without it, the destructor restores .grad.
   void finish(bool traced);
+  /// `leaf`'s .grad slot is about to be assigned through a leaf wrapper (`w.grad = t`, not an
+  /// accumulation): finish() makes it plain as it does an accumulated one, replacing the tensor
+  /// as eager's assignment does; a call that raises puts the .grad before it back.
+  void note_assigned(const at::Tensor& leaf);
   /// Under a tracer: `value` (with a grad_fn) is the traced output (grad_fn, output_nr).
   void note_output(const at::Tensor& value);
   /// The traced output `t` is a copy of (same node, output number, memory and geometry), if any.
@@ -60,6 +64,7 @@ class LayerAutograd {
     // The leaf, weakly: its AccumulateGrad node may be freed with the graph before finish().
     c10::weak_intrusive_ptr<c10::TensorImpl> leaf;
     std::optional<at::Tensor> grad_before;  // the leaf's .grad before its first accumulation
+    bool assigned = false;                  // .grad was assigned, not only accumulated into
   };
   /// The leaf of entry `h`, if it is alive.
   static at::Tensor leaf_of(const Hooked& h);
@@ -87,6 +92,9 @@ class LayerAutograd {
 /// A wrapper of layer `layer_id` took a value whose autograd node is `fn`: notes the graph on that
 /// layer when it is this thread's layer (running user code or suspended by an inner call).
 void note_autograd_graph(int64_t layer_id, const NodePtr& fn);
+/// A leaf wrapper of layer `layer_id` hands out `leaf`'s .grad slot for assignment: notes it on
+/// that layer when it is this thread's layer (LayerAutograd::note_assigned).
+void note_grad_assigned(int64_t layer_id, const at::Tensor& leaf);
 /// Under a tracer, a wrapper of layer `layer_id` took `value`, an output with a grad_fn.
 void note_traced_output(int64_t layer_id, const at::Tensor& value);
 /// A plain tensor reached the kernel of this thread's layer: under a tracer, the traced forward

@@ -184,6 +184,16 @@ Tensor slice_inverse_inverse(const Tensor& base, const Tensor& mv, const ViewMet
                    : at::slice_copy_symint(mv, dim, start, end, step);
 }
 
+// _values / values of a sparse COO base: a write through them changes the values and nothing
+// else, so the new base is the old one's indices (a fresh copy without views), sizes and
+// coalesced flag around the written values (Adagrad's std._values().sqrt_() on a sparse grad).
+Tensor sparse_values_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
+  const Tensor indices = m.reapply ? base._indices() : at::_indices_copy(base);
+  return at::_sparse_coo_tensor_with_dims_and_tensors_symint(
+      base.sparse_dim(), base.dense_dim(), base.sym_sizes(), indices, mv,
+      base.options().dtype(mv.scalar_type()), base.is_coalesced());
+}
+
 const std::unordered_map<c10::OperatorName, InverseFn>& table() {
   static const std::unordered_map<c10::OperatorName, InverseFn> t = {
       {{"aten::as_strided", ""}, &as_strided_inverse},
@@ -213,6 +223,8 @@ const std::unordered_map<c10::OperatorName, InverseFn>& table() {
       {{"aten::_conj", ""}, &conj_inverse},
       {{"aten::_neg_view", ""}, &neg_view_inverse},
       {{"aten::slice_inverse", ""}, &slice_inverse_inverse},
+      {{"aten::_values", ""}, &sparse_values_inverse},
+      {{"aten::values", ""}, &sparse_values_inverse},
   };
   return t;
 }

@@ -38,6 +38,8 @@ at::Tensor symbolic_meta_twin(const at::Tensor& t) {
 // kernel cannot take them (a rule that lives in Python) keeps the copy's metadata (nullopt).
 std::optional<c10::IValue> meta_reference(const c10::OperatorHandle& op, const at::Tensor& self,
                                           const std::vector<c10::IValue>& extra) {
+  // A sparse self has no strides to give a meta twin; its views' metadata is the copy's.
+  if (self.layout() != c10::kStrided) return std::nullopt;
   MetaComputeGuard guard;
   if (self.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
     try {
@@ -214,6 +216,15 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
       layer.reapply_views || info.copy_op.has_value(), "functionalize: ", info.name,
       ": remove=\"mutations_and_views\" needs a *_copy variant of this view op and torch has "
       "none. Use remove=\"mutations\".");
+  // torch implements *_copy ops for strided tensors; a sparse self (_indices, _values of a sparse
+  // gradient) has no kernel there, and the error would name only torch's backend key.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      layer.reapply_views || self.layout() == c10::kStrided ||
+          info.copy_op->hasKernelForDispatchKey(
+              c10::computeDispatchKey(std::nullopt, self.layout(), self.device())),
+      "functionalize: ", info.name, " of a ", self.layout(),
+      " tensor: remove=\"mutations_and_views\" needs its *_copy variant, which torch implements "
+      "for strided tensors only. Use remove=\"mutations\".");
   auto extra = args_after_self(*stack, num_args);
   if (info.replay_arg_count >= 0) extra.resize(info.replay_arg_count);
   const c10::OperatorHandle& view_op = *info.view_op;  // `op`, or its replay substitute

@@ -1,7 +1,8 @@
 """Tensor methods that torch implements outside the dispatcher and that cannot work on our
 wrappers as they are: replaced, for wrappers only, by their dispatcher-level equivalents.
-See Note [API: Tensor.new_tensor on wrappers], Note [API: Tensor.tolist on wrappers],
-Note [API: Tensor.numpy on wrappers] and Note [Autograd: hooks on leaf wrappers]."""
+See Note [API: Tensor.new_tensor on wrappers] (Tensor.new too),
+Note [API: Tensor.tolist on wrappers], Note [API: Tensor.numpy on wrappers] and
+Note [Autograd: hooks on leaf wrappers]."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
@@ -41,6 +42,54 @@ def _new_tensor(self: torch.Tensor, data: Any, *args: Any, **kwargs: Any) -> tor
 
 
 _new_tensor.__doc__ = _torch_new_tensor.__doc__
+
+
+# The legacy constructor `t.new(...)` fails on wrappers for the same reason (its backend comes
+# from t's dispatch keys); SparseAdam and sparse Adagrad build their updates with grad.new(indices,
+# values, size). For wrappers it is spelled with the factories its forms stand for, with t's dtype
+# and device (and t's layout: a sparse t makes sparse tensors): nothing, sizes or a torch.Size
+# give an uninitialized tensor (torch.empty), other data torch.tensor(data), a tensor of t's
+# dtype and device an alias of it, and for a sparse t, indices and values (and a size)
+# torch.sparse_coo_tensor. Any other arguments (a storage) get a TypeError naming the forms.
+_torch_new = torch.Tensor.new
+
+
+def _is_size(args: tuple[Any, ...]) -> bool:
+    if len(args) == 1 and isinstance(args[0], torch.Size):
+        return True
+    return all(isinstance(a, int) and not isinstance(a, bool) for a in args)
+
+
+def _new(self: torch.Tensor, *args: Any, device: Any = None) -> torch.Tensor:
+    if not _C._is_functional(self):
+        return _torch_new(self, *args, **({} if device is None else {"device": device}))
+    options = {"dtype": self.dtype, "device": self.device if device is None else device}
+    sizes = args[0] if len(args) == 1 and isinstance(args[0], torch.Size) else args or (0,)
+    if self.is_sparse:
+        if _is_size(args):
+            return torch.empty(sizes, layout=torch.sparse_coo, **options)
+        if len(args) in (2, 3) and all(isinstance(a, torch.Tensor) for a in args[:2]):
+            return torch.sparse_coo_tensor(*args, **options)
+    elif _is_size(args):
+        return torch.empty(sizes, **options)
+    elif len(args) == 1 and isinstance(args[0], torch.Tensor):
+        other = args[0]
+        if other.dtype != self.dtype or other.device != torch.device(options["device"]):
+            raise TypeError(f"new(): expected a tensor of dtype {self.dtype} on "
+                            f"{options['device']}, got {other.dtype} on {other.device}")
+        return torch.ops.aten.alias.default(other)
+    elif len(args) == 1 and not isinstance(args[0], (torch.Tensor, torch.TypedStorage,
+                                                     torch.UntypedStorage)):
+        return torch.tensor(args[0], **options)
+    raise TypeError(
+        f"functionalize: Tensor.new{tuple(type(a).__name__ for a in args)} on a "
+        f"{'sparse' if self.is_sparse else 'strided'} tensor inside the function: torch's forms "
+        "are new(), new(*sizes), new(data), new(tensor) and, for sparse tensors, new(indices, "
+        "values[, size]); storages are not supported. Use torch.empty, torch.tensor or "
+        "torch.sparse_coo_tensor.")
+
+
+_new.__doc__ = _torch_new.__doc__
 
 
 # Note [API: Tensor.tolist on wrappers]
@@ -91,6 +140,36 @@ def _numpy(self: torch.Tensor, *, force: bool = False) -> numpy.ndarray:
 
 
 _numpy.__doc__ = _torch_numpy.__doc__
+
+
+# copy.deepcopy of a tensor copies its storage (Tensor.__deepcopy__ reads the typed storage),
+# which a wrapper does not have: it failed with "Attempted to call copy_() on an invalid python
+# storage" (a training loop's `best = copy.deepcopy(params)`). For a wrapper the copy is a clone
+# under no_grad, which is the path torch's method takes for tensors without storage (sparse,
+# meta, XLA): the same values, dtype, strides where the value is dense, requires_grad, .grad and
+# Python attributes, deep-copied through the memo. Non-leaves get torch's own error first.
+_torch_deepcopy = torch.Tensor.__deepcopy__
+
+
+def _deepcopy(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
+    if not _C._is_functional(self) or not self.is_leaf or type(self) is not torch.Tensor:
+        return _torch_deepcopy(self, memo)
+    if id(self) in memo:
+        return memo[id(self)]
+    import copy
+
+    with torch.no_grad():
+        new = self.clone(memory_format=torch.preserve_format)
+        if self.requires_grad:
+            new.requires_grad_()
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+    new.__dict__ = copy.deepcopy(self.__dict__, memo)
+    memo[id(self)] = new
+    return new
+
+
+_deepcopy.__doc__ = _torch_deepcopy.__doc__
 
 
 # DLPack hands out the data pointer too, and a consumer of a wrapper's crashed the process when it
@@ -146,6 +225,8 @@ _register_post_accumulate_grad_hook.__doc__ = _torch_register_post_accumulate_gr
 def install() -> None:
     """Replaces torch's methods by ours (which defer to torch's for tensors that are not ours)."""
     torch.Tensor.new_tensor = _new_tensor  # type: ignore[method-assign, assignment]
+    torch.Tensor.new = _new  # type: ignore[method-assign, assignment]
+    torch.Tensor.__deepcopy__ = _deepcopy  # type: ignore[method-assign]
     torch.Tensor.tolist = _tolist  # type: ignore[method-assign, assignment]
     torch.Tensor.numpy = _numpy  # type: ignore[method-assign, assignment]
     torch.Tensor.__dlpack__ = _dlpack  # type: ignore[method-assign]

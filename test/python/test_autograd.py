@@ -291,6 +291,84 @@ def test_exception_after_backward_inside_f_leaves_grads_as_they_were(remove):
     assert not torch_functionalize._C._is_functional(v.grad)
 
 
+def _autograd_view(t):
+    # What a caller sees of a tensor's autograd state, .grad as a plain value.
+    return (t.requires_grad, t.is_leaf, type(t.grad_fn).__name__,
+            None if t.grad is None else (torch_functionalize._C._is_functional(t.grad), t.grad))
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("assign", ["fresh", "scaled", "then_hidden_write"])
+def test_grad_assigned_to_an_input_inside_f_is_plain_after_the_call(assign, remove):
+    # `w.grad = t` inside f hands the caller's .grad slot a tensor made inside f, which no
+    # AccumulateGrad hook sees: it escaped as a functional tensor.
+    # See Note [Autograd: .backward() inside the function]. Eager's assignment replaces the
+    # tensor: the old .grad is untouched.
+    def f(w):
+        if assign == "fresh":
+            w.grad = torch.ones(3)
+        elif assign == "scaled":
+            w.grad = w.grad * 3
+        else:
+            w.grad = torch.full((3,), 2.0)
+            with torch.no_grad():
+                w.mul_(2)
+        return w * 1
+
+    results = []
+    for fn in (f, functionalize(f, remove=remove)):
+        w, old = _w(), torch.ones(3)
+        w.grad = old
+        out = fn(w)
+        results.append((out, w.detach(), _autograd_view(w), old))
+        assert w.grad is not old
+    assert_trees_match(results[1], results[0], "output, input, its autograd state, old .grad")
+
+
+def test_grad_assigned_inside_f_that_raises_is_put_back():
+    w, old = _w(), torch.full((3,), 0.5)
+    w.grad = old
+
+    def f(x):
+        x.grad = torch.ones(3)
+        raise ValueError("after the assignment")
+
+    with pytest.raises(ValueError, match="after the assignment"):
+        functionalize(f)(w)
+    assert w.grad is old
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("case", ["grad_assigned", "backward_then_hidden_write",
+                                  "clone_of_input_with_grad"])
+def test_leaf_made_inside_f_is_returned_as_a_leaf_with_its_grad(case, remove):
+    # Eager returns the leaf itself, with its .grad. Ours returned a value whose grad_fn was the
+    # leaf's AccumulateGrad after a write under no_grad, and dropped or leaked a .grad made inside
+    # f (Note [Outputs: leaves made inside the function]).
+    def f(x):
+        if case == "grad_assigned":
+            c = torch.zeros(3).requires_grad_()
+            c.grad = torch.ones(3)
+        elif case == "backward_then_hidden_write":
+            c = x.detach().clone().requires_grad_()
+            (c * x).sum().backward()
+            with torch.no_grad():
+                c.mul_(2)
+        else:
+            with torch.no_grad():
+                c = x.clone()
+            c.requires_grad_()
+            c.grad = torch.ones_like(c)
+            with torch.no_grad():
+                c.mul_(2)
+        return c
+
+    expected = f(torch.arange(3.0))
+    actual = functionalize(f, remove=remove)(torch.arange(3.0))
+    assert_trees_match((actual, _autograd_view(actual)), (expected, _autograd_view(expected)),
+                       "returned leaf")
+
+
 @pytest.mark.parametrize("remove", REMOVE_MODES)
 def test_make_fx_of_backward_inside_f_is_functional(remove):
     w = _w()

@@ -1,6 +1,6 @@
 """Training-loop idioms of client code inside the functionalized function, beyond one optimizer
 step: gradient accumulation, learning-rate schedulers, gradient scaling and foreach clipping, EMA
-weights, zero_grad(set_to_none=False), recurrent and transformer layers, BatchNorm switching
+weights, copy.deepcopy snapshots of the parameters, zero_grad(set_to_none=False), recurrent and transformer layers, BatchNorm switching
 between train and eval, weight_norm, torch.cond inside a step, torch.amp.GradScaler. Each against
 eager, in both remove modes, eagerly, as a make_fx graph and as a capture, both replayed as f is
 called (reference.assert_client_matches_eager). Also: hooks on parameters, custom
@@ -267,6 +267,22 @@ def data_assigned_weight_average(p, x, y):
     return loss.detach()
 
 
+def best_state_snapshot(p, x, y):
+    # `best = copy.deepcopy(params)` inside a loop: deep copies of the parameters (leaves that
+    # require grad, with a .grad after the first step), written later under no_grad.
+    opt = torch.optim.SGD(list(p.values()), lr=0.1)
+    snapshots = []
+    for _ in range(2):
+        opt.zero_grad()
+        mse(functional_call(MLP, p, (x,)), y).backward()
+        snapshots.append(copy.deepcopy(p))
+        opt.step()
+    with torch.no_grad():
+        snapshots[0]["0.weight"].mul_(2)
+    state = [(t.requires_grad, t.is_leaf, t.grad) for s in snapshots for t in s.values()]
+    return snapshots, state
+
+
 CASES = {
     "flat_vector_sgd": (flat_vector_sgd, mlp_inputs),
     "data_assigned_weight_average": (data_assigned_weight_average, mlp_inputs),
@@ -277,6 +293,7 @@ CASES = {
     "lr_scheduler": (lr_scheduler, mlp_inputs),
     "scaled_and_clipped_gradients": (scaled_and_clipped_gradients, mlp_inputs),
     "ema_weights": (ema_weights, mlp_inputs),
+    "best_state_snapshot": (best_state_snapshot, mlp_inputs),
     "zero_grad_keeping_tensors": (zero_grad_keeping_tensors, mlp_inputs),
     "cond_inside_a_step": (cond_inside_a_step, mlp_inputs),
     "lstm_steps": (lstm_steps, lambda: (leaves_of(LSTM), torch.randn(2, 3, 4))),

@@ -90,3 +90,18 @@ def test_plain_sparse_tensor_inside_f_keeps_its_sparse_kernels():
         return y + (s * 2).to_dense(), (s + s).coalesce().values()
 
     assert_matches_eager(f, torch.ones(3), remove="mutations", check_graph=False)
+
+
+def test_sparse_tensor_built_from_functional_tensors_is_sparse():
+    # A sparse COO tensor made inside the function from its tensors wraps a sparse value: it must
+    # report torch.sparse_coo as in eager, so sparse methods (coalesce, _values) and code that
+    # branches on is_sparse work (Note [Wrapper: mirrored conjugate and negative bits]).
+    def f(values, dense):
+        s = torch.sparse_coo_tensor(torch.tensor([[0, 2, 2]]), values, (4,))
+        assert s.is_sparse and s.layout == torch.sparse_coo
+        c = s.coalesce()
+        c._values().mul_(3)  # a write through the values of a sparse tensor reaches it
+        dense.add_(c)
+        return c.to_dense(), (s * 2).to_dense(), torch.mv(s.to_dense()[None].T, values[:1])
+
+    assert_matches_eager(f, torch.randn(3), torch.zeros(4), remove="mutations")

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_functionalize.testing._internal.reference import assert_matches_eager
+from torch_functionalize import functionalize
 
 
 def test_program_without_mutation_is_unchanged(remove):
@@ -337,3 +338,24 @@ def test_new_tensor_on_a_functional_tensor(remove):
 
     with pytest.warns(UserWarning):  # torch's own warning for a tensor as data, as in eager
         assert_matches_eager(f, torch.randn(4), remove=remove)
+
+
+def test_legacy_new_on_a_functional_tensor(remove):
+    # The legacy constructor Tensor.new failed like new_tensor did; each of its forms against
+    # eager: nothing, sizes, a torch.Size, data, and a tensor of the same type (an alias).
+    def f(x):
+        empty, sized, from_size = x.new(), x.new(2, 3), x.new(torch.Size([4]))
+        data = x.new([1.5, -2.0])
+        alias = x.new(x)
+        alias.mul_(2)  # an alias: x changes too, as in eager
+        return (tuple(empty.shape), tuple(sized.shape), sized.dtype, tuple(from_size.shape), data,
+                x.new((1, 2)), tuple(x.new(2, device=x.device).shape))
+
+    assert_matches_eager(f, torch.randn(4, dtype=torch.float64), remove=remove)
+
+
+def test_legacy_new_of_another_type_or_a_storage_is_a_type_error():
+    with pytest.raises(TypeError, match="new\\(\\): expected a tensor of dtype torch.float32"):
+        functionalize(lambda x: x.new(torch.zeros(2, dtype=torch.int64)))(torch.randn(2))
+    with pytest.raises(TypeError, match="functionalize: Tensor.new"):
+        functionalize(lambda x: x.new(x.untyped_storage()))(torch.randn(2))
