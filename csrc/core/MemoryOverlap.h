@@ -6,6 +6,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -33,7 +34,8 @@ inline Span span_of(const at::Tensor& t) {
 /// overlap; torch's own answers "too hard" for any tensor that is not dense). No element, no
 /// overlap.
 inline bool may_self_overlap(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
+  // (|stride|, size), inline up to 8 dimensions: no heap allocation in the checks that ask
+  c10::SmallVector<std::pair<int64_t, int64_t>, 8> dims;
   for (size_t d = 0; d < sizes.size(); ++d) {
     if (sizes[d] == 0) return false;
     if (sizes[d] > 1) dims.emplace_back(std::abs(strides[d]), sizes[d]);

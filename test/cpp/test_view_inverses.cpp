@@ -25,7 +25,17 @@ struct InverseCase {
   std::function<at::Tensor()> make_base;  // deterministic: called once per side
   std::function<std::vector<c10::IValue>(const at::Tensor& base)> args;
   int64_t out_index = -1;
+  // torch has no *_copy kernel for the base's layout (a sparse base's _values_copy): without
+  // views the kernel refuses the op by name, and the check is that torch's copy op still fails.
+  bool views_kept_only = false;
 };
+
+// A coalesced sparse COO vector of 5 with values 0, 1, 2 at 0, 2 and 3.
+at::Tensor sparse_base() {
+  return at::sparse_coo_tensor(at::tensor(std::vector<int64_t>{0, 2, 3}).view({1, 3}),
+                               at::arange(3, at::kFloat), {5})
+      .coalesce();
+}
 
 at::Tensor grid(std::vector<int64_t> sizes, at::ScalarType dtype = at::kFloat) {
   int64_t n = 1;
@@ -152,6 +162,8 @@ const std::vector<InverseCase>& cases() {
       {"aten::_conj", "", [] { return grid({3}, at::kComplexFloat) * c10::complex<float>(1, 2); },
        fixed({})},
       {"aten::_neg_view", "", [] { return grid({3}); }, fixed({})},
+      {"aten::_values", "", sparse_base, fixed({}), -1, /*views_kept_only=*/true},
+      {"aten::values", "", sparse_base, fixed({}), -1, /*views_kept_only=*/true},
       // slice_inverse(self, src, ...) views the storage self (a slice of src's shape) lives in
       // as a tensor shaped like src: the base here is itself a slice of a larger tensor.
       {"aten::slice_inverse", "",
@@ -196,6 +208,12 @@ TEST(ViewInverseTableTest, EveryRowHasAnEagerCheck) {
 TEST_P(ViewInverseTest, InverseRebuildsTheBaseEagerLeavesAfterAWriteThroughTheView) {
   const auto& [index, reapply] = GetParam();
   const InverseCase& c = cases()[index];
+  if (c.views_kept_only && !reapply) {
+    const at::Tensor base = c.make_base();
+    EXPECT_THROW(meta_for(c, base, /*reapply=*/false).forward(base), c10::NotImplementedError)
+        << "torch now has this *_copy kernel: the kernel's refusal (ViewKernels.cpp) can go";
+    return;
+  }
 
   // Eager: write through a real view of the base.
   at::Tensor eager_base = c.make_base();
@@ -211,6 +229,13 @@ TEST_P(ViewInverseTest, InverseRebuildsTheBaseEagerLeavesAfterAWriteThroughTheVi
   const at::Tensor rebuilt = meta.inverse(base, values);
   ASSERT_EQ(rebuilt.sizes(), eager_base.sizes());
   ASSERT_EQ(rebuilt.scalar_type(), eager_base.scalar_type());
+  if (eager_base.is_sparse()) {
+    ASSERT_TRUE(rebuilt.is_sparse());
+    EXPECT_EQ(rebuilt.is_coalesced(), eager_base.is_coalesced());
+    EXPECT_TRUE(at::equal(rebuilt._indices(), eager_base._indices()));
+    EXPECT_TRUE(at::equal(rebuilt.to_dense(), eager_base.to_dense()));
+    return;
+  }
   EXPECT_TRUE(at::equal(rebuilt.resolve_conj().resolve_neg(), eager_base.resolve_conj()))
       << "rebuilt\n"
       << rebuilt << "\neager\n"
