@@ -71,12 +71,14 @@ inline c10::DispatchKeySet wrapper_key_set() {
 // Note [Kernel: efficient zero tensors]; and so is the Sparse functionality bit, which is what
 // `is_sparse()` and `layout()` read: a sparse COO tensor made inside a layer (a sparse gradient
 // from embedding's backward, torch.sparse_coo_tensor of wrappers) reports torch.sparse_coo, so
-// AccumulateGrad takes its sparse branch and SparseAdam accepts the gradient, as in eager. With
-// the bit, a wrapper's runtime key below autograd is SparsePrivateUse3, where our fallback is
-// registered too (kFallbackKeys).
+// AccumulateGrad takes its sparse branch and SparseAdam accepts the gradient, as in eager. The
+// SparseCsr bit likewise, with layout_impl() naming the value's compressed layout. With the
+// bits, a wrapper's runtime key below autograd is SparsePrivateUse3 or SparseCsrPrivateUse3,
+// where our fallback is registered too (kFallbackKeys).
 inline c10::DispatchKeySet mirrored_key_set(c10::DispatchKeySet value_keys) {
   return value_keys & c10::DispatchKeySet({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative,
-                                           c10::DispatchKey::ZeroTensor, c10::DispatchKey::Sparse});
+                                           c10::DispatchKey::ZeroTensor, c10::DispatchKey::Sparse,
+                                           c10::DispatchKey::SparseCsr});
 }
 
 /// Where an op with an efficient-zero wrapper among its arguments goes first: torch's ZeroTensor

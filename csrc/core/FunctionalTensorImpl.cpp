@@ -174,6 +174,14 @@ void FunctionalTensorImpl::set_value_(const at::Tensor& value_in) {
   // vmap's BatchedTensorImpl answers contiguity queries only for the default format (it throws
   // for channels_last), so its flags are recomputed from the sizes and strides instead.
   const bool custom_contiguity = inner->key_set().has(c10::DispatchKey::FuncTorchBatched);
+  if (C10_UNLIKELY(value.layout() != c10::kStrided && !value.is_sparse())) {
+    // Compressed sparse values have no strides to mirror (they throw): the sizes, row-major.
+    const bool allowed = allow_tensor_metadata_change();
+    set_allow_tensor_metadata_change(true);
+    set_sizes_contiguous(value.sizes());
+    set_allow_tensor_metadata_change(allowed);
+    return;
+  }
   if (!inner->has_symbolic_sizes_strides() && !has_symbolic_sizes_strides_ && !custom_contiguity) {
     copy_metadata_(*inner);
     return;

@@ -120,6 +120,9 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
 
  private:
   const char* tensorimpl_type_name() const override;
+  // Asked for a wrapper that carries the SparseCsr bit: which compressed layout (CSR, CSC, BSR,
+  // BSC) its value has. See Note [Wrapper: mirrored conjugate and negative bits]
+  c10::Layout layout_impl() const override { return value_.layout(); }
   bool views_kept_() const;  // the remove mode of this wrapper's layer
   void detach_();            // See Note [Wrapper: .data is a detached alias]
   void count_metadata_write_(const MetadataMutation& mutation);  // eager's version bump

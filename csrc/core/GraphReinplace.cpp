@@ -53,8 +53,9 @@ namespace tfz::detail {
 //   5. S is not a constant's storage, nor an input's unless the program wrote that input with
 //      out: its epilogue holds `copy_(x, out)` for an input x that is a itself and shares memory
 //      with no other input; then out is computed into x, nothing else reads x's old bytes after
-//      the node, out is not returned (the caller would see an output share the input's memory
-//      where eager's may not), and the copy_, now of x onto itself, is removed.
+//      the node, neither out nor a view of it is returned (the caller would see an output share
+//      the input's memory where eager's may not), and the copy_, now of x onto itself, is
+//      removed.
 //      A scatter into an input x whose epilogue writes x region by region
 //      (Note [Capture: region-precise epilogue]) needs instead a later copy_ of exactly its
 //      region W (the program's own write of W: x ends the same), no read of W's old bytes
@@ -273,8 +274,20 @@ Verdict Reinplacer::dead_after(int64_t n, int64_t a, int64_t out, int64_t& copy_
       if (read_after || storage_of(v) == s) {
         return "rule 4: the result is read after the epilogue overwrites the input";
       }
-    } else if (std::find(readers_[v].begin(), readers_[v].end(), num_nodes_) != readers_[v].end()) {
-      return "rule 4: the result is returned, and would share the input's memory";
+    } else {
+      // Neither out nor a view of it may be returned: the output would then share the input's
+      // memory where eager's does not (x.copy_(v); return v.expand(...)).
+      auto is_returned = [&](int64_t id) {
+        return std::find(readers_[id].begin(), readers_[id].end(), num_nodes_) !=
+               readers_[id].end();
+      };
+      const auto& in_fresh = members_.at(storage_of(out));
+      const bool returned =
+          is_returned(v) || std::any_of(in_fresh.begin(), in_fresh.end(), is_returned);
+      if (returned) {
+        return "rule 4: the result, or a view of it, is returned, and would share the input's "
+               "memory";
+      }
     }
   }
   if (old_bytes_read(s, n, copy_back)) {

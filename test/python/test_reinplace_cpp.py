@@ -435,6 +435,23 @@ def test_written_input_returned_keeps_the_op():
     assert not any(": in place" in line for line in explain), "\n".join(explain)
 
 
+def test_view_of_the_value_written_into_an_input_returned_keeps_the_op():
+    # Fuzzer program 511259: v = x + c; x.copy_(v); return v.expand(...). Computing v into x would
+    # return a view of the input, which eager's output is not (rule 4 looked at v alone).
+    def f(x):
+        v = x + -1.5
+        x.copy_(v)
+        return v.expand(1, 2, 2, 1)
+
+    x = torch.randn(2, 2, 1)
+    explain, _ = _cpp_reinplaced_matches_eager(f, x)
+    _kept(explain, "aten::add.Tensor", "rule 4")
+    rewritten, _ = _C._reinplace_graph(_captured(f, (x,)))
+    replay_input = x.clone()
+    (out,) = rewritten([replay_input])
+    assert out.untyped_storage().data_ptr() != replay_input.untyped_storage().data_ptr()
+
+
 def test_input_sharing_memory_with_another_input_keeps_the_op():
     base = torch.randn(4, 4)
 
