@@ -1,6 +1,7 @@
 """Training-loop idioms of client code inside the functionalized function, beyond one optimizer
 step: gradient accumulation, learning-rate schedulers, gradient scaling and foreach clipping, EMA
-weights, copy.deepcopy snapshots of the parameters, zero_grad(set_to_none=False), recurrent and transformer layers, BatchNorm switching
+weights, copy.deepcopy snapshots of the parameters, gradients assigned to .grad,
+zero_grad(set_to_none=False), recurrent and transformer layers, BatchNorm switching
 between train and eval, weight_norm, torch.cond inside a step, torch.amp.GradScaler. Each against
 eager, in both remove modes, eagerly, as a make_fx graph and as a capture, both replayed as f is
 called (reference.assert_client_matches_eager). Also: hooks on parameters, custom
@@ -283,6 +284,22 @@ def best_state_snapshot(p, x, y):
     return snapshots, state
 
 
+def gradients_assigned_then_step(p, x, y):
+    # Gradients computed with autograd.grad, clipped, and handed to the optimizer by assigning
+    # .grad (meta-learning and gradient-compression code): the inputs' .grad after the call is the
+    # assigned tensor, plain (Note [Autograd: .backward() inside the function]).
+    opt = torch.optim.Adam(list(p.values()), lr=0.05)
+    losses = []
+    for _ in range(2):
+        loss = mse(functional_call(MLP, p, (x,)), y)
+        grads = torch.autograd.grad(loss, list(p.values()))
+        for q, g in zip(p.values(), grads):
+            q.grad = g.clamp(-0.1, 0.1)
+        opt.step()
+        losses.append(loss.detach())
+    return losses
+
+
 CASES = {
     "flat_vector_sgd": (flat_vector_sgd, mlp_inputs),
     "data_assigned_weight_average": (data_assigned_weight_average, mlp_inputs),
@@ -294,6 +311,7 @@ CASES = {
     "scaled_and_clipped_gradients": (scaled_and_clipped_gradients, mlp_inputs),
     "ema_weights": (ema_weights, mlp_inputs),
     "best_state_snapshot": (best_state_snapshot, mlp_inputs),
+    "gradients_assigned_then_step": (gradients_assigned_then_step, mlp_inputs),
     "zero_grad_keeping_tensors": (zero_grad_keeping_tensors, mlp_inputs),
     "cond_inside_a_step": (cond_inside_a_step, mlp_inputs),
     "lstm_steps": (lstm_steps, lambda: (leaves_of(LSTM), torch.randn(2, 3, 4))),
