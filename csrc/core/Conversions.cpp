@@ -3,6 +3,7 @@
 
 #include "core/Layer.h"
 #include "core/LayerAutograd.h"
+#include "core/Recording.h"
 
 namespace tfz::detail {
 
@@ -25,8 +26,9 @@ bool is_current_layer_wrapper(const at::Tensor& t) {
 at::Tensor sync_and_unwrap(const at::Tensor& t) {
   auto* impl = maybe_get_impl(t);
   if (impl == nullptr) {
-    // See Note [Autograd: saved outputs under a tracer].
-    if (C10_UNLIKELY(t.unsafeGetTensorImpl()->autograd_meta() != nullptr)) {
+    // See Note [Autograd: saved outputs under a tracer] and
+    // Note [Autograd: formula temporaries written in place].
+    if (C10_UNLIKELY(t.unsafeGetTensorImpl()->autograd_meta() != nullptr || ops_are_recorded())) {
       if (auto traced = traced_saved_output(t)) return *std::move(traced);
     }
     return t;

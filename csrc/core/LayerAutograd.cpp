@@ -177,8 +177,27 @@ std::optional<at::Tensor> LayerAutograd::traced_output(const at::Tensor& t) cons
 
 std::optional<at::Tensor> traced_saved_output(const at::Tensor& plain) {
   Layer* layer = this_threads_layer();
-  if (layer == nullptr || !layer->autograd) return std::nullopt;
+  if (layer == nullptr || !layer->autograd || !plain.defined()) return std::nullopt;
+  if (auto value = layer->autograd->rewritten(plain)) return value;
   return layer->autograd->traced_output(plain);
+}
+
+void note_rewritten_temporary(const at::Tensor& plain, const at::Tensor& value) {
+  Layer* layer = this_threads_layer();
+  if (layer == nullptr) return;
+  if (!layer->autograd) layer->autograd = std::make_unique<LayerAutograd>(layer->id);
+  layer->autograd->note_rewritten(plain, value);
+}
+
+void LayerAutograd::note_rewritten(const at::Tensor& plain, const at::Tensor& value) {
+  rewritten_[plain.unsafeGetTensorImpl()] = {plain, value};
+}
+
+std::optional<at::Tensor> LayerAutograd::rewritten(const at::Tensor& plain) const {
+  if (rewritten_.empty()) return std::nullopt;
+  auto it = rewritten_.find(plain.unsafeGetTensorImpl());
+  if (it == rewritten_.end()) return std::nullopt;
+  return it->second.second;
 }
 
 bool LayerAutograd::is_ours(const at::Tensor& t) const {

@@ -52,6 +52,11 @@ class LayerAutograd {
   void note_output(const at::Tensor& value);
   /// The traced output `t` is a copy of (same node, output number, memory and geometry), if any.
   std::optional<at::Tensor> traced_output(const at::Tensor& t) const;
+  /// Under a tracer: the plain temporary `plain` stands for the traced `value` from now on
+  /// (Note [Autograd: formula temporaries written in place]).
+  void note_rewritten(const at::Tensor& plain, const at::Tensor& value);
+  /// What `plain` stands for after such a write, if anything.
+  std::optional<at::Tensor> rewritten(const at::Tensor& plain) const;
 
  private:
   int64_t layer_id_;
@@ -87,6 +92,9 @@ class LayerAutograd {
   // The same outputs by storage: an output a saved-tensor hook stored and gave back
   // (torch.utils.checkpoint's recomputation) has its node but another output's memory.
   std::unordered_map<const c10::StorageImpl*, std::vector<at::Tensor>> by_storage_;
+  // Temporaries written in place under a tracer: (the temporary, what it stands for). Strong, so
+  // an address is not reused by another tensor while the layer runs.
+  std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> rewritten_;
 };
 
 /// A wrapper of layer `layer_id` took a value whose autograd node is `fn`: notes the graph on that
@@ -100,5 +108,8 @@ void note_traced_output(int64_t layer_id, const at::Tensor& value);
 /// A plain tensor reached the kernel of this thread's layer: under a tracer, the traced forward
 /// output it copies, if any (Note [Autograd: saved outputs under a tracer]).
 std::optional<at::Tensor> traced_saved_output(const at::Tensor& plain);
+/// Under a tracer, this thread's layer: `plain` (a temporary a formula wrote in place) stands for
+/// the traced `value` (LayerAutograd::note_rewritten).
+void note_rewritten_temporary(const at::Tensor& plain, const at::Tensor& value);
 
 }  // namespace tfz::detail

@@ -114,6 +114,14 @@ void lift_captured_self(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   self = std::move(lifted);
 }
 
+// See Note [Autograd: saved outputs under a tracer]: a backward formula's op on its saved tensors
+// alone (the t() of a saved weight, the unsqueeze of a saved norm) must read the traced tensors.
+void read_traced_saved_outputs(torch::jit::Stack* stack, size_t num_args) {
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end(); ++it) {
+    transform_tensors(*it, [](const at::Tensor& t) { return sync_and_unwrap(t); });
+  }
+}
+
 // Note [Kernel: efficient zero tensors]
 // Forward-mode AD gives an undefined tangent as an efficient zero tensor (_efficientzerotensor: no
 // storage, the ZeroTensor bit), and torch's ZeroTensor kernels, below our key, implement ops on
@@ -165,6 +173,7 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
   }
   if (!any_functional && layer != nullptr && !layer->reapply_views && info.kind == OpKind::View &&
       !info.wraps_plain_outputs) {  // lift_fresh wraps, below
+    if (C10_UNLIKELY(ops_are_recorded())) read_traced_saved_outputs(stack, num_args);
     lift_captured_self(op, stack, *layer);
     return view_kernel(info, op, stack, *layer);
   }
@@ -179,12 +188,9 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
     }
     const bool wrap = layer != nullptr && info.wraps_plain_outputs;
     if (C10_UNLIKELY(layer != nullptr && ops_are_recorded())) {
-      // See Note [Autograd: saved outputs under a tracer]: a backward formula's op on its saved
-      // tensors alone (the t() of a saved weight) must read the traced tensors too.
-      for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end();
-           ++it) {
-        transform_tensors(*it, [](const at::Tensor& t) { return sync_and_unwrap(t); });
-      }
+      // See Note [Autograd: formula temporaries written in place].
+      if (info.kind == OpKind::Mutable && write_temporary_functionally(info, op, stack)) return;
+      read_traced_saved_outputs(stack, num_args);
     }
     {
       InnerCallGuard guard;

@@ -58,6 +58,18 @@ void differentiate_rrelu_through_its_noise(const OpInfo& info, const c10::Operat
                                            const std::vector<c10::IValue>& inner,
                                            torch::jit::Stack& results);
 
+/// Under a tracer, inside a layer: an in-place op whose arguments are all plain and whose one
+/// written argument is a temporary nothing else can see runs as its functional variant, and the
+/// temporary's memory takes the result unrecorded. Returns false (nothing done) otherwise.
+/// See Note [Autograd: formula temporaries written in place].
+bool write_temporary_functionally(const OpInfo& info, const c10::OperatorHandle& op,
+                                  torch::jit::Stack* stack);
+
+/// After `copy` ran on `inner` (copy_'s arguments, unwrapped) and left `results`: the result's
+/// grad_fn is eager's CopyBackwards. See Note [Kernel: copy's derivative].
+void differentiate_copy(const OpInfo& info, const std::vector<c10::IValue>& inner,
+                        torch::jit::Stack& results);
+
 /// mutable_kernel with the functional variant called on the wrappers instead of their inner
 /// values, Python un-hidden, so a composite variant decomposes above our key (under a
 /// TorchDispatchMode only; see Note [Kernel: composites intercepted whole]).

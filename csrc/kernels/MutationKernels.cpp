@@ -256,6 +256,7 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
       push_functional_args(inner);
       info.functional_op->callBoxed(fstack);
       differentiate_rrelu_through_its_noise(info, op, inner, fstack);
+      differentiate_copy(info, inner, fstack);
       rerun_out_eagerly(info, op, args, inner, fstack);
       // Untraced without views, the rerun above reads values that may not be in their reported
       // geometry (an expanded view's *_copy is materialized): torch.abs(x.as_strided(.., (1, 0,

@@ -106,9 +106,11 @@ class Call {
   const at::Tensor& unwrap(const at::Tensor& t) {
     auto* impl = maybe_get_impl(t);
     if (impl == nullptr) {
-      // See Note [Autograd: saved outputs under a tracer].
-      if (C10_UNLIKELY(t.unsafeGetTensorImpl()->autograd_meta() != nullptr &&
-                       held_count_ < MaxTensors)) {
+      // See Note [Autograd: saved outputs under a tracer] and
+      // Note [Autograd: formula temporaries written in place].
+      if (C10_UNLIKELY(
+              (t.unsafeGetTensorImpl()->autograd_meta() != nullptr || ops_are_recorded()) &&
+              held_count_ < MaxTensors)) {
         if (auto traced = traced_saved_output(t)) {
           held_[held_count_] = *std::move(traced);
           return held_[held_count_++];
@@ -357,6 +359,11 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
       return MutOp::redispatch(subclass_dispatch_keys(ks), args...);
     }
     if (!call.any()) {
+      if (C10_UNLIKELY(ops_are_recorded())) {
+        // The boxed kernel: Note [Autograd: formula temporaries written in place].
+        run_on_boxed_kernel<MutOp>(ks, args...);
+        return written;
+      }
       InnerCallGuard guard;
       return MutOp::call(args...);
     }

@@ -152,6 +152,14 @@ _torch_deepcopy = torch.Tensor.__deepcopy__
 
 
 def _deepcopy(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
+    if not _C._is_functional(self) and _C._layer_active():
+        # A plain tensor (a buffer of a module from outside f): torch's copy, below our key, so
+        # its new_empty stays plain for the set_ that follows (it was refused by set_'s name).
+        scope = _C._InnerCall()
+        try:
+            return _torch_deepcopy(self, memo)
+        finally:
+            scope.close()
     if not _C._is_functional(self) or not self.is_leaf or type(self) is not torch.Tensor:
         return _torch_deepcopy(self, memo)
     if id(self) in memo:

@@ -1,63 +1,189 @@
 """torch.autograd.Function subclasses (custom forward/backward) called inside a functionalized
 function: see Note [Autograd: custom Functions]. Installed once, when the package is imported
 (install()); costs one check per Function call outside functionalize."""
+import inspect
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
+from torch.autograd.function import FunctionCtx, _is_setup_context_defined
 
 from . import _C
 
 # Note [Autograd: custom Functions]
-# Our autograd runs on the wrappers' inner values, below our key
-# (Note [Wrapper: autograd mirrored]). A custom Function's apply builds its backward node at the level it is called on:
-# called on wrappers, it attached the node to the wrapper outputs only, the ops after it ran on
-# inner values that had no history, and the gradients of everything before it were silently
-# None (or missing from .grad). So inside a layer, a Function called with the layer's wrappers
-# runs one level down, as the engine runs built-in ops: its arguments are unwrapped to their
-# (synced) values, which carry their history, apply runs in an inner call, and its outputs,
-# whose history is now the Function's node, are wrapped again. Its backward then runs as any
-# backward formula does: on wrapper gradients inside f (functionalized), on plain ones after f
-# returns, with the values it saved. Its forward's own ops run on those values, as the kernels
-# of built-in ops do: not functionalized (an in-place op or a view inside a Function's forward
-# is the graph's as written), and tensors of f it closes over instead of taking them as
-# arguments are refused by name (torch.utils.checkpoint(use_reentrant=True) of a closure over
-# parameters; use_reentrant=False works). Rejected: attaching the Function's node to the inner values
-# after a run on wrappers (its saved tensors would be wrappers, which a backward after f returns
-# cannot read), and functionalizing the forward in a layer of its own (the same problem for the
-# tensors it saves).
+# A custom Function's forward runs at our layer, on the wrappers, under no_grad as eager runs it:
+# its in-place ops and views are functionalized like any op of f (a `mark_dirty` Function writing
+# a view of an intermediate updates the base; a view inside the forward leaves no view in a
+# views-removed graph), and its writes of arguments that it does not mark dirty reach every
+# alias as writes autograd does not see (Note [Autograd: writes autograd does not see]). The
+# user's ctx is ours (a FunctionCtx that records what the forward asks for). Autograd is then
+# joined at the level where it runs, the values (Note [Wrapper: autograd mirrored]): a bridge
+# Function, applied to the arguments' values from before the forward, returns the outputs'
+# values, saves what the user's ctx saved (an argument or output by its value, so a saved
+# output has the bridge's history as eager's has the Function's node), and its backward calls
+# the user's backward with the user's ctx. An argument marked dirty is then written with its
+# bridge output under grad mode, so it and its aliases take the Function's history (the write
+# is eager's mark_dirty version bump). Costs of this form: outputs aliasing an argument come back
+# as new tensors (a later write of the argument is not seen through them; eager refuses writes
+# to such outputs), and code outside the dispatcher (a pybind kernel reading data pointers) sees
+# wrappers and is refused by name (register it with torch.library instead, as torch.compile
+# also asks).
+# Rejected: running the Function on the wrappers' values (the form before this one): its
+# in-place ops and views stayed in graphs as written, and a write through a view argument under
+# remove="mutations_and_views" never reached the base (a wrong value, silently); and applying
+# the Function to the wrappers (autograd then attaches its node to the wrappers, while the ops
+# of f run on the values, whose gradients were silently None).
 _original_apply: Any = None
 
 
 def _apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
     if _C._layer_active():
-        leaves = pytree.tree_leaves((args, kwargs))
-        if any(isinstance(t, torch.Tensor) and _C._is_layer_wrapper(t) for t in leaves):
-            return _apply_on_values(cls, args, kwargs)
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if any(_C._is_layer_wrapper(t) for t in tensors):
+            return _apply_at_layer(cls, args, kwargs)
     return _original_apply(cls, *args, **kwargs)
 
 
-def _apply_on_values(cls: Any, args: tuple, kwargs: dict) -> Any:
-    def value(a: Any) -> Any:
-        return _C._from_functional(a) if isinstance(a, torch.Tensor) and _C._is_layer_wrapper(
-            a) else a
+class _UserCtx(FunctionCtx):
+    """The ctx a custom Function sees inside functionalize: FunctionCtx records save_for_backward,
+    mark_dirty, mark_non_differentiable and set_materialize_grads; saved_tensors reads the bridge's
+    saved values during the backward."""
 
-    inner_args, inner_kwargs = pytree.tree_map(value, (args, kwargs))
+    def __init__(self, needs_input_grad: tuple[bool, ...]) -> None:
+        self.needs_input_grad = needs_input_grad
+        self._bridge_ctx: Any = None
+
+    @property
+    def saved_tensors(self) -> tuple:
+        if self._bridge_ctx is None:
+            raise RuntimeError("saved_tensors is read in the backward, after save_for_backward")
+        return self._bridge_ctx.saved_tensors
+
+    saved_variables = saved_tensors
+
+    def save_for_forward(self, *tensors: torch.Tensor) -> None:
+        raise NotImplementedError(
+            "functionalize: ctx.save_for_forward (forward-mode AD of a custom autograd.Function) "
+            "is not supported inside functionalize. Use reverse mode (backward) inside f, or "
+            "torch.func.jvp outside it.")
+
+
+class _Plan:
+    """What the bridge needs from the forward that already ran: the Function, the user's ctx,
+    the outputs' values, and how each saved tensor maps to a bridge input or output."""
+
+    def __init__(self, cls: Any, ctx: _UserCtx, out_values: list, saved: list,
+                 non_differentiable: list[int]) -> None:
+        self.cls, self.ctx, self.out_values = cls, ctx, out_values
+        self.saved, self.non_differentiable = saved, non_differentiable
+
+
+class _Bridge(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, plan: _Plan, *values: Any) -> Any:
+        outs = plan.out_values
+        ctx.save_for_backward(*[outs[i] if kind == "out" else i for kind, i in plan.saved])
+        ctx.mark_non_differentiable(*[outs[i] for i in plan.non_differentiable])
+        ctx.set_materialize_grads(getattr(plan.ctx, "materialize_grads", True))
+        ctx.plan = plan
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        plan = ctx.plan
+        plan.ctx._bridge_ctx = ctx
+        if getattr(plan.cls, "boxed_grads_call", False):
+            result = plan.cls.backward(plan.ctx, list(grads))
+        else:
+            result = plan.cls.backward(plan.ctx, *grads)
+        if not isinstance(result, tuple):
+            result = (result,)
+        return (None, *result)
+
+
+def _positional(cls: Any, args: tuple, kwargs: dict) -> tuple:
+    """The forward's arguments as positions, defaults applied (what eager's apply hands on)."""
+    if not kwargs:
+        return args
+    if _is_setup_context_defined(cls.setup_context):
+        bound = inspect.signature(cls.forward).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.args
+    bound = inspect.signature(cls.forward).bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    return bound.args[1:]
+
+
+def _run_forward(cls: Any, ctx: _UserCtx, args: tuple) -> Any:
+    with torch.no_grad():
+        try:
+            if _is_setup_context_defined(cls.setup_context):
+                out = cls.forward(*args)
+                cls.setup_context(ctx, args, out)
+                return out
+            return cls.forward(ctx, *args)
+        except RuntimeError as error:
+            text = str(error)
+            if "data pointer" not in text and "doesn't have storage" not in text:
+                raise
+            raise NotImplementedError(
+                f"functionalize: the forward of the autograd.Function {cls.__name__} reads the "
+                "memory of a functional tensor outside the dispatcher (a kernel bound without "
+                "torch.library). Register that kernel as a custom op with torch.library "
+                "(torch.library.custom_op), so functionalize sees its writes "
+                "(Note [Autograd: custom Functions]).") from error
+
+
+def _value(t: Any) -> Any:
+    return _C._from_functional(t) if isinstance(t, torch.Tensor) and _C._is_layer_wrapper(t) else t
+
+
+def _apply_at_layer(cls: Any, args: tuple, kwargs: dict) -> Any:
+    args = _positional(cls, args, kwargs)
+    grad_on = torch.is_grad_enabled()
+    needs = tuple(grad_on and isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+    ctx = _UserCtx(needs)
+    before = [_value(a) for a in args]
+    out = _run_forward(cls, ctx, args)
+    dirty = list(getattr(ctx, "dirty_tensors", ()))
+    if not any(needs):
+        for t in dirty:  # eager's mark_dirty bumps the version once more, grad or not
+            torch.autograd.graph.increment_version(t)
+        return out
+    is_tuple = isinstance(out, tuple)
+    outs = list(out) if is_tuple else [out]
+    position = {id(o): i for i, o in enumerate(outs) if isinstance(o, torch.Tensor)}
+    arg_position = {id(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    out_values = [_value(o) if isinstance(o, torch.Tensor) else o for o in outs]
+    saved = []
+    for t in getattr(ctx, "to_save", ()):
+        if t is None:
+            saved.append(("value", None))
+        elif id(t) in position:
+            saved.append(("out", position[id(t)]))
+        else:
+            saved.append(("value", _value(t)))
+    non_differentiable = [position[id(t)] for t in getattr(ctx, "non_differentiable", ())
+                          if id(t) in position]
+    plan = _Plan(cls, ctx, out_values, saved, non_differentiable)
     scope = _C._InnerCall()
     try:
-        out = _original_apply(cls, *inner_args, **inner_kwargs)
-    except RuntimeError as error:
-        if "reached an op the engine runs on plain tensors" not in str(error):
-            raise
-        raise NotImplementedError(
-            f"functionalize: the autograd.Function {cls.__name__} uses tensors of the "
-            "functionalized function that are not its arguments (a closure, e.g. a module's "
-            "parameters passed to functional_call): a custom Function runs on the values "
-            "(Note [Autograd: custom Functions]). Pass them as arguments; for "
-            "torch.utils.checkpoint, use use_reentrant=False.") from error
+        bridged = _Bridge.apply(plan, *before)
     finally:
         scope.close()
-    return pytree.tree_map_only(torch.Tensor, _C._to_functional, out)
+    results = []
+    dirty_ids = {id(t) for t in dirty}
+    for o, b in zip(outs, bridged):
+        if not isinstance(o, torch.Tensor):
+            results.append(o)
+        elif id(o) in dirty_ids and id(o) in arg_position:
+            o.copy_(_C._to_functional(b))  # the Function's history, and mark_dirty's version bump
+            results.append(o)
+        else:
+            results.append(_C._to_functional(b))
+    for t in dirty:
+        if id(t) not in position:
+            torch.autograd.graph.increment_version(t)
+    return tuple(results) if is_tuple else results[0]
 
 
 def install() -> None:

@@ -542,3 +542,44 @@ def test_joint_graph_of_ops_that_save_outputs_replays_eager(name, tracer, remove
             constant = getattr(gm, node.target)
             assert constant.shape == _MIX.shape and torch.equal(constant, _MIX), gm.code
     assert_trees_match(list(gm(*replay_args)), list(joint(*replay_args)), "replayed joint")
+
+
+# Note [Kernel: copy's derivative]: a value written with copy_ (directly or through an index)
+# from a tensor that requires grad, then differentiated inside f; before, backward raised
+# "derivative for aten::copy is not implemented". Broadcast and dtype-converting sources too.
+COPY_WRITES = {
+    "setitem_row": lambda w: _setitem(torch.zeros(3, 4), 1, w * 3),
+    "copy_whole": lambda w: torch.zeros(4).copy_(w.sin()),
+    "copy_onto_intermediate": lambda w: (w * 2).copy_(w.exp()),
+    "copy_into_slice": lambda w: _slice_copy(w * 2, w[:3] * 3),
+    "copy_broadcast": lambda w: torch.zeros(2, 4).copy_(w),
+    "copy_to_double": lambda w: torch.zeros(4, dtype=torch.float64).copy_(w * w),
+}
+
+
+def _setitem(t, i, v):
+    t[i] = v
+    return t
+
+
+def _slice_copy(h, v):
+    h[1:].copy_(v)
+    return h
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(COPY_WRITES))
+def test_gradient_through_copy_matches_eager(name, remove):
+    write = COPY_WRITES[name]
+
+    def f(w):
+        out = write(w)
+        (g,) = torch.autograd.grad((out * torch.arange(out.numel()).view(out.shape)).sum(), w)
+        return out.detach(), g
+
+    w = torch.randn(4, requires_grad=True)
+    assert_trees_match(functionalize(f, remove=remove)(w), f(w), name)
+    gm = make_fx(functionalize(f, remove=remove))(w)
+    assert_functional_graph(gm, remove)
+    w2 = torch.randn(4, requires_grad=True)
+    assert_trees_match(gm(w2), f(w2), f"{name}: graph on other inputs")

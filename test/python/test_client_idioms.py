@@ -1,11 +1,12 @@
 """Training-loop idioms of client code inside the functionalized function, beyond one optimizer
 step: gradient accumulation, learning-rate schedulers, gradient scaling and foreach clipping, EMA
 weights, copy.deepcopy snapshots of the parameters, gradients assigned to .grad,
-zero_grad(set_to_none=False), recurrent and transformer layers, BatchNorm switching
-between train and eval, weight_norm, torch.cond inside a step, torch.amp.GradScaler. Each against
-eager, in both remove modes, eagerly, as a make_fx graph and as a capture, both replayed as f is
-called (reference.assert_client_matches_eager). Also: hooks on parameters, custom
-autograd.Functions, reentrant checkpointing and autocast inside the step."""
+zero_grad(set_to_none=False), recurrent and transformer layers, BatchNorm switching between train
+and eval, weight_norm, torch.cond inside a step, torch.amp.GradScaler, a gradient penalty (double
+backward). Each against eager, in both remove modes, eagerly, as a make_fx graph and as a capture,
+both replayed as f is called (reference.assert_client_matches_eager). Also: hooks on parameters,
+custom autograd.Functions (more in test_custom_functions.py), checkpointing and autocast inside
+the step."""
 import copy
 
 import pytest
@@ -17,7 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch_functionalize.testing._internal.reference import (
     REMOVE_MODES, TEST_DEVICE, assert_client_matches_eager, assert_trees_match,
 )
-from torch_functionalize import capture, functionalize
+from torch_functionalize import capture, functionalize, is_functional
 
 torch.manual_seed(3)
 MLP = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
@@ -300,7 +301,31 @@ def gradients_assigned_then_step(p, x, y):
     return losses
 
 
+def gradient_penalty_steps(p, x, y):
+    # WGAN-GP: the critic's input gradient (create_graph=True), its norm penalised, weights
+    # clipped under no_grad. The norm's double backward writes a temporary of its own in place
+    # (Note [Autograd: formula temporaries written in place]) and reads its saved output
+    # (without views it was a constant of the graph: Note [Autograd: saved outputs under a tracer]).
+    opt = torch.optim.Adam(list(p.values()), lr=1e-3, betas=(0.5, 0.9))
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        eps = torch.rand(x.shape[0], 1)
+        mixed = (eps * x + (1 - eps) * y[:, :1].expand_as(x)).requires_grad_(True)
+        critic = functional_call(MLP, p, (mixed,))
+        (g,) = torch.autograd.grad(critic.sum(), mixed, create_graph=True)
+        loss = critic.mean() + 10 * ((g.norm(2, dim=1) - 1) ** 2).mean()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            for q in p.values():
+                q.clamp_(-0.5, 0.5)
+        losses.append(loss.detach())
+    return losses
+
+
 CASES = {
+    "gradient_penalty_steps": (gradient_penalty_steps, mlp_inputs),
     "flat_vector_sgd": (flat_vector_sgd, mlp_inputs),
     "data_assigned_weight_average": (data_assigned_weight_average, mlp_inputs),
     "clipping_hooks": (clipping_hooks, mlp_inputs),
@@ -378,19 +403,9 @@ def test_checkpointed_step_graph_replays_other_inputs(graph):
     assert_trees_match(gm(*a_in), grads(*e_in), "replay on other inputs")
 
 
-def test_reentrant_checkpoint_of_a_closure_is_refused_by_name():
-    def f(p, x, y):
-        out = torch.utils.checkpoint.checkpoint(lambda a: functional_call(MLP, p, (a,)),
-                                                x.requires_grad_(), use_reentrant=True)
-        return mse(out, y)
-
-    with pytest.raises(NotImplementedError, match="CheckpointFunction uses tensors of the"):
-        functionalize(f)(*mlp_inputs())
-
-
 def test_custom_function_backward_after_the_call_reaches_the_inputs():
-    # The Function runs on the values (Note [Autograd: custom Functions]): its saved tensors are
-    # no wrappers, so a backward after functionalize returns works too.
+    # The Function's node joins the values (Note [Autograd: custom Functions]): its saved
+    # tensors are no wrappers, so a backward after functionalize returns works too.
     def f(w, x):
         return Square.apply(x @ w).sum()
 
@@ -424,3 +439,18 @@ def test_writing_a_copy_of_an_outside_module_is_refused_by_name():
 
     with pytest.raises(RuntimeError, match="cannot write functional values into the plain"):
         functionalize(f)(*mlp_inputs())
+
+
+def test_deep_copy_of_an_outside_module_with_buffers_stays_plain():
+    # Its buffers (plain tensors) are copied by torch's Tensor.__deepcopy__ below our key: the
+    # copies are plain, as its parameters' are (before: refused by set_'s name); running the copy
+    # in training mode then meets batch norm's named refusal for plain running stats.
+    def f(x):
+        model = copy.deepcopy(NORMED)
+        copies = list(model.state_dict().values())
+        assert not any(is_functional(t) for t in copies)
+        assert all(torch.equal(a, b) for a, b in zip(copies, NORMED.state_dict().values()))
+        model(x)
+
+    with pytest.raises(RuntimeError, match="native_batch_norm: training-mode batch norm updates"):
+        functionalize(f)(torch.randn(5, 4))

@@ -283,13 +283,14 @@ def assert_client_matches_eager(f, make_inputs, *, remove, graphs=("make_fx", "c
     grad_fn type, .grad, and the version counter). Then each graph in `graphs` (make_fx of the
     functionalized f, capture(f)) must be functional (assert_functional_graph) and, replayed on
     fresh inputs from the same generator state, give eager's outputs and input values (.grad is
-    not a graph's: a graph returns what f returns). Both graphs are called like f, in grad mode:
+    not a graph's: a graph returns what f returns), and so on inputs drawn from another seed.
+    Both graphs are called like f, in grad mode:
     a make_fx graph holds the backward ops it traced, and writes leaves that require grad with
     grad mode off (Note [API: epilogue writes of leaves in graphs])."""
     import torch_functionalize
 
-    def run(fn):
-        torch.manual_seed(0)
+    def run(fn, inputs_seed=0):
+        torch.manual_seed(inputs_seed)
         inputs = make_inputs()
         versions = [t._version for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
         torch.manual_seed(1)
@@ -321,3 +322,17 @@ def assert_client_matches_eager(f, make_inputs, *, remove, graphs=("make_fx", "c
         r_leaves = [t for t in pytree.tree_leaves(r_in) if isinstance(t, torch.Tensor)]
         for i, (r, e) in enumerate(zip(r_leaves, e_leaves)):
             assert_trees_match(r.detach(), e.detach(), f"{name} replay: input {i}")
+        # Other inputs: a value the graph baked in (a constant where an input-derived tensor
+        # belongs) gives the traced inputs' numbers here.
+        o_in, o_out, _ = run(f, inputs_seed=2)
+        try:
+            r_in, r_out, _ = run(gm, inputs_seed=2)
+        except RuntimeError as error:  # a guarded read: Note [Capture: guards on values read]
+            if "specialized on it" not in str(error):
+                raise
+            continue
+        assert_trees_match(r_out, o_out, f"{name} replay on other inputs: output")
+        o_leaves = [t for t in pytree.tree_leaves(o_in) if isinstance(t, torch.Tensor)]
+        r_leaves = [t for t in pytree.tree_leaves(r_in) if isinstance(t, torch.Tensor)]
+        for i, (r, e) in enumerate(zip(r_leaves, o_leaves)):
+            assert_trees_match(r.detach(), e.detach(), f"{name} replay on other inputs: input {i}")

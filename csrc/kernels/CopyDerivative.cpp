@@ -1,0 +1,66 @@
+// The gradient of copy_ inside the function: the functional variant `copy` has no derivative in
+// torch, so the mutation kernel gives its result the derivative of eager's copy_.
+// See Note [Kernel: copy's derivative].
+#include "kernels/Handlers.h"
+
+#include "core/LayerAutograd.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/functions/tensor.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+namespace tfz::detail {
+namespace {
+// NodePtr (core/LayerAutograd.h) is std::shared_ptr or c10::intrusive_ptr, as the installed torch
+// holds autograd nodes; a node is made the matching way.
+template <class Ptr>
+struct NodeMaker;
+template <class N>
+struct NodeMaker<std::shared_ptr<N>> {
+  template <class T>
+  static std::shared_ptr<N> make() {
+    return std::make_shared<T>();
+  }
+};
+template <class N>
+struct NodeMaker<c10::intrusive_ptr<N>> {
+  template <class T>
+  static c10::intrusive_ptr<N> make() {
+    return c10::make_intrusive<T>();
+  }
+};
+}  // namespace
+
+// Note [Kernel: copy's derivative]
+// Eager's `dst.copy_(src)` records CopyBackwards: the gradient of dst's old value is zero, src's
+// is the incoming gradient in src's dtype and device (the engine sums it over the dimensions src
+// was broadcast along). Our autograd runs on the values (Note [Wrapper: autograd mirrored]), where
+// copy_ becomes the functional `aten::copy`, to which torch gives no derivative: its grad_fn is a
+// node that raises "derivative for aten::copy is not implemented" at backward. So `buf[0] = w * 3`,
+// `h.copy_(y)` or a custom Function's mark_dirty (Note [Autograd: custom Functions]) followed by a
+// backward inside f failed. When autograd records the call (grad mode on, dst or src requires
+// grad), the kernel replaces that node by eager's CopyBackwards, with the same edges. Graphs keep
+// `aten.copy`; the backward ops it adds (zeros_like, _to_copy) are ATen ops.
+// Rejected: a composite (src expanded, converted and restrided) in place of `copy` (its values
+// are the same, but graphs and the reinplace passes read `aten.copy`), and an autograd kernel for
+// aten::copy (a global registration that changes torch for every caller).
+void differentiate_copy(const OpInfo& info, const std::vector<c10::IValue>& inner,
+                        torch::jit::Stack& results) {
+  static const c10::OperatorName copy("aten::copy", "");
+  if (!c10::GradMode::is_enabled() || !info.functional_op ||
+      info.functional_op->operator_name() != copy || results.size() != 1 || inner.size() < 2 ||
+      !inner[0].isTensor() || !inner[1].isTensor()) {
+    return;
+  }
+  const at::Tensor& self = inner[0].toTensor();
+  const at::Tensor& src = inner[1].toTensor();
+  if (!self.requires_grad() && !src.requires_grad()) return;
+  const at::Tensor& out = results[0].toTensor();
+  NodePtr node = NodeMaker<NodePtr>::make<torch::autograd::CopyBackwards>();
+  node->set_next_edges(torch::autograd::collect_next_edges(self, src));
+  static_cast<torch::autograd::CopyBackwards*>(node.get())->src_options = src.options();
+  torch::autograd::set_history(out, node);
+}
+
+}  // namespace tfz::detail
