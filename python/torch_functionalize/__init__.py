@@ -28,6 +28,9 @@ _control_flow.install()
 from . import autograd_function as _autograd_function  # noqa: E402
 
 _autograd_function.install()
+from . import rng_state as _rng_state  # noqa: E402
+
+_rng_state.install()
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
 from .capture import capture, example_inputs, graph_module_of, load_graph
 from .dynamo import backend

@@ -9,6 +9,7 @@ import functools
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Sequence, TypeVar
 
 import torch
+import torch.utils.checkpoint
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
@@ -116,7 +117,11 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
         alias = remove == "mutations" and tracer is None
         last_node: Any = tracer.graph._root.prev if tracer is not None else None
         grad_leaves = _leaves_requiring_grad(tracer, inputs) if tracer is not None else set()
-        outputs = _C._call(inputs, remove, alias, run)
+        if tracer is None:
+            outputs = _C._call(inputs, remove, alias, run)
+        else:  # See Note [Autograd: saved outputs under a tracer], the checkpoint case.
+            with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+                outputs = _C._call(inputs, remove, alias, run)
         if tracer is not None:
             _tidy_autograd_detaches(tracer, last_node, outputs, remove != "mutations")
             _epilogue_without_grad(tracer, last_node, grad_leaves)

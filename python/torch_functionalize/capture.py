@@ -14,12 +14,13 @@ import re
 from typing import Any, Callable, Literal, Sequence
 
 import torch
+import torch.utils.checkpoint
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.utils import _pytree as pytree
 
-from . import _C
+from . import _C, rng_state
 from ._alias_analysis import InputLayout
 from ._fx import placeholders, run_without_grad
 from ._tree import Flat, call_with
@@ -91,7 +92,9 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
 
     rng = _RandomState()
     try:
-        captured = _C._capture(inputs, remove, run)
+        # See Note [Autograd: saved outputs under a tracer], the checkpoint case.
+        with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+            captured = _C._capture(inputs, remove, run)
     except NotImplementedError as error:
         if not any(m in str(error) for m in _THROUGH_MAKE_FX):
             raise
@@ -124,7 +127,8 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
 # need the ShapeEnv's symbols, i.e. a second tracer), and re-capturing on each new size (the
 # cache and its invalidation are torch.compile's job).
 # What the engine refuses under capture that make_fx records (Note [Capture: control flow]).
-_THROUGH_MAKE_FX = ("(a higher-order operator) under capture", "autocast is enabled inside")
+_THROUGH_MAKE_FX = ("(a higher-order operator) under capture", "autocast is enabled inside",
+                   rng_state.THROUGH_MAKE_FX)
 
 
 class _RandomState:

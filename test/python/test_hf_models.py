@@ -101,11 +101,12 @@ def test_hf_model_capture_has_no_dead_node_and_no_view(make_model, params_as, re
 
 
 # -- training steps of other architectures --------------------------------------------------------
-# BERT (masked LM, token-type and position buffers), T5 (encoder-decoder, relative position bias)
-# and Mistral (sliding-window attention), each two AdamW steps through functional_call with
-# .backward() inside f, against eager's losses, parameters and optimizer-visible state. AdamW's
-# step count is read with .item() (not capturable on the CPU), so make_fx refuses the read and
-# capture guards it (Note [Capture: guards on values read]): the graph checked is capture's.
+# BERT (masked LM, token-type and position buffers; also with gradient checkpointing), T5
+# (encoder-decoder, relative position bias) and Mistral (sliding-window attention), each two AdamW
+# steps through functional_call with .backward() inside f, against eager's losses, parameters and
+# optimizer-visible state. AdamW's step count is read with .item() (not capturable on the CPU), so
+# make_fx refuses the read and capture guards it (Note [Capture: guards on values read]): the graph
+# checked is capture's.
 
 def _bert_mlm():
     cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
@@ -132,7 +133,16 @@ def _mistral():
     return transformers.MistralForCausalLM(cfg), {"input_ids": ids, "labels": ids}
 
 
-@pytest.mark.parametrize("make_model", [_bert_mlm, _t5, _mistral], ids=["bert", "t5", "mistral"])
+def _bert_checkpointed():
+    # Gradient checkpointing with dropout: the recomputation must draw the forward's masks, in
+    # the graph too (Note [Graphs: random state saved and restored]).
+    model, batch = _bert_mlm()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, batch
+
+
+@pytest.mark.parametrize("make_model", [_bert_mlm, _t5, _mistral, _bert_checkpointed],
+                         ids=["bert", "t5", "mistral", "bert_checkpointed"])
 def test_hf_two_adamw_training_steps_match_eager(make_model, remove):
     from torch.func import functional_call
 

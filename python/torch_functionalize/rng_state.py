@@ -1,0 +1,81 @@
+"""torch.get_rng_state / torch.set_rng_state called inside the functionalized function while a
+graph is traced: see Note [Graphs: random state saved and restored]. Installed once, when the
+package is imported (install()); costs one check per call outside functionalize."""
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from . import _C
+
+# Note [Graphs: random state saved and restored]
+# torch.utils.checkpoint (both forms, preserve_rng_state=True by default) saves the generator's
+# state before the forward and restores it before recomputing the forward in the backward, so
+# dropout inside the checkpointed block draws the same mask twice. The state is read and set
+# outside the dispatcher (Generator.get_state/set_state), so a tracer saw neither: the graph drew
+# a second, different mask in its recomputation, and its gradients were wrong on every replay,
+# silently (the eager call was right). So while a make_fx tracer runs f, torch.get_rng_state and
+# torch.set_rng_state (and torch.cuda's) are called for real and also recorded, as FX nodes
+# calling those functions, the saved state a traced value: a replay saves and restores the state
+# where f did and draws f's masks. The C++ capture recorder holds ATen ops only, so a program that
+# sets the state is recorded through make_fx (Note [Capture: control flow]). Rejected: recording
+# the state as a constant (every replay would draw the masks of the traced call), and forcing
+# preserve_rng_state=False (the recomputation would draw other masks in eager too).
+THROUGH_MAKE_FX = "sets the random generator's state under capture"
+
+_originals: dict[tuple[Any, str], Callable[..., Any]] = {}
+
+
+def _tracer() -> Any:
+    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)
+    return None if mode is None else mode.tracer
+
+
+def _recording_get(original: Callable[..., Any]) -> Callable[..., Any]:
+    def get_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
+        state = original(*args, **kwargs)
+        tracer = _tracer() if _C._layer_active() else None
+        if tracer is not None:
+            from torch.fx.experimental.proxy_tensor import track_tensor_tree
+
+            proxy = tracer.create_proxy("call_function", original, args, kwargs)
+            track_tensor_tree(state, proxy, constant=None, tracer=tracer)
+        return state
+
+    return get_rng_state
+
+
+def _recording_set(original: Callable[..., Any]) -> Callable[..., Any]:
+    def set_rng_state(new_state: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        if _C._layer_active():
+            tracer = _tracer()
+            if tracer is not None:
+                from torch.fx.experimental.proxy_tensor import get_proxy_slot
+
+                traced = get_proxy_slot(new_state, tracer, new_state, lambda slot: slot.proxy)
+                tracer.create_proxy("call_function", original, (traced, *args), kwargs)
+            elif _C._ops_are_recorded():
+                raise NotImplementedError(
+                    f"capture: f {THROUGH_MAKE_FX} (torch.set_rng_state: "
+                    "torch.utils.checkpoint's recomputation, torch.random.fork_rng) "
+                    "(Note [Graphs: random state saved and restored]).")
+        return original(new_state, *args, **kwargs)
+
+    return set_rng_state
+
+
+def install() -> None:
+    """Routes torch.{get,set}_rng_state and torch.cuda.{get,set}_rng_state through ours."""
+    if _originals:
+        return
+    targets = [(torch, "get_rng_state", _recording_get), (torch, "set_rng_state", _recording_set),
+               (torch.cuda, "get_rng_state", _recording_get),
+               (torch.cuda, "set_rng_state", _recording_set)]
+    for module, name, wrap in targets:
+        original = getattr(module, name)
+        _originals[(module, name)] = original
+        torch.fx.node.has_side_effect(original)  # a set node has no users; dead code stays
+        replacement = wrap(original)
+        replacement.__doc__ = original.__doc__
+        replacement.__name__ = original.__name__
+        setattr(module, name, replacement)
