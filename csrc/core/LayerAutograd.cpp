@@ -114,10 +114,10 @@ void LayerAutograd::note(const NodePtr& fn) {
 // geometry to the recomputed output the tracer traced. That output is known only once a wrapper
 // takes it, which checkpoint's early stop prevents for the last op it recomputes (it stops from
 // inside that op's autograd, a constant again), so traced calls recompute whole
-// (set_checkpoint_early_stop(False) around them; api.py, capture.py). Rejected: un-hiding the Python key while
-// backward nodes run (node hooks): an exception between the hooks would leave the TLS changed, and
-// the mode then sees autograd's bookkeeping (the detach of every unpacked output) as ops of the
-// program.
+// (set_checkpoint_early_stop(False) around them; api.py, capture.py). Rejected: un-hiding the
+// Python key while backward nodes run (node hooks): an exception between the hooks would leave the
+// TLS changed, and the mode then sees autograd's bookkeeping (the detach of every unpacked output)
+// as ops of the program.
 namespace {
 Layer* this_threads_layer() {
   Layer* layer = current_layer();
