@@ -8,6 +8,15 @@
 namespace tfz::detail {
 
 at::Tensor make_fresh_wrapper(const at::Tensor& value, int64_t layer_id) {
+  // A nested tensor has no sizes a wrapper could report (torch's "Internal error:
+  // NestedTensorImpl doesn't support sizes" before; torch.func fails the same way).
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !value.is_nested(),
+      "functionalize: an op inside the function made a nested tensor (torch.nested, or "
+      "nn.TransformerEncoder's fast path in eval mode with src_key_padding_mask), which "
+      "functionalize does not support. Call that module outside the function or without the "
+      "padding mask; torch.backends.mha.set_fastpath_enabled(False) avoids the nested path "
+      "(padded positions then hold computed values where the fast path gives zeros).");
   return at::detail::make_tensor<FunctionalTensorImpl>(value, layer_id);
 }
 

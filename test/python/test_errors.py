@@ -143,3 +143,27 @@ def test_printing_an_escaped_wrapper_raises_instead_of_crashing():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "escaped" in done.stdout
+
+
+def test_nested_tensor_inside_f_is_refused_by_name_and_leaves_dispatch_state():
+    # nn.TransformerEncoder's eval fast path with a padding mask makes a nested tensor; a wrapper
+    # cannot report its sizes (before: torch's "Internal error: NestedTensorImpl doesn't support
+    # sizes", as torch.func still gives).
+    torch.manual_seed(0)
+    encoder = torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True), 1).eval()
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[1, 3:] = True
+
+    def f(x):
+        with torch.no_grad():
+            return encoder(x, src_key_padding_mask=mask)
+
+    before = (torch._C._dispatch_tls_local_include_set(),
+              torch._C._dispatch_tls_local_exclude_set())
+    with pytest.raises(NotImplementedError, match="made a nested tensor"):
+        tfz.functionalize(f)(torch.randn(2, 5, 8))
+    assert (torch._C._dispatch_tls_local_include_set(),
+            torch._C._dispatch_tls_local_exclude_set()) == before
+    x = torch.randn(3)
+    assert torch.equal(tfz.functionalize(lambda t: t.add_(1))(x.clone()), x + 1)
