@@ -69,7 +69,8 @@ class _UserCtx(FunctionCtx):
 
 class _Plan:
     """What the bridge needs from the forward that already ran: the Function, the user's ctx,
-    the outputs' values, and how each saved tensor maps to a bridge input or output."""
+    the outputs' values, each saved tensor as ("out", output index) or ("value", the tensor's
+    value), and the indices of outputs marked non-differentiable."""
 
     def __init__(self, cls: Any, ctx: _UserCtx, out_values: list, saved: list,
                  non_differentiable: list[int]) -> None:
@@ -81,7 +82,7 @@ class _Bridge(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, plan: _Plan, *values: Any) -> Any:
         outs = plan.out_values
-        ctx.save_for_backward(*[outs[i] if kind == "out" else i for kind, i in plan.saved])
+        ctx.save_for_backward(*[outs[what] if kind == "out" else what for kind, what in plan.saved])
         ctx.mark_non_differentiable(*[outs[i] for i in plan.non_differentiable])
         ctx.set_materialize_grads(getattr(plan.ctx, "materialize_grads", True))
         ctx.plan = plan
