@@ -171,7 +171,7 @@ bool Reinplacer::is_view_of_constants(const GraphNode& node, int64_t x) {
                      [](const GraphArg& a) { return a.kind == GraphArg::Kind::kConstant; });
 }
 
-int64_t Reinplacer::add_value(const at::Tensor& meta, std::optional<at::Device> device, int64_t n) {
+int64_t Reinplacer::add_value(at::Tensor meta, std::optional<at::Device> device, int64_t n) {
   const int64_t id = new_node_value(g_);
   // The tables follow the graph's values, including those a scatter's rewrite added unrecorded.
   for (auto k = static_cast<int64_t>(identity_.size()); k <= id; ++k) identity_.push_back(k);
@@ -179,7 +179,7 @@ int64_t Reinplacer::add_value(const at::Tensor& meta, std::optional<at::Device> 
   devices_.resize(id + 1);
   defined_at_.resize(id + 1, -1);
   readers_.resize(id + 1);
-  env_[id] = meta;
+  env_[id] = std::move(meta);
   devices_[id] = device;
   defined_at_[id] = n;
   readers_[id] = {n};

@@ -122,7 +122,9 @@ class Reinplacer {
   static bool is_view_of_constants(const GraphNode& node, int64_t x);
 
   // A value added by a rewrite, with its meta tensor, defined just before node n.
-  int64_t add_value(const at::Tensor& meta, std::optional<at::Device> device, int64_t n);
+  // `meta` by value: callers pass an entry of env_, which this call grows (a reference into it
+  // would dangle once the table reallocates).
+  int64_t add_value(at::Tensor meta, std::optional<at::Device> device, int64_t n);
 
   // -- the rewritten graph ---------------------------------------------------------------------
   void rebuild();
