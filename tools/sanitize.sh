@@ -22,9 +22,22 @@ cmake --build "$build" -j "${MAX_JOBS:-2}"
 #                         free, so RSS grows by up to this much; the soak test adds it to its bound
 #                         (TFZ_RSS_SLACK_MIB) and still fails on growth beyond it or on live tensors.
 #  halt_on_error / -fno-sanitize-recover: the first finding stops the run with a stack trace.
-export ASAN_OPTIONS="detect_leaks=0:quarantine_size_mb=256:halt_on_error=1"
+#  log_path               reports go to files (build/sanitize/report.<pid>), printed at the end:
+#                         pytest captures the process's stderr, and a report written there was
+#                         lost with the process it stopped (only "rc=1" was left).
+report="$PWD/$build/report"
+rm -f "$report".*
+export ASAN_OPTIONS="detect_leaks=0:quarantine_size_mb=256:halt_on_error=1:log_path=$report"
 export TFZ_RSS_SLACK_MIB=256
-export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$report"
+print_reports() {
+  if compgen -G "$report.*" > /dev/null; then
+    cat "$report".*
+    echo "sanitize.sh: sanitizer reports above ($report.*)" >&2
+    return 1
+  fi
+}
+trap print_reports EXIT
 ctest --test-dir "$build" --output-on-failure
 
 # The Python suite imports a staged copy of the package holding the sanitized libraries; the ASan
@@ -38,3 +51,5 @@ preload="$(g++ -print-file-name=libasan.so)"
 # PYTHONMALLOC=malloc routes CPython's small-object allocator through malloc, so ASan sees it.
 LD_PRELOAD="$preload" PYTHONMALLOC=malloc PYTHONPATH="$PWD/$stage" \
   python3 -m pytest -q -p no:cacheprovider "${@:-test/python}"
+trap - EXIT
+print_reports
