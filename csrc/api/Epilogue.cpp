@@ -135,6 +135,12 @@ void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensor
   replay_detach(original, impl);
 }
 
+// A tracer or a capture records the epilogue: it must speak the graph's vocabulary.
+bool epilogue_is_recorded() {
+  return c10::impl::TorchDispatchModeTLS::any_modes_set() || ops_are_recorded() ||
+         c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks);
+}
+
 // Note [Inputs: writes before a metadata change]
 // x.add_(1); x.resize_(2) (or torch.neg(y, out=x) with a smaller result, or a write through a view
 // of x after it shrank): eager wrote every element of x's storage that x covered on entry, and x
@@ -169,8 +175,18 @@ bool write_entry_elements(const at::Tensor& original, const at::Tensor& wrapper)
   if (storage.flat()) {
     if (base.is_conj() != original.is_conj() || base.is_neg() != original.is_neg()) return false;
     // An input whose elements share memory (x.expand(3, 3)) cannot be copied into; the whole
-    // storage is written instead where it can be (write_whole_storage), else refused by name.
-    if (at::has_internal_overlap(original) == at::MemOverlap::Yes) return false;
+    // storage is written instead where it can be (write_whole_storage, which a graph without views
+    // cannot hold after metadata ops), else refused by name.
+    if (at::has_internal_overlap(original) == at::MemOverlap::Yes) {
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          !epilogue_is_recorded() || storage.flat_views_kept(),
+          "functionalize: an input whose elements share memory (expand, as_strided with a zero "
+          "stride) was written and then given other sizes or strides (as_strided_, resize_); a "
+          "graph without views (remove=\"mutations_and_views\" under a tracer) cannot write "
+          "its first elements back. Use remove=\"mutations\", or pass the tensor before it is "
+          "expanded.");
+      return false;
+    }
     const auto needed = static_cast<int64_t>(at::detail::computeStorageNbytes(
         original.sizes(), original.strides(), 1, original.storage_offset()));
     if (needed > base.numel()) return false;
@@ -181,12 +197,6 @@ bool write_entry_elements(const at::Tensor& original, const at::Tensor& wrapper)
   if (base.sizes() != original.sizes()) return false;
   original.copy_(base);
   return covers_final;
-}
-
-// A tracer or a capture records the epilogue: it must speak the graph's vocabulary.
-bool epilogue_is_recorded() {
-  return c10::impl::TorchDispatchModeTLS::any_modes_set() || ops_are_recorded() ||
-         c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks);
 }
 
 // Whether `value`, the final value of input `original`, was written only where autograd does not
