@@ -156,7 +156,9 @@ class _RandomState:
 # input (writes to inputs happen in the epilogue), so the fallback starts from the same inputs
 # and, with the random generators' state restored, draws the same numbers; Python side effects
 # of f outside its tensors happen twice, which a warning says. The same holds for autocast
-# inside f (Note [Capture: autocast inside the function]). Rejected: recording operators as nodes in C++ (their subgraphs need a tracer anyway).
+# inside f (Note [Capture: autocast inside the function]) and for a program that sets the random
+# generator's state, refused mid-run, before its epilogue
+# (Note [Graphs: random state saved and restored]). Rejected: recording operators as nodes in C++ (their subgraphs need a tracer anyway).
 def _capture_traced(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
                     arguments: Flat, remove: Remove,
                     tracing_mode: Literal["real", "symbolic"]) -> fx.GraphModule:
