@@ -47,10 +47,11 @@ struct NodeMaker<c10::intrusive_ptr<N>> {
 // aten::copy (a global registration that changes torch for every caller).
 void differentiate_copy(const OpInfo& info, const std::vector<c10::IValue>& inner,
                         torch::jit::Stack& results) {
-  static const c10::OperatorName copy("aten::copy", "");
-  if (!c10::GradMode::is_enabled() || !info.functional_op ||
-      info.functional_op->operator_name() != copy || results.size() != 1 || inner.size() < 2 ||
-      !inner[0].isTensor() || !inner[1].isTensor()) {
+  // A handle comparison (one pointer), after the grad-mode read: this runs after every write.
+  static const c10::OperatorHandle copy =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy", "");
+  if (!c10::GradMode::is_enabled() || !info.functional_op || !(*info.functional_op == copy) ||
+      results.size() != 1 || inner.size() < 2 || !inner[0].isTensor() || !inner[1].isTensor()) {
     return;
   }
   const at::Tensor& self = inner[0].toTensor();
