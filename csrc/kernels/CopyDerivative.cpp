@@ -37,9 +37,9 @@ struct NodeMaker<c10::intrusive_ptr<N>> {
 // is the incoming gradient in src's dtype and device (the engine sums it over the dimensions src
 // was broadcast along). Our autograd runs on the values (Note [Wrapper: autograd mirrored]), where
 // copy_ becomes the functional `aten::copy`, to which torch gives no derivative: its grad_fn is a
-// node that raises "derivative for aten::copy is not implemented" at backward. So `buf[0] = w * 3`,
-// `h.copy_(y)` or a custom Function's mark_dirty (Note [Autograd: custom Functions]) followed by a
-// backward inside f failed. When autograd records the call (grad mode on, dst or src requires
+// node that raises "derivative for aten::copy is not implemented" at backward, so `buf[0] = w * 3`
+// or `h.copy_(y)` (and a custom Function's mark_dirty, Note [Autograd: custom Functions]) could not
+// be differentiated inside f. When autograd records the call (grad mode on, dst or src requires
 // grad), the kernel replaces that node by eager's CopyBackwards, with the same edges. Graphs keep
 // `aten.copy`; the backward ops it adds (zeros_like, _to_copy) are ATen ops.
 // Rejected: a composite (src expanded, converted and restrided) in place of `copy` (its values

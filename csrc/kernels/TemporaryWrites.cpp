@@ -77,13 +77,10 @@ bool write_temporary_functionally(const OpInfo& info, const c10::OperatorHandle&
   }
   note_rewritten_temporary(self, value);
   torch::jit::drop(*stack, num_args);
+  // The one written argument is the only one a return can alias: those returns are `self`.
   for (size_t i = 0; i < schema.returns().size(); ++i) {
-    const int alias = info.return_aliases.empty() ? -1 : info.return_aliases[i];
-    if (alias >= 0) {
-      torch::jit::push(*stack, args[alias].isTensor() ? c10::IValue(self) : args[alias]);
-    } else {
-      torch::jit::push(*stack, fstack[i]);
-    }
+    const bool aliases = !info.return_aliases.empty() && info.return_aliases[i] >= 0;
+    torch::jit::push(*stack, aliases ? c10::IValue(self) : fstack[i]);
   }
   return true;
 }

@@ -297,6 +297,14 @@ def assert_client_matches_eager(f, make_inputs, *, remove, graphs=("make_fx", "c
         out = fn(*inputs)
         return inputs, out, versions
 
+    def replay_matches(gm, out, inputs, label, inputs_seed=0):
+        r_in, r_out, _ = run(gm, inputs_seed)
+        assert_trees_match(r_out, out, f"{label}: output")
+        expected = [t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+        replayed = [t for t in pytree.tree_leaves(r_in) if isinstance(t, torch.Tensor)]
+        for i, (r, e) in enumerate(zip(replayed, expected)):
+            assert_trees_match(r.detach(), e.detach(), f"{label}: input {i}")
+
     e_in, e_out, e_versions = run(f)
     a_in, a_out, a_versions = run(torch_functionalize.functionalize(f, remove=remove))
     assert a_versions == e_versions
@@ -317,22 +325,13 @@ def assert_client_matches_eager(f, make_inputs, *, remove, graphs=("make_fx", "c
     for name in graphs:
         gm = run(builders[name])[1]
         assert_functional_graph(gm, remove)
-        r_in, r_out, _ = run(gm)
-        assert_trees_match(r_out, e_out, f"{name} replay: output")
-        r_leaves = [t for t in pytree.tree_leaves(r_in) if isinstance(t, torch.Tensor)]
-        for i, (r, e) in enumerate(zip(r_leaves, e_leaves)):
-            assert_trees_match(r.detach(), e.detach(), f"{name} replay: input {i}")
+        replay_matches(gm, out=e_out, inputs=e_in, label=f"{name} replay")
         # Other inputs: a value the graph baked in (a constant where an input-derived tensor
         # belongs) gives the traced inputs' numbers here.
         o_in, o_out, _ = run(f, inputs_seed=2)
         try:
-            r_in, r_out, _ = run(gm, inputs_seed=2)
+            replay_matches(gm, out=o_out, inputs=o_in, label=f"{name} replay on other inputs",
+                           inputs_seed=2)
         except RuntimeError as error:  # a guarded read: Note [Capture: guards on values read]
             if "specialized on it" not in str(error):
                 raise
-            continue
-        assert_trees_match(r_out, o_out, f"{name} replay on other inputs: output")
-        o_leaves = [t for t in pytree.tree_leaves(o_in) if isinstance(t, torch.Tensor)]
-        r_leaves = [t for t in pytree.tree_leaves(r_in) if isinstance(t, torch.Tensor)]
-        for i, (r, e) in enumerate(zip(r_leaves, o_leaves)):
-            assert_trees_match(r.detach(), e.detach(), f"{name} replay on other inputs: input {i}")
