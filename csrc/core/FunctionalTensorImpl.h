@@ -63,6 +63,9 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   /// Applies pending updates of the storage and, if this wrapper is stale, replays its chain
   /// from the new base. Runs its ops under an InnerCallGuard.
   void sync_();
+  /// Makes the next sync_() replay this view's chain from the base whatever the generation (its
+  /// value came from an untraced inner call: Note [Graphs: views taken with the tracer set aside]).
+  void mark_stale_() { generation_ = kNeverSynced; }
   /// The part of sync_() that view ops (which do not sync) need too: a requires_grad_ set on the
   /// wrapper reaches its value (Note [Wrapper: requires_grad_ set on a wrapper]).
   void sync_requires_grad_() {
@@ -136,6 +139,8 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
 
   at::Tensor value_;
   int64_t layer_id_;
+  // No storage reaches this generation (they count up from 0).
+  static constexpr uint64_t kNeverSynced = ~uint64_t{0};
   uint64_t generation_ = 0;
   ViewChain chain_;
   std::vector<MetadataMutation> metadata_mutations_;

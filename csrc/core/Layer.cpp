@@ -177,6 +177,7 @@ LayerGuard::LayerGuard(bool reapply_views) {
   layer_.id = next_layer_id.fetch_add(1);
   layer_.reapply_views = reapply_views;
   layer_.entry_tls = entry;
+  layer_.entered_under_modes = c10::impl::TorchDispatchModeTLS::stack_len() > 0;
   layer_.added_included = raw_minus(ours, entry.included_);
   layer_.removed_included = entry.included_ & hidden_included;
   layer_.added_excluded = layer_hidden_keys() - entry.excluded_;

@@ -37,6 +37,9 @@ struct Layer {
   // wrappers of this layer they were passed in as. See Note [Control flow: closures].
   bool lifts_closures = false;
   std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> substitutes;
+  // A dispatch mode (make_fx's tracer) was active on entry: inner calls made while user code
+  // set it aside are not traced. See Note [Graphs: views taken with the tracer set aside].
+  bool entered_under_modes = false;
 };
 
 /// The wrapper of `layer` that stands for `foreign` (a wrapper of an enclosing layer a branch

@@ -5,6 +5,7 @@
 #include "core/AutogradHistory.h"
 #include "core/Conversions.h"
 #include "core/Layout.h"
+#include "core/ModeStash.h"
 #include "core/Recorder.h"
 
 #include <ATen/EmptyTensor.h>
@@ -207,6 +208,23 @@ void check_bool_bytes_read(std::string_view op_name, const FunctionalTensorImpl&
 }
 }  // namespace
 
+namespace {
+// Note [Graphs: views taken with the tracer set aside]
+// torch sets dispatch modes aside around some of its own calls: nn.Parameter(t) is
+// Tensor._make_subclass, which detaches t with every mode stashed. Inside a layer entered under
+// make_fx the view kernel then runs the inner view op untraced, and the graph would hold the
+// view's value as a constant (on other inputs it gives the traced inputs' numbers, silently).
+// Rule: a view made while the modes the layer was entered under are set aside is marked stale, so
+// its first read replays its chain from the base with the tracer back, and the graph reads a view
+// of the traced base. Views can be regenerated at no risk (that is what a read after a write
+// does); other ops run with modes set aside are torch's own bookkeeping. Rejected: intercepting
+// _make_subclass in Python (one of several regions that stash modes, and a patch of torch).
+bool taken_with_tracer_set_aside(const Layer& layer) {
+  return C10_UNLIKELY(layer.entered_under_modes) && !ops_are_recorded() &&
+         !stashed_dispatch_modes().has_value();
+}
+}  // namespace
+
 void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                  const Layer& layer) {
   const size_t num_args = op.schema().arguments().size();
@@ -286,6 +304,7 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
       unsafe_get_impl(wrapper)->set_chain_from_base_(std::move(dtype_steps));
     }
     if (reference) set_reference(wrapper, reference->toTensor());
+    if (taken_with_tracer_set_aside(layer)) unsafe_get_impl(wrapper)->mark_stale_();
     torch::jit::push(*stack, std::move(wrapper));
     return;
   }
@@ -295,6 +314,7 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   for (size_t i = 0; i < views.size(); ++i) {
     auto wrapper = make_view_wrapper(views.get(i), self, make_step(static_cast<int64_t>(i)));
     if (reference) set_reference(wrapper, reference->toTensorList().get(i));
+    if (taken_with_tracer_set_aside(layer)) unsafe_get_impl(wrapper)->mark_stale_();
     wrapped.push_back(std::move(wrapper));
   }
   torch::jit::push(*stack, std::move(wrapped));
