@@ -39,8 +39,14 @@ std::vector<at::Tensor> call_functionalized(const std::vector<at::Tensor>& input
     UndoScope undo_scope(layer.layer().id, undo);
     wrapped = wrap_inputs(inputs, layer.layer());
     outputs = fn(wrapped);
-    for (const auto& t : outputs) {
-      if (auto* impl = maybe_get_impl(t)) impl->sync_();
+    for (auto& t : outputs) {
+      if (auto* impl = maybe_get_impl(t)) {
+        impl->sync_();
+      } else if (C10_UNLIKELY(t.defined() && ops_are_recorded())) {
+        // A gradient torch.autograd.grad returned plain: its traced value.
+        // See Note [Autograd: formula temporaries written in place].
+        if (auto traced = traced_saved_output(t)) t = *std::move(traced);
+      }
     }
     for (const auto& t : wrapped) {
       if (auto* impl = maybe_get_impl(t)) impl->sync_();

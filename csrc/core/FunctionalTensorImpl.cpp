@@ -101,6 +101,9 @@ struct MirroredLeafMeta final : torch::autograd::AutogradMeta {
 at::Tensor mirrored_leaf(const at::Tensor& t) {
   auto* impl = maybe_get_impl(t);
   if (impl == nullptr) return {};
+  // A requires_grad_() set on the wrapper reaches its value at the next sync; the hook must go
+  // where the value's accumulator will read it (w.clone().requires_grad_().register_hook(h)).
+  impl->sync_requires_grad_();
   const auto* meta = dynamic_cast<const MirroredLeafMeta*>(impl->autograd_meta());
   return meta != nullptr ? meta->leaf_ : at::Tensor();
 }

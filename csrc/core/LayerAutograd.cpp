@@ -48,8 +48,7 @@ class LiftGradHook final : public torch::autograd::FunctionPreHook {
   LiftGradHook(LayerAutograd* owner, torch::autograd::AccumulateGrad* node, size_t index)
       : owner_(owner), node_(node), index_(index) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
-    owner_->before_accumulate(index_, *node_, grads);  // the owner removes this hook first
-    return grads;
+    return owner_->before_accumulate(index_, *node_, grads);  // the owner removes this hook first
   }
 
  private:
@@ -208,16 +207,24 @@ bool LayerAutograd::is_ours(const at::Tensor& t) const {
   return impl != nullptr && impl->layer_id() == layer_id_;
 }
 
-void LayerAutograd::before_accumulate(size_t index, torch::autograd::AccumulateGrad& node,
-                                      const torch::autograd::variable_list& grads) {
+torch::autograd::variable_list LayerAutograd::before_accumulate(
+    size_t index, torch::autograd::AccumulateGrad& node,
+    const torch::autograd::variable_list& grads) {
+  torch::autograd::variable_list lifted = grads;
+  for (at::Tensor& g : lifted) {
+    if (!g.defined() || maybe_get_impl(g) != nullptr || g.layout() != c10::kStrided) continue;
+    std::optional<at::Tensor> traced = ops_are_recorded() ? traced_saved_output(g) : std::nullopt;
+    g = make_fresh_wrapper(traced ? *traced : g, layer_id_);
+  }
   at::Tensor& grad = node.variable.mutable_grad();
   auto& before = hooked_[index].grad_before;
   if (!before.has_value()) before = grad;  // what the caller had
-  if (!grad.defined() || maybe_get_impl(grad) != nullptr) return;
-  if (std::none_of(grads.begin(), grads.end(), [&](const at::Tensor& g) { return is_ours(g); })) {
-    return;
+  if (!grad.defined() || maybe_get_impl(grad) != nullptr) return lifted;
+  if (std::none_of(lifted.begin(), lifted.end(), [&](const at::Tensor& g) { return is_ours(g); })) {
+    return lifted;
   }
   grad = make_fresh_wrapper(grad, layer_id_);
+  return lifted;
 }
 
 void LayerAutograd::note_assigned(const at::Tensor& leaf) {

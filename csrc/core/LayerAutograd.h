@@ -37,10 +37,13 @@ class LayerAutograd {
   /// Walks the nodes reachable from `fn` not seen before and hooks every AccumulateGrad among
   /// them (`fn` included).
   void note(const NodePtr& fn);
-  /// The pre-hook of `node`: a wrapper gradient is about to be accumulated into a leaf whose
-  /// .grad is plain; that .grad becomes a wrapper first.
-  void before_accumulate(size_t index, torch::autograd::AccumulateGrad& node,
-                         const torch::autograd::variable_list& grads);
+  /// The pre-hook of `node`: a gradient is about to be accumulated into a leaf. A plain gradient
+  /// (a formula's temporary: Note [Autograd: formula temporaries written in place]) becomes a
+  /// wrapper, of its traced value under a tracer; a plain .grad then becomes a wrapper too.
+  /// Returns the gradients to accumulate.
+  torch::autograd::variable_list before_accumulate(size_t index,
+                                                   torch::autograd::AccumulateGrad& node,
+                                                   const torch::autograd::variable_list& grads);
   /// After a call that returned: every leaf's .grad is plain again (copied into the tensor that
   /// was .grad before the call when not `traced`). Without it, the destructor restores .grad.
   void finish(bool traced);

@@ -189,7 +189,7 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
     const bool wrap = layer != nullptr && info.wraps_plain_outputs;
     if (C10_UNLIKELY(layer != nullptr && ops_are_recorded())) {
       // See Note [Autograd: formula temporaries written in place].
-      if (info.kind == OpKind::Mutable && write_temporary_functionally(info, op, stack)) return;
+      if (info.kind == OpKind::Mutable && write_formula_temporary(info, op, stack)) return;
       read_traced_saved_outputs(stack, num_args);
     }
     {
@@ -202,6 +202,9 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
   if (C10_UNLIKELY(ks.has(c10::DispatchKey::ZeroTensor))) {
     return op.redispatchBoxed(zero_tensor_keys(), stack);  // Note [Kernel: efficient zero tensors]
   }
+  // A functional value written into a plain temporary of a backward formula.
+  // See Note [Autograd: formula temporaries written in place].
+  if (info.kind == OpKind::Mutable && write_formula_temporary(info, op, stack)) return;
   if (plan.special != nullptr && plan.special->handle != nullptr) {
     return plan.special->handle(info, op, stack, *layer);
   }

@@ -58,12 +58,12 @@ void differentiate_rrelu_through_its_noise(const OpInfo& info, const c10::Operat
                                            const std::vector<c10::IValue>& inner,
                                            torch::jit::Stack& results);
 
-/// Under a tracer, inside a layer: an in-place op whose arguments are all plain and whose one
-/// written argument is a temporary nothing else can see runs as its functional variant, and the
-/// temporary's memory takes the result unrecorded. Returns false (nothing done) otherwise.
+/// Inside a layer, while a backward runs: an in-place op whose one written argument is a plain
+/// temporary nothing else can see runs on the values (under a tracer as its functional variant,
+/// the temporary's memory taking the result unrecorded). Returns false (nothing done) otherwise.
 /// See Note [Autograd: formula temporaries written in place].
-bool write_temporary_functionally(const OpInfo& info, const c10::OperatorHandle& op,
-                                  torch::jit::Stack* stack);
+bool write_formula_temporary(const OpInfo& info, const c10::OperatorHandle& op,
+                             torch::jit::Stack* stack);
 
 /// After `copy` ran on `inner` (copy_'s arguments, unwrapped) and left `results`: the result's
 /// grad_fn is eager's CopyBackwards. See Note [Kernel: copy's derivative].

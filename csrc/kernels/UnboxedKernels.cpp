@@ -370,6 +370,11 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     if (C10_UNLIKELY(ks.has(c10::DispatchKey::ZeroTensor))) {
       return MutOp::redispatch(zero_tensor_keys(), args...);  // See run_boxed_kernel.
     }
+    if (C10_UNLIKELY(maybe_get_impl(written) == nullptr)) {
+      // The boxed kernel: Note [Autograd: formula temporaries written in place], or its refusal.
+      run_on_boxed_kernel<MutOp>(ks, args...);
+      return written;
+    }
     check_writable(name(), kWrittenName, written);
     // The boxed kernel's rules for these (Note [Strides: what eager gives], case "resized out=",
     // for a traced out=; Note [Kernel: bool views of other bytes]), whose cost eager calls on

@@ -499,6 +499,45 @@ def test_leaves_made_inside_f_are_differentiable(maker, remove):
     assert_functional_graph(gm, remove)
 
 
+# Hooks registered on a leaf made inside f before any op read it: its requires_grad_() had not
+# reached its value yet, so the hooks went to the wrapper, where the engine never reads them
+# (the gradient came out unhooked, silently). See Note [Autograd: hooks on leaf wrappers].
+HOOKED_LEAF_MAKERS = {
+    "clone_requires_grad_": lambda w: w.clone().requires_grad_(),
+    "zeros_requires_grad_": lambda w: torch.zeros(w.shape).requires_grad_(),
+    "randn_requires_grad": lambda w: torch.randn(w.shape, requires_grad=True),
+    "parameter": lambda w: torch.nn.Parameter(w * 1),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("maker", sorted(HOOKED_LEAF_MAKERS))
+def test_hooks_on_a_leaf_made_inside_f_run_as_in_eager(maker, remove):
+    make_leaf = HOOKED_LEAF_MAKERS[maker]
+
+    def f(w, x):
+        leaf = make_leaf(w)
+        calls = []
+        leaf.register_hook(lambda g: g * 0.5)
+        leaf.register_post_accumulate_grad_hook(lambda t: calls.append(t.grad.sum()))
+        (x @ leaf.t()).sin().sum().backward()
+        return leaf.grad, calls
+
+    def make():
+        gen = torch.Generator(torch.get_default_device()).manual_seed(7)
+        return torch.randn(3, 4, generator=gen), torch.randn(5, 4, generator=gen)
+
+    torch.manual_seed(0)
+    expected = f(*make())
+    torch.manual_seed(0)
+    assert_trees_match(functionalize(f, remove=remove)(*make()), expected, "eager call")
+    traced_on = (make()[0] + 1, make()[1])
+    gm = make_fx(lambda w, x: functionalize(f, remove=remove)(w, x)[0])(*traced_on)
+    assert_functional_graph(gm, remove)
+    torch.manual_seed(0)
+    assert_trees_match(gm(*make()), expected[0], "make_fx graph on other inputs")
+
+
 # Joint functions whose backward reads forward outputs, traced with make_fx or capture, then
 # replayed on other inputs and parameters. See Note [Autograd: saved outputs under a tracer].
 OUTPUT_SAVING = {

@@ -303,6 +303,27 @@ def gradients_assigned_then_step(p, x, y):
     return losses
 
 
+def bce_with_logits_steps(p, x, y):
+    # BCEWithLogitsLoss's backward formula multiplies the incoming (functional) gradient into a
+    # plain temporary of its own in place (Note [Autograd: formula temporaries written in place]).
+    targets = (y > 0).float()
+    loss_fn = nn.BCEWithLogitsLoss(weight=torch.tensor([1.0, 0.5, 2.0]),
+                                   pos_weight=torch.tensor([2.0, 1.0, 0.5]))
+    opt = torch.optim.SGD(list(p.values()), lr=0.1)
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        loss = loss_fn(functional_call(MLP, p, (x,)), targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    out = functional_call(MLP, p, (x,)).sum(1)
+    (g,) = torch.autograd.grad(
+        nn.functional.binary_cross_entropy_with_logits(out, targets[:, 0], reduction="sum"),
+        p["0.bias"])
+    return losses, g
+
+
 def gradient_penalty_steps(p, x, y):
     # WGAN-GP: the critic's input gradient (create_graph=True), its norm penalised, weights
     # clipped under no_grad. The norm's double backward writes a temporary of its own in place
@@ -328,6 +349,7 @@ def gradient_penalty_steps(p, x, y):
 
 CASES = {
     "gradient_penalty_steps": (gradient_penalty_steps, mlp_inputs),
+    "bce_with_logits_steps": (bce_with_logits_steps, mlp_inputs),
     "flat_vector_sgd": (flat_vector_sgd, mlp_inputs),
     "data_assigned_weight_average": (data_assigned_weight_average, mlp_inputs),
     "clipping_hooks": (clipping_hooks, mlp_inputs),
