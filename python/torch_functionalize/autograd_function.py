@@ -2,6 +2,7 @@
 function: see Note [Autograd: custom Functions]. Installed once, when the package is imported
 (install()); costs one check per Function call outside functionalize."""
 import inspect
+import weakref
 from typing import Any
 
 import torch
@@ -76,12 +77,20 @@ class _Plan:
                  non_differentiable: list[int]) -> None:
         self.cls, self.ctx, self.out_values = cls, ctx, out_values
         self.saved, self.non_differentiable = saved, non_differentiable
+        self.removes_views = _C._layer_removes_views()
 
 
 class _Bridge(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, plan: _Plan, *values: Any) -> Any:
         outs = plan.out_values
+        if plan.removes_views:
+            # An argument returned as is becomes a view of it (autograd's view_as), which a graph
+            # without views must not hold: a copy of it instead (the output is a new tensor
+            # under the layer either way).
+            passed = {id(v) for v in values if isinstance(v, torch.Tensor)}
+            outs = [torch.ops.aten.alias_copy(o) if id(o) in passed else o for o in outs]
+            plan.out_values = outs
         ctx.save_for_backward(*[outs[what] if kind == "out" else what for kind, what in plan.saved])
         ctx.mark_non_differentiable(*[outs[i] for i in plan.non_differentiable])
         ctx.set_materialize_grads(getattr(plan.ctx, "materialize_grads", True))
@@ -99,6 +108,20 @@ class _Bridge(torch.autograd.Function):
         if not isinstance(result, tuple):
             result = (result,)
         return (None, *result)
+
+
+_bridges: "weakref.WeakKeyDictionary[type, type]" = weakref.WeakKeyDictionary()
+
+
+def _bridge_for(cls: type) -> Any:
+    """A _Bridge subclass named as the user's Function, so its outputs' grad_fn reads as eager's
+    (`<Name>Backward`): torch's module backward hooks find their node by that name."""
+    bridge = _bridges.get(cls)
+    if bridge is None:
+        bridge = type(cls.__name__, (_Bridge,), {"__module__": cls.__module__,
+                                                 "__qualname__": cls.__qualname__})
+        _bridges[cls] = bridge
+    return bridge
 
 
 def _positional(cls: Any, args: tuple, kwargs: dict) -> tuple:
@@ -168,7 +191,7 @@ def _apply_at_layer(cls: Any, args: tuple, kwargs: dict) -> Any:
     plan = _Plan(cls, ctx, out_values, saved, non_differentiable)
     scope = _C._InnerCall()
     try:
-        bridged = _Bridge.apply(plan, *before)
+        bridged = _bridge_for(cls).apply(plan, *before)
     finally:
         scope.close()
     results = []

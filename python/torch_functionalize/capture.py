@@ -104,7 +104,14 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
             f"capture: {str(error).splitlines()[0]} Recorded with make_fx(functionalize(f)) "
             "instead, which ran f a second time: Python side effects of f outside its tensors "
             "(an optimizer or scheduler made outside f) happened twice.", stacklevel=2)
-        return _capture_traced(func, args, kwargs, arguments, remove, "real")
+        try:
+            return _capture_traced(func, args, kwargs, arguments, remove, "real")
+        except Exception as traced_error:
+            raise NotImplementedError(
+                f"capture: {str(error).splitlines()[0]} make_fx(functionalize(f)), which capture "
+                f"used instead, failed too: {type(traced_error).__name__}: "
+                f"{str(traced_error).splitlines()[0] if str(traced_error) else ''}"
+            ) from traced_error
     out = result[0]
     if graph_pass is not None:
         captured = graph_pass(captured)
@@ -128,7 +135,9 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
 # cache and its invalidation are torch.compile's job).
 # What the engine refuses under capture that make_fx records (Note [Capture: control flow]).
 _THROUGH_MAKE_FX = ("(a higher-order operator) under capture", "autocast is enabled inside",
-                   rng_state.THROUGH_MAKE_FX)
+                   rng_state.THROUGH_MAKE_FX,
+                   # Note [Capture: composites taken whole under autograd]
+                   "taken whole under capture with an argument that requires grad")
 
 
 class _RandomState:
@@ -158,7 +167,9 @@ class _RandomState:
 # of f outside its tensors happen twice, which a warning says. The same holds for autocast
 # inside f (Note [Capture: autocast inside the function]) and for a program that sets the random
 # generator's state, refused mid-run, before its epilogue
-# (Note [Graphs: random state saved and restored]). Rejected: recording operators as nodes in C++ (their subgraphs need a tracer anyway).
+# (Note [Graphs: random state saved and restored]), and for ops taken whole whose backward reads
+# what their decomposition made (Note [Capture: composites taken whole under autograd]).
+# Rejected: recording operators as nodes in C++ (their subgraphs need a tracer anyway).
 def _capture_traced(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
                     arguments: Flat, remove: Remove,
                     tracing_mode: Literal["real", "symbolic"]) -> fx.GraphModule:

@@ -324,6 +324,21 @@ def bce_with_logits_steps(p, x, y):
     return losses, g
 
 
+def module_backward_hooks(p, x, y):
+    # Full backward hooks wrap the module's inputs and outputs in torch's BackwardHookFunction and
+    # find its node by grad_fn name (Note [Autograd: custom Functions]).
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    seen = []
+    model[0].register_full_backward_hook(lambda m, gi, go: seen.append(go[0].sum()))
+    model[2].register_full_backward_pre_hook(lambda m, go: (go[0].clamp(-0.05, 0.05),))
+    opt = torch.optim.SGD(list(p.values()), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        mse(functional_call(model, p, (x,)), y).backward()
+        opt.step()
+    return seen, [q.grad for q in p.values()]
+
+
 def gradient_penalty_steps(p, x, y):
     # WGAN-GP: the critic's input gradient (create_graph=True), its norm penalised, weights
     # clipped under no_grad. The norm's double backward writes a temporary of its own in place
@@ -350,6 +365,7 @@ def gradient_penalty_steps(p, x, y):
 CASES = {
     "gradient_penalty_steps": (gradient_penalty_steps, mlp_inputs),
     "bce_with_logits_steps": (bce_with_logits_steps, mlp_inputs),
+    "module_backward_hooks": (module_backward_hooks, mlp_inputs),
     "flat_vector_sgd": (flat_vector_sgd, mlp_inputs),
     "data_assigned_weight_average": (data_assigned_weight_average, mlp_inputs),
     "clipping_hooks": (clipping_hooks, mlp_inputs),

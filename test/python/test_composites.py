@@ -13,7 +13,7 @@ from torch_functionalize.testing._internal.reference import (
     assert_trees_match,
     trace,
 )
-from torch_functionalize import functionalize
+from torch_functionalize import capture, functionalize
 
 
 # Composite out= ops whose kernels resize `out` with at::native::resize_ (no dispatch) when it is
@@ -169,3 +169,60 @@ def test_tensor_split_by_a_tensor_of_indices(remove, computed):
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=0, atol=0)
     torch.testing.assert_close(x, x_eager, rtol=0, atol=0)
+
+
+# Backward inside f through an op taken whole: under capture its backward read tensors the
+# decomposition made inside (ctc_loss's log_alpha) as graph constants, and replays on other
+# inputs gave the traced inputs' gradients. See Note [Capture: composites taken whole under
+# autograd]: such programs are recorded through make_fx.
+def _ctc_step(lp):
+    lp = lp.clone().requires_grad_()
+    targets = torch.tensor([[1, 2, 2], [3, 4, 0]])
+    loss = F.ctc_loss(lp.log_softmax(-1), targets, torch.tensor([6, 5]), torch.tensor([3, 2]))
+    loss.backward()
+    return loss.detach(), lp.grad
+
+
+def _max_pool1d_step(x):
+    x = x.clone().requires_grad_()
+    y = F.max_pool1d(x, 2)
+    (y * y).sum().backward()
+    return y.detach(), x.grad
+
+
+def _quantile_step(x):
+    x = x.clone().requires_grad_()
+    q = torch.quantile(x, 0.3, dim=-1)
+    q.sum().backward()
+    return q.detach(), x.grad
+
+
+_WHOLE_WITH_BACKWARD = {"ctc_loss": _ctc_step, "max_pool1d": _max_pool1d_step,
+                        "quantile": _quantile_step}
+
+
+@pytest.mark.parametrize("remove", ["mutations", "mutations_and_views"])
+@pytest.mark.parametrize("name", sorted(_WHOLE_WITH_BACKWARD))
+def test_capture_of_a_backward_through_an_op_taken_whole_replays_other_inputs(name, remove):
+    f = _WHOLE_WITH_BACKWARD[name]
+    gen = torch.Generator(torch.get_default_device()).manual_seed(4)
+    traced_on, other = torch.randn(6, 2, 5, generator=gen), torch.randn(6, 2, 5, generator=gen)
+    with pytest.warns(UserWarning, match="taken whole under capture"):
+        graph = capture(f, traced_on, remove=remove)
+    assert_trees_match(graph(other), f(other), "capture on other inputs")
+
+
+def test_capture_of_a_backward_through_a_packed_rnn_is_refused_by_name():
+    # make_fx, which capture falls back to, cannot trace pack_padded_sequence's read of lengths.
+    def f(x, w):
+        lstm = torch.nn.LSTM(5, 3)
+        with torch.no_grad():
+            lstm.weight_ih_l0.copy_(w)
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([6, 4]))
+        out, _ = lstm(packed)
+        out.data.sum().backward()
+        return lstm.weight_ih_l0.grad
+
+    with pytest.warns(UserWarning), pytest.raises(NotImplementedError,
+                                                  match="aten::lstm.data taken whole under capture"):
+        capture(f, torch.randn(6, 2, 5), torch.randn(12, 5))

@@ -132,6 +132,36 @@ def test_custom_function_matches_eager(name, remove):
     assert_client_matches_eager(CASES[name], make_inputs, remove=remove)
 
 
+class PassThrough(torch.autograd.Function):
+    """Returns its argument as is (torch's BackwardHookFunction does, for module hooks)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 0.5
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_outputs_grad_fn_is_named_after_the_function_and_a_passed_argument_is_no_view(remove):
+    # torch.nn.Module's full backward hooks find their node by its name; without views an
+    # argument returned as is was autograd's view_as of it, left in the graph.
+    def f(w, x):
+        h = PassThrough.apply(x @ w)
+        return type(h.grad_fn).__name__, torch.autograd.grad(h.sum(), w)[0]
+
+    w, x = torch.randn(4, 3, requires_grad=True), torch.randn(5, 4)
+    name, grad = functionalize(f, remove=remove)(w, x)
+    assert name == f(w, x)[0] == "PassThroughBackward"
+    assert_trees_match(grad, f(w, x)[1], "gradient")
+    gm = make_fx(lambda w, x: functionalize(f, remove=remove)(w, x)[1])(w, x)
+    assert_functional_graph(gm, remove)
+    w2, x2 = torch.randn(4, 3, requires_grad=True), torch.randn(5, 4)
+    assert_trees_match(gm(w2, x2), f(w2, x2)[1], "replay on other inputs")
+
+
 @pytest.mark.parametrize("remove", REMOVE_MODES)
 def test_gradient_reversal_leaves_no_view_and_reverses(remove):
     def f(w, x):
