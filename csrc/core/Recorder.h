@@ -24,6 +24,16 @@ class Recorder {
   void finish(GraphNode node, const torch::jit::Stack& stack);
   /// The graph whose outputs are `outputs`. The recorder is spent afterwards.
   Graph take(const std::vector<at::Tensor>& outputs);
+  /// Autograd nodes numbered [begin, end) were made inside an op recorded whole: their saved
+  /// tensors are no graph values (Note [Capture: composites taken whole under autograd]).
+  void note_hidden_nodes(uint64_t begin, uint64_t end) { hidden_nodes_.emplace_back(begin, end); }
+  /// Whether `sequence_nr` is such a node's.
+  bool is_hidden_node(uint64_t sequence_nr) const {
+    for (const auto& [begin, end] : hidden_nodes_) {
+      if (sequence_nr >= begin && sequence_nr < end) return true;
+    }
+    return false;
+  }
 
  private:
   int64_t value_of(const at::Tensor& t);  // a known value, or a new constant
@@ -32,6 +42,7 @@ class Recorder {
   // Follows the read of node `index` with a guard node (Note [Capture: guards on values read]).
   void guard_(size_t index, const torch::jit::Stack& stack);
   bool index_had_mask_ = false;  // the last op with a dynamic output shape had a boolean index
+  std::vector<std::pair<uint64_t, uint64_t>> hidden_nodes_;
 
   Graph graph_;
   std::unordered_map<const c10::TensorImpl*, int64_t> ids_;

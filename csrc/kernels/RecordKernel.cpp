@@ -6,9 +6,12 @@
 #include "core/DispatchKey.h"
 #include "core/Recorder.h"
 
+#include <ATen/SequenceNumber.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <mutex>
 
@@ -25,6 +28,29 @@ namespace {
 // tracer sits below autocast (Note [Capture: control flow]). Rejected: recording below autocast
 // (the record key's place above the functorch keys is what lets torch.func transforms inside f
 // be recorded, Note [Capture: the record key]).
+// Note [Capture: composites taken whole under autograd]
+// An op recorded whole (Note [Kernel: composites intercepted whole]) runs its decomposition below
+// the record key with autograd on, so the backward nodes it makes save tensors made inside it
+// (ctc_loss's log_alpha and negative log likelihood, max_pool1d's indices, an RNN's gates) that
+// no recorded op produced: a backward inside f read them as graph constants, and the captured
+// graph gave the traced inputs' gradients on every other input, silently. Rule: the record kernel
+// notes the sequence numbers of the autograd nodes made during such an op, and an op recorded
+// while one of those nodes runs (its backward) is refused with the message that makes capture
+// record the program through make_fx(functionalize(f)) instead (Note [Capture: control flow]),
+// which traces the decomposition op by op. A forward alone, or one without grad, stays one node.
+// Rejected: refusing the whole op whenever an argument requires grad (a forward-only capture of
+// a packed RNN, whose packing make_fx cannot trace, would then fail), and mapping the hidden
+// tensors to recorded values (the recorder never sees the ops that made them).
+void check_not_backward_of_whole_op(const Recorder& recorder, const c10::OperatorHandle& op) {
+  const auto node = torch::autograd::get_current_node();
+  if (node == nullptr || !recorder.is_hidden_node(node->sequence_nr())) return;
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, "functionalize: ", node->name(), " (", op.operator_name(),
+      ") is the backward of an op taken whole under capture with an argument that requires "
+      "grad: it reads tensors made inside that op's decomposition, which capture does not "
+      "record. Use make_fx(functionalize(f)), which records the decomposition.");
+}
+
 void record_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                    torch::jit::Stack* stack) {
   const auto below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRecordKey);
@@ -49,10 +75,16 @@ void record_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                               "capture: autocast is enabled inside the function (",
                               op.operator_name(),
                               "); its casts happen below the key capture records at.");
+  check_not_backward_of_whole_op(*recorder, op);
   GraphNode node = recorder->begin(op.operator_name() == lift_fresh ? lift_fresh_copy : op, *stack);
+  const bool whole = c10::GradMode::is_enabled() && is_composite_taken_whole(op);
+  const uint64_t first_node = whole ? at::sequence_number::peek() : 0;
   {
     c10::impl::ExcludeDispatchKeyGuard implementation_not_recorded(kRecordKey);
     op.redispatchBoxed(below, stack);
+  }
+  if (whole && at::sequence_number::peek() != first_node) {
+    recorder->note_hidden_nodes(first_node, at::sequence_number::peek());
   }
   recorder->finish(std::move(node), *stack);
 }

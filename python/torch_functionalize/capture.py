@@ -137,7 +137,7 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
 _THROUGH_MAKE_FX = ("(a higher-order operator) under capture", "autocast is enabled inside",
                    rng_state.THROUGH_MAKE_FX,
                    # Note [Capture: composites taken whole under autograd]
-                   "taken whole under capture with an argument that requires grad")
+                   "an op taken whole under capture with an argument that requires grad")
 
 
 class _RandomState:

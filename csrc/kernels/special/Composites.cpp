@@ -142,31 +142,6 @@ void restride_outs_as_eager(const OpInfo& info, const c10::OperatorHandle& op, c
   }
 }
 
-// Note [Capture: composites taken whole under autograd]
-// A functional op taken whole under capture (above) runs its decomposition on the inner values
-// with autograd on, so its backward nodes save tensors the decomposition made inside (ctc_loss's
-// log_alpha and negative log likelihood, an RNN's workspace, max_pool1d's indices) that no
-// recorded op produced: a backward inside f then read them as graph constants, and the captured
-// graph gave the traced inputs' gradients on every other input, silently. Rule: when such an op
-// meets an argument that requires grad with grad mode on, capture records the program through
-// make_fx(functionalize(f)) instead (Note [Capture: control flow]), which traces the decomposition
-// op by op. Without grad, nothing is saved and the op stays one recorded node. Rejected: mapping
-// the hidden tensors to recorded values (the recorder never sees the ops that made them).
-void check_no_hidden_saved_tensors(const OpInfo& info, const c10::OperatorHandle& op,
-                                   const Stack& stack) {
-  if (!c10::GradMode::is_enabled()) return;
-  const size_t num_args = op.schema().arguments().size();
-  bool requires_grad = false;
-  for (auto it = stack.end() - static_cast<std::ptrdiff_t>(num_args); it != stack.end(); ++it) {
-    for_each_tensor(*it, [&](const at::Tensor& t) { requires_grad |= t.requires_grad(); });
-  }
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      !requires_grad, "functionalize: ", info.name,
-      " taken whole under capture with an argument that requires grad is not supported: its "
-      "backward would read tensors made inside its decomposition, which capture does not "
-      "record. Use make_fx(functionalize(f)), which records the decomposition.");
-}
-
 }  // namespace
 
 void composite_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
@@ -176,7 +151,6 @@ void composite_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* 
   // are recorded whole (their decomposition would read data pointers, which no recorder sees); out=
   // ones take the tracer's path below, so their views become *_copy ops like any others.
   const bool capturing = active_recorder() != nullptr;
-  if (capturing && info.kind != OpKind::Mutable) check_no_hidden_saved_tensors(info, op, *stack);
   if (!c10::impl::TorchDispatchModeTLS::any_modes_set() &&
       (!capturing || info.kind != OpKind::Mutable)) {
     return generic_kernel(info, op, stack, layer);
