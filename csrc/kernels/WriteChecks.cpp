@@ -44,10 +44,12 @@ void check_eager_rules(std::string_view op_name, const at::Tensor& written, cons
   // message.
   if (resizes && written.sym_sizes() != value.sym_sizes()) {
     auto* impl = maybe_get_impl(written);
+    // A tensor resized before (by resize_ or an earlier out=) has the resize's step as its chain
+    // but views nothing: its chain before its first metadata mutation is empty.
     TORCH_CHECK_NOT_IMPLEMENTED(
-        impl == nullptr || impl->chain().empty(), "functionalize: ", op_name,
-        ": the out= tensor is a view of another tensor and has shape ", written.sym_sizes(),
-        " where the result has shape ", value.sym_sizes(),
+        impl == nullptr || impl->chain().empty() || impl->entry_chain().empty(),
+        "functionalize: ", op_name, ": the out= tensor is a view of another tensor and has shape ",
+        written.sym_sizes(), " where the result has shape ", value.sym_sizes(),
         "; resizing a view is not supported. Pass an out= tensor of the result's shape, or a "
         "fresh tensor.");
   }

@@ -136,7 +136,7 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
 # What the engine refuses under capture that make_fx records (Note [Capture: control flow]).
 _THROUGH_MAKE_FX = ("(a higher-order operator) under capture", "autocast is enabled inside",
                    rng_state.THROUGH_MAKE_FX,
-                   # Note [Capture: composites taken whole under autograd]
+                   # See Note [Capture: composites taken whole under autograd].
                    "an op taken whole under capture with an argument that requires grad")
 
 

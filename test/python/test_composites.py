@@ -173,8 +173,8 @@ def test_tensor_split_by_a_tensor_of_indices(remove, computed):
 
 # Backward inside f through an op taken whole: under capture its backward read tensors the
 # decomposition made inside (ctc_loss's log_alpha) as graph constants, and replays on other
-# inputs gave the traced inputs' gradients. See Note [Capture: composites taken whole under
-# autograd]: such programs are recorded through make_fx.
+# inputs gave the traced inputs' gradients. Such programs are recorded through make_fx:
+# See Note [Capture: composites taken whole under autograd].
 def _ctc_step(lp):
     lp = lp.clone().requires_grad_()
     targets = torch.tensor([[1, 2, 2], [3, 4, 0]])
