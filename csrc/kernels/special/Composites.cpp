@@ -32,7 +32,7 @@ namespace tfz::detail {
 //  - out= ops resize `out` through at::native::resize_ on the TensorImpl (resize_output), which
 //    fails on a wrapper ("storage that is not resizable") or silently leaves its shape stale
 //    (matmul, linalg.matrix_power, linalg.multi_dot, quantile, linalg.norm, tensordot, ...);
-//  - max_pool1d, ctc_loss(Tensor lengths) and the ops over a PackedSequence's batch sizes
+//  - max_pool1d, ctc_loss and the ops over a PackedSequence's batch sizes
 //    (lstm.data, gru.data, rnn_tanh.data, rnn_relu.data, _pad_packed_sequence) read a data
 //    pointer directly, and so does quantile / nanquantile on CPU from torch 2.15 (and 2.11):
 //    under capture their out= forms run the functional variant on the wrappers (see below),
@@ -59,7 +59,7 @@ bool has_raw_fast_path(const c10::OperatorHandle& op) {
   if (!op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return false;
   const auto& schema = op.schema();
   if (schema.name() == "aten::max_pool1d" && schema.overload_name().empty()) return true;
-  if (schema.name() == "aten::ctc_loss" && schema.overload_name() == "Tensor") return true;
+  if (schema.name() == "aten::ctc_loss") return true;  // Tensor, and IntList (its mean: below)
   // A PackedSequence's batch sizes, read as an int array from their data.
   if ((schema.name() == "aten::lstm" || schema.name() == "aten::gru" ||
        schema.name() == "aten::rnn_tanh" || schema.name() == "aten::rnn_relu") &&
@@ -142,6 +142,37 @@ void restride_outs_as_eager(const OpInfo& info, const c10::OperatorHandle& op, c
   }
 }
 
+// Note [Kernel: ctc_loss's mean over int lengths]
+// ctc_loss with int-list lengths and reduction="mean" divides each sequence's loss by its target
+// length, a tensor its CIA kernel builds with at::tensor: at::empty, then a raw copy of the ints.
+// Inside a layer that empty is a wrapper, which has no memory to copy into ("data is not
+// allocated"); under plain make_fx the copy is not traced, and the graph divides by whatever
+// memory `empty` hands out at replay (wrong numbers, silently: torch's own bug). Eagerly and under
+// capture the op runs whole on the values; under a tracer the kernel computes the same mean on
+// the wrappers: ctc_loss with reduction="none" (its decomposition, traced op by op), divided by
+// the lengths as a constant (the int list is one in the graph anyway), clamped to 1 as eager's.
+bool is_ctc_loss_mean_of_int_lengths(const c10::OperatorHandle& op, const Stack& stack) {
+  if (!named(op, "aten::ctc_loss", "IntList")) return false;
+  return (stack.end() - 2)->toInt() == at::Reduction::Mean;
+}
+
+at::Tensor ctc_loss_mean_on_wrappers(Stack* stack) {
+  auto args = torch::jit::last(*stack, 7).vec();
+  torch::jit::drop(*stack, 7);
+  const at::Tensor log_probs = args[0].toTensor();
+  std::vector<int64_t> target_lengths = args[3].toIntVector();
+  const at::Tensor per_sequence =
+      at::ctc_loss(log_probs, args[1].toTensor(), args[2].toIntVector(), target_lengths,
+                   args[4].toInt(), at::Reduction::None, args[6].toBool());
+  at::Tensor constant;
+  {
+    MetaComputeGuard untraced;  // the ints, as the graph's constant
+    constant = at::tensor(target_lengths, at::kLong);
+  }
+  const at::Tensor lengths = constant.to(per_sequence.options()).clamp_min(1);
+  return (per_sequence / lengths).mean();
+}
+
 }  // namespace
 
 void composite_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
@@ -156,6 +187,9 @@ void composite_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* 
     return generic_kernel(info, op, stack, layer);
   }
   if (info.kind == OpKind::Mutable) return mutable_kernel_on_wrappers(info, op, stack, layer);
+  if (is_ctc_loss_mean_of_int_lengths(op, *stack)) {
+    return torch::jit::push(*stack, ctc_loss_mean_on_wrappers(stack));
+  }
   PythonUnhiddenGuard guard;
   op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
 }
