@@ -113,7 +113,11 @@ void LayerAutograd::note(const NodePtr& fn) {
 // geometry to the recomputed output the tracer traced. That output is known only once a wrapper
 // takes it, which checkpoint's early stop prevents for the last op it recomputes (it stops from
 // inside that op's autograd, a constant again), so traced calls recompute whole
-// (set_checkpoint_early_stop(False) around them; api.py, capture.py). Rejected: un-hiding the
+// (set_checkpoint_early_stop(False) around them; api.py, capture.py). A backward that builds a
+// graph (create_graph=True: a Hessian-vector product, MAML, a SiLU critic's gradient penalty)
+// computes new outputs on plain values only (silu's backward takes sigmoid of its saved input),
+// whose nodes save them in turn; no wrapper takes those, so the kernel notes every plain result
+// with a grad_fn it runs under a tracer too (note_traced_plain_outputs). Rejected: un-hiding the
 // Python key while backward nodes run (node hooks): an exception between the hooks would leave the
 // TLS changed, and the mode then sees autograd's bookkeeping (the detach of every unpacked output)
 // as ops of the program.
@@ -136,6 +140,13 @@ void note_grad_assigned(int64_t layer_id, const at::Tensor& leaf) {
   if (layer == nullptr || layer->id != layer_id) return;
   if (!layer->autograd) layer->autograd = std::make_unique<LayerAutograd>(layer_id);
   layer->autograd->note_assigned(leaf);
+}
+
+void note_traced_plain_output(const at::Tensor& value) {
+  if (!value.defined() || value.grad_fn() == nullptr) return;
+  Layer* layer = this_threads_layer();
+  if (layer == nullptr || !layer->autograd) return;
+  layer->autograd->note_output(value);
 }
 
 void note_traced_output(int64_t layer_id, const at::Tensor& value) {

@@ -108,6 +108,9 @@ void note_autograd_graph(int64_t layer_id, const NodePtr& fn);
 void note_grad_assigned(int64_t layer_id, const at::Tensor& leaf);
 /// Under a tracer, a wrapper of layer `layer_id` took `value`, an output with a grad_fn.
 void note_traced_output(int64_t layer_id, const at::Tensor& value);
+/// Under a tracer, this thread's layer ran an op on plain values only and `value` is a result with
+/// a grad_fn (a backward that builds a graph): notes it like a wrapper's output.
+void note_traced_plain_output(const at::Tensor& value);
 /// A plain tensor reached the kernel of this thread's layer: under a tracer, the traced forward
 /// output it copies, if any (Note [Autograd: saved outputs under a tracer]).
 std::optional<at::Tensor> traced_saved_output(const at::Tensor& plain);

@@ -196,7 +196,16 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
       InnerCallGuard guard;
       op.callBoxed(stack);
     }
-    if (wrap) wrap_outputs(stack, op.schema().returns().size(), layer_id);
+    if (wrap) {
+      wrap_outputs(stack, op.schema().returns().size(), layer_id);
+    } else if (C10_UNLIKELY(layer != nullptr && ops_are_recorded())) {
+      // See Note [Autograd: saved outputs under a tracer], the create_graph case.
+      const size_t num_returns = op.schema().returns().size();
+      for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end();
+           ++it) {
+        for_each_tensor(*it, note_traced_plain_output);
+      }
+    }
     return;
   }
   if (C10_UNLIKELY(ks.has(c10::DispatchKey::ZeroTensor))) {

@@ -185,6 +185,18 @@ c10::IValue as_ivalue(const T& /*not a tensor*/) {
   return c10::IValue();
 }
 
+// An op's results on plain values under a tracer, the create_graph case of
+// See Note [Autograd: saved outputs under a tracer].
+[[maybe_unused]] void note_plain_results(const at::Tensor& t) {
+  note_traced_plain_output(t);
+}
+template <class... T>
+void note_plain_results(const std::tuple<T...>& results) {
+  std::apply([](const auto&... r) { (note_plain_results(r), ...); }, results);
+}
+template <class T, std::enable_if_t<!is_tensor_v<T>, int> = 0>
+void note_plain_results(const T& /*not a tensor*/) {}
+
 // The boxed kernel on these arguments, for the rare cases a listed op hands back to it; the
 // stack holds the op's returns afterwards.
 template <class OpT, class... A>
@@ -239,8 +251,13 @@ struct Unboxed<Op, Ret(Args...)> {
     }
     InnerCallGuard guard;
     if (!call.any()) {
-      // See the boxed kernel: saved tensors under a tracer read as the traced ones.
-      if (C10_UNLIKELY(ops_are_recorded())) return Op::call(call.unwrap(args)...);
+      // See the boxed kernel: saved tensors under a tracer read as the traced ones, and results
+      // are noted (Note [Autograd: saved outputs under a tracer], the create_graph case).
+      if (C10_UNLIKELY(ops_are_recorded())) {
+        Ret out = Op::call(call.unwrap(args)...);
+        note_plain_results(out);
+        return out;
+      }
       return Op::call(args...);
     }
     Ret out = Op::call(call.unwrap(args)...);

@@ -499,6 +499,56 @@ def test_leaves_made_inside_f_are_differentiable(maker, remove):
     assert_functional_graph(gm, remove)
 
 
+# Hessian-vector products (a backward with create_graph=True, then a backward of it) through
+# ops whose first backward computes new outputs that its own nodes save (silu's sigmoid of its
+# input, logsumexp's exp, erf's exp): graphs held those as constants, silently wrong on other
+# inputs. See Note [Autograd: saved outputs under a tracer], the create_graph case.
+class _ExpInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x.exp()
+
+
+DOUBLE_BACKWARD = {
+    "silu": lambda x: torch.nn.functional.silu(x).sum(),
+    "logsumexp": lambda x: torch.logsumexp(x, 1).sum(),
+    "erf": lambda x: torch.erf(x).sum(),
+    "mish": lambda x: torch.nn.functional.mish(x).sum(),
+    "bce_with_logits": lambda x: torch.nn.functional.binary_cross_entropy_with_logits(
+        x, (x.detach() > 0).float()),
+    "custom_function": lambda x: _ExpInBackward.apply(x).sum(),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("tracer", ["make_fx", "capture"])
+@pytest.mark.parametrize("name", sorted(DOUBLE_BACKWARD))
+def test_hessian_vector_product_graph_replays_other_inputs(name, tracer, remove):
+    loss_of = DOUBLE_BACKWARD[name]
+
+    def hvp(x, v):
+        x = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(loss_of(x), x, create_graph=True)
+        return torch.autograd.grad(g, x, v)[0]
+
+    gen = torch.Generator(torch.get_default_device()).manual_seed(9)
+    traced_on = (torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen))
+    other = (torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen))
+    assert_trees_match(functionalize(hvp, remove=remove)(*other), hvp(*other), "eager call")
+    if tracer == "make_fx":
+        gm = make_fx(functionalize(hvp, remove=remove))(*traced_on)
+    else:
+        gm = torch_functionalize.capture(hvp, *traced_on, remove=remove)
+    assert_functional_graph(gm, remove)
+    assert_trees_match(gm(*other), hvp(*other), f"{tracer} graph on other inputs")
+
+
 # Hooks registered on a leaf made inside f before any op read it: its requires_grad_() had not
 # reached its value yet, so the hooks went to the wrapper, where the engine never reads them
 # (the gradient came out unhooked, silently). See Note [Autograd: hooks on leaf wrappers].
