@@ -109,6 +109,13 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   void replace_storage_(const at::Tensor& new_base);
   /// True if the chain is empty or only holds a resize_ step: resize_ may apply again.
   bool is_resizable_base() const { return chain_.empty() || chain_is_resize_; }
+  /// Whether this wrapper shows exactly its storage's base (a detached alias: torch.tensor([]),
+  /// which lift_fresh hands over as a view of itself, or x.detach()): resized as the base would be.
+  bool views_all_of_its_base() const {
+    const at::Tensor& base = alias_storage().base();
+    return dtype() == base.dtype() && sym_sizes() == base.sym_sizes() &&
+           sym_strides() == base.sym_strides() && sym_storage_offset() == base.sym_storage_offset();
+  }
   /// This wrapper is an input of a flat storage (Note [Inputs: aliased inputs]): the steps its
   /// resize_ / as_strided_ give it count as a member's.
   void mark_flat_member() { flat_member_ = true; }

@@ -339,6 +339,38 @@ def module_backward_hooks(p, x, y):
     return seen, [q.grad for q in p.values()]
 
 
+class _QatConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.quant = torch.ao.quantization.QuantStub()
+        self.dequant = torch.ao.quantization.DeQuantStub()
+        self.conv, self.bn, self.relu = nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()
+        self.fc = nn.Linear(4 * 4 * 4, 3)
+
+    def forward(self, x):
+        return self.dequant(self.fc(self.relu(self.bn(self.conv(self.quant(x)))).flatten(1)))
+
+
+def qat_model_made_inside(w, x, y):
+    # The default QAT qconfig made inside f: its per-channel observer starts running_min as
+    # torch.tensor([]) (a detached alias of a fresh constant) that its fused op resizes.
+    model = _QatConvNet().train()
+    with torch.no_grad():
+        model.conv.weight.copy_(w)
+    model.qconfig = torch.ao.quantization.get_default_qat_qconfig("fbgemm")
+    torch.ao.quantization.fuse_modules_qat(model, [["conv", "bn", "relu"]], inplace=True)
+    torch.ao.quantization.prepare_qat(model, inplace=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return losses, model.conv.weight.detach(), model.fc.weight_fake_quant.scale
+
+
 def gradient_penalty_steps(p, x, y):
     # WGAN-GP: the critic's input gradient (create_graph=True), its norm penalised, weights
     # clipped under no_grad. The norm's double backward writes a temporary of its own in place
@@ -366,6 +398,8 @@ CASES = {
     "gradient_penalty_steps": (gradient_penalty_steps, mlp_inputs),
     "bce_with_logits_steps": (bce_with_logits_steps, mlp_inputs),
     "module_backward_hooks": (module_backward_hooks, mlp_inputs),
+    "qat_model_made_inside": (qat_model_made_inside, lambda: (
+        torch.randn(4, 2, 3, 3), torch.randn(3, 2, 4, 4), torch.randint(0, 3, (3,)))),
     "flat_vector_sgd": (flat_vector_sgd, mlp_inputs),
     "data_assigned_weight_average": (data_assigned_weight_average, mlp_inputs),
     "clipping_hooks": (clipping_hooks, mlp_inputs),

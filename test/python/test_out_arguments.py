@@ -520,3 +520,30 @@ def test_out_tensor_resized_twice_matches_eager(remove):
         # name under a tracer (Note [Kernel: resize_]), so that graph is not checked.
         assert_matches_eager(_input_resized_twice_by_out, torch.randn(3, 4), torch.empty(0),
                              remove=remove, check_graph=remove == "mutations")
+
+
+# A detached alias views all of its base: torch.tensor([]) (lift_fresh hands the constant over as
+# a view of itself) or a detach of a fresh tensor is resized by out= as the base would be (before:
+# refused as a view; QAT's per-channel observer starts its running min/max so).
+@pytest.mark.parametrize("remove", ["mutations", "mutations_and_views"])
+@pytest.mark.parametrize("make", [lambda: torch.tensor([]), lambda: torch.zeros(0).detach()],
+                         ids=["tensor_of_no_element", "detached_fresh_tensor"])
+def test_out_tensor_that_is_a_detached_alias_is_resized_as_in_eager(make, remove):
+    def f(x):
+        out = make()
+        torch.add(x, 1, out=out)
+        return out
+
+    assert_matches_eager(f, torch.randn(3), remove=remove)
+
+
+def test_growing_a_detached_alias_of_a_live_tensor_is_refused_by_name():
+    # Eager reallocates the storage both share; the live tensor would no longer match eager.
+    def f(x):
+        y = x * 2
+        d = y.detach()
+        d.resize_(10)
+        return y, d
+
+    with pytest.raises(NotImplementedError, match="resize_: growing a tensor past its storage"):
+        functionalize(f)(torch.randn(3))

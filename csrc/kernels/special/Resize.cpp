@@ -124,7 +124,8 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
     // eager reallocates it, and keeps its offset.
     const bool flat = impl->alias_storage().flat();
     TORCH_CHECK_NOT_IMPLEMENTED(
-        impl->is_resizable_base() || flat, "functionalize: ", op_name,
+        impl->is_resizable_base() || impl->views_all_of_its_base() || flat,
+        "functionalize: ", op_name,
         ": growing a view past the end of its storage is not supported (eager would reallocate "
         "the storage it shares). Resize the base tensor, or clone the view first.");
     TORCH_CHECK_NOT_IMPLEMENTED(
