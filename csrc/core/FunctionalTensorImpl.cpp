@@ -473,6 +473,7 @@ void FunctionalTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::Tenso
   TORCH_CHECK(other != nullptr,
               "functionalize: cannot shallow-copy a plain tensor into a functional tensor "
               "(tensor.data = ... mixing plain and functional tensors)");
+  other->sync_();  // a write through a view of it may be pending (y.diagonal().fill_(1))
   at::Tensor old = value_;
   storage_ = other->storage_;
   other->copy_fields_to_(*this);

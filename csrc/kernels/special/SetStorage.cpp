@@ -1,5 +1,6 @@
-// The set_ row: x.set_(source) shares another tensor's storage. Refused, except a tensor made
-// inside f set_ onto a storage from outside it (cuDNN's flat-weights check).
+// The set_ row: x.set_(source) shares another tensor's storage: served onto another tensor of
+// the function (as `x.data = source`) and for a tensor made inside f set_ onto a storage from
+// outside it (cuDNN's flat-weights check); refused otherwise.
 // See Note [Kernel: set_].
 #include "kernels/special/Rows.h"
 
@@ -66,13 +67,63 @@ constexpr const char* kSetRefusal =
 
 void refuse_set(const c10::OperatorHandle& op, OpInfo& info) {
   const auto& overload = op.operator_name().overload_name;
-  if (overload == "source_Storage" || overload == "source_Storage_storage_offset") return;
+  if (overload == "source_Storage" || overload == "source_Storage_storage_offset" ||
+      overload == "source_Tensor") {
+    return;
+  }
   unsupported(info, kSetRefusal);
 }
+
+namespace {
+// Note [Kernel: set_ onto another functional tensor]
+// x.set_(y) of two tensors of the function makes x show y's storage, geometry and values, and
+// keeps x's autograd identity: exactly what `x.data = y` does, which the wrapper already serves
+// (shallow_copy_from: x joins y's alias storage, so later writes through either reach the other,
+// and x's old views keep its old storage, as eager's do). torch.nn.utils.parametrize relies on
+// it: register_parametrization calls original.set_(right_inverse(original)) (original.set_(
+// original) without a right inverse), and remove_parametrizations sets the original to the
+// parametrized value. Eager's rules first: the same dtype, and a leaf that requires grad only
+// with grad mode off. Refused: an input x (after the call the caller's tensor would share y's
+// storage, which no epilogue gives it), and grad mode on with a tensor that requires grad
+// (set_'s derivative is not served).
+// Rejected: the generic plan with aten::set's functional variant, see Note [Kernel: set_].
+bool set_onto_functional_tensor(const OpInfo& info, Stack* stack) {
+  const at::Tensor self = (stack->end() - 2)->toTensor();
+  const at::Tensor source = (stack->end() - 1)->toTensor();
+  auto* impl = maybe_get_impl(self);
+  auto* from = maybe_get_impl(source);
+  if (impl == nullptr || from == nullptr || impl->layer_id() != from->layer_id()) return false;
+  // An input would have to share source's storage after the call, which no epilogue writes.
+  if (impl->alias_storage().has_caller_storage()) return false;
+  TORCH_CHECK(self.dtype() == source.dtype(), "Could not set tensor of type ", source.dtype(),
+              " to a tensor of type ", self.dtype());
+  const bool grad = c10::GradMode::is_enabled();
+  TORCH_CHECK(!(grad && self.requires_grad() && self.is_leaf()),
+              "a leaf Variable that requires grad is being used in an in-place operation.");
+  TORCH_CHECK_NOT_IMPLEMENTED(!(grad && (self.requires_grad() || source.requires_grad())),
+                              "functionalize: ", info.name, ": ", kSetRefusal,
+                              " (supported with grad mode off, or for tensors that do not "
+                              "require grad: set_'s derivative is not served).");
+  if (self.unsafeGetTensorImpl() != source.unsafeGetTensorImpl()) {
+    impl->shallow_copy_from(source.getIntrusivePtr());
+  }
+  impl->bump_version();  // eager's set_ counts as a write, also onto itself
+  torch::jit::drop(*stack, 2);
+  torch::jit::push(*stack, self);
+  return true;
+}
+}  // namespace
 
 void set_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                 const Layer& /*layer*/) {
   const size_t num_args = op.schema().arguments().size();
+  if (num_args == 2 && (stack->end() - 1)->isTensor()) {
+    TORCH_CHECK_NOT_IMPLEMENTED(set_onto_functional_tensor(info, stack),
+                                "functionalize: ", info.name, ": ", kSetRefusal,
+                                " (supported: a tensor made inside the function set_ onto another "
+                                "tensor of the function).");
+    return;
+  }
   const auto first = stack->end() - static_cast<std::ptrdiff_t>(num_args);
   const at::Tensor self = first->toTensor();
   auto* impl = maybe_get_impl(self);
