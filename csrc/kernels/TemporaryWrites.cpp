@@ -27,7 +27,9 @@ namespace tfz::detail {
 // over). Rule: while a backward runs, an in-place op whose one written argument is a plain
 // temporary (no view, no other tensor on its storage, so nothing else can see the write; a tensor
 // f closes over is written as written, as torch.func does, or refused if the value is functional)
-// runs on the values:
+// runs on the values (also a view of such a temporary, the two alone on their storage: eigh's and
+// svd's backward fill the diagonal of one; under a tracer its base then stands for the functional
+// as_strided_scatter of the new values):
 //   - no tracer: as written, on the temporary and the other arguments' values; the formula's
 //     result is then a plain gradient with eager's numbers (AccumulateGrad lifts it, see
 //     LayerAutograd::before_accumulate);
@@ -53,12 +55,19 @@ const c10::IValue* formula_temporary(const OpInfo& info, const c10::OperatorHand
       *(stack.end() - static_cast<std::ptrdiff_t>(num_args) + info.written[0].index);
   if (!written.isTensor()) return nullptr;
   const at::Tensor& self = written.toTensor();
-  if (!self.defined() || maybe_get_impl(self) != nullptr || self.is_view() ||
-      self.layout() != c10::kStrided || !self.has_storage() || self.storage().use_count() != 1 ||
-      torch::autograd::get_current_graph_task_id() == -1) {  // only a backward's own tensors
-    return nullptr;
+  if (!self.defined() || maybe_get_impl(self) != nullptr || self.layout() != c10::kStrided ||
+      !self.has_storage() || torch::autograd::get_current_graph_task_id() == -1) {
+    return nullptr;  // only a backward's own tensors
   }
-  return &written;
+  if (!self.is_view()) return self.storage().use_count() == 1 ? &written : nullptr;
+  // A view of such a temporary, the two alone on their storage (eigh's and svd's backward fill
+  // the diagonal of a temporary they computed).
+  const at::Tensor base(self._base());
+  const bool lone_view = base.defined() && !base.is_view() && maybe_get_impl(base) == nullptr &&
+                         base.layout() == c10::kStrided && base.has_storage() &&
+                         base.storage().is_alias_of(self.storage()) &&
+                         self.storage().use_count() == 2;
+  return lone_view ? &written : nullptr;
 }
 
 // No tracer: the op as written, on the values.
@@ -105,6 +114,16 @@ bool write_formula_temporary(const OpInfo& info, const c10::OperatorHandle& op,
   if (value.scalar_type() != self.scalar_type() || value.sym_sizes() != self.sym_sizes()) {
     write_on_values(op, stack);  // eager's in-place kernel raises its own error
     return true;
+  }
+  if (self.is_view()) {  // the base stands for the functional scatter of the new values
+    const at::Tensor base(self._base());
+    at::Tensor scattered;
+    {
+      InnerCallGuard guard;
+      scattered = at::as_strided_scatter_symint(sync_and_unwrap(base), value, self.sym_sizes(),
+                                                self.sym_strides(), self.sym_storage_offset());
+    }
+    note_rewritten_temporary(base, scattered);
   }
   {
     MetaComputeGuard hidden;  // the formula's tensor takes the values; no tracer sees it

@@ -32,7 +32,8 @@ def test_stubs_list_exactly_the_module_bindings():
         ("aten::slice", "Tensor", "view", None),
         ("aten::t_", "", "inplace_view", None),
         ("aten::add_", "Tensor", "mutable", None),
-        ("aten::set_", "source_Tensor", "unsupported", "set_"),
+        ("aten::set_", "source_Tensor", "inplace_view", "set_"),
+        ("aten::set_", "", "unsupported", "set_"),
         # resize_ and resize_as_ used to index past the end of the binding's kind names.
         ("aten::resize_", "", "inplace_view", "resize_"),
         ("aten::resize_as_", "", "inplace_view", "resize_"),

@@ -11,11 +11,12 @@ from torchgen.model import NativeFunctionsGroup
 
 from torch_functionalize import _C
 
-# set_ is refused on purpose (it swaps storages; see OpSchemaInfo.cpp), so its pairs are absent;
-# its Storage overloads go to the special-op row, which runs one case and refuses the rest.
-# See Note [Kernel: set_ onto a storage from outside the function]
+# set_ is not paired on purpose (it swaps storages; see OpSchemaInfo.cpp); its source overloads
+# go to the special-op row, which serves some cases and refuses the rest, the others are refused.
+# See Note [Kernel: set_ onto a storage from outside the function] and
+# See Note [Kernel: set_ onto another functional tensor].
 REFUSED = {"aten::set_"}
-SET_ROW_OVERLOADS = {"source_Storage", "source_Storage_storage_offset"}
+SET_ROW_OVERLOADS = {"source_Storage", "source_Storage_storage_offset", "source_Tensor"}
 
 
 def _name(f):
