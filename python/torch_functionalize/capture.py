@@ -76,7 +76,17 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
     check_remove(remove)
     arguments = Flat((args, kwargs))
     if dynamic:
-        return _capture_traced(func, args, kwargs, arguments, remove, "symbolic")
+        from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+        try:
+            return _capture_traced(func, args, kwargs, arguments, remove, "symbolic")
+        except GuardOnDataDependentSymNode as error:
+            # See Note [Capture: dynamic sizes]: a value read cannot be guarded by shapes.
+            raise NotImplementedError(
+                "capture(dynamic=True): the function reads a value out of a tensor (.item(), "
+                "bool(), int(), a data-dependent size) and branches or computes on it, which "
+                "symbolic sizes cannot guard. Use capture(f) without dynamic=True, whose graphs "
+                "guard each value read, or keep the value in a tensor (torch.where, torch.cond). "
+                f"torch: {str(error).splitlines()[0]}") from error
     inputs = arguments.tensors()
     for t in inputs:
         if _is_wrapper_subclass(t):

@@ -500,3 +500,17 @@ def test_dynamic_graph_replays_other_sizes_and_guards_what_it_specialized_on(rem
             gm(*args)
     with pytest.raises(RuntimeError, match="with dtype"):
         gm(torch.ones(3, 1, dtype=torch.float64), torch.ones(3, 1))
+
+
+def test_dynamic_capture_of_a_value_read_is_refused_naming_capture():
+    # A branch on .item() cannot be guarded by symbolic sizes; the error was torch's
+    # GuardOnDataDependentSymNode, which names neither capture nor what to do.
+    def f(x):
+        return x * 2 if x.sum().item() > 0 else x - 1
+
+    with pytest.raises(NotImplementedError, match=r"capture\(dynamic=True\): the function reads"):
+        capture(f, torch.randn(4), dynamic=True)
+    graph = capture(f, torch.ones(4))  # without dynamic=True the read is guarded
+    assert torch.equal(graph(torch.ones(4)), f(torch.ones(4)))
+    with pytest.raises(RuntimeError, match="specialized on it"):
+        graph(-torch.ones(4))
