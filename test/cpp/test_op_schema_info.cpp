@@ -147,9 +147,14 @@ TEST_F(OpSchemaInfoTest, SpecialRowsAdjustThePlan) {
     EXPECT_EQ(name_of(bn.info.functional_op), "aten::_native_batch_norm_legit_functional") << name;
   }
 
-  const auto set = plan_by_name("aten::set_", "source_Tensor");
+  // set_ without a source is refused in the plan; onto a tensor, its row serves some cases
+  // (Note [Kernel: set_ onto another functional tensor]).
+  const auto set = plan_by_name("aten::set_", "");
   EXPECT_EQ(set.info.kind, OpKind::Unsupported);
   EXPECT_NE(set.info.unsupported_reason.find("set_"), std::string::npos);
+  const auto set_onto = plan_by_name("aten::set_", "source_Tensor");
+  ASSERT_NE(set_onto.special, nullptr);
+  EXPECT_NE(set_onto.info.kind, OpKind::Unsupported);
 
   EXPECT_TRUE(plan_by_name("aten::lift_fresh", "").info.wraps_plain_outputs);
   EXPECT_EQ(plan_by_name("aten::_unsafe_view", "").info.kind, OpKind::View);
