@@ -257,11 +257,40 @@ void FunctionalTensorImpl::set_reference_metadata_(const at::Tensor& reference) 
 // every wrapper that forwards set_requires_grad (one allocation per wrapper for a rare call).
 void FunctionalTensorImpl::adopt_requires_grad_() {
   auto* meta = autograd_meta();
+  if (!meta->requires_grad() && value_.requires_grad() &&
+      dynamic_cast<const MirroredLeafMeta*>(meta) != nullptr) {
+    return freeze_leaf_();
+  }
   if (!meta->requires_grad() || value_.requires_grad() || value_.grad_fn() != nullptr) return;
   at::Tensor grad = meta->grad();  // meta is replaced below
   value_.unsafeGetTensorImpl()->set_requires_grad(true);
   mirror_autograd_(value_);
   if (grad.defined()) value_.mutable_grad() = std::move(grad);
+}
+
+// requires_grad_(False) on a leaf wrapper (freezing a parameter, often right after an in-place
+// init under no_grad made its value stand for the leaf): the flag is the wrapper's alone, while
+// the value still requires grad (the leaf, or a value whose grad_fn is the leaf's accumulator), so
+// later ops kept recording edges to the leaf: it received a .grad, and the next write under
+// no_grad mirrored requires_grad back on (HF Whisper's frozen positional table trained). The
+// value becomes a detached alias (and the storage's base, for a current base wrapper), and a
+// .grad the wrapper had stays. A view whose chain cuts autograd history (nn.Parameter(t) is a
+// detach of t) keeps it frozen when regenerated: its replay takes the history of its value only
+// if that requires grad. Other views are left as they are (their value is their base's).
+void FunctionalTensorImpl::freeze_leaf_() {
+  auto& storage = alias_storage();
+  const bool base = chain_.empty() && !storage.has_pending_updates() && is_up_to_date();
+  if (!base && !(!chain_.empty() && chain_.cuts_history())) return;
+  const at::Tensor grad = autograd_meta()->grad();
+  at::Tensor frozen;
+  {
+    InnerCallGuard guard;
+    frozen = value_.detach();
+  }
+  if (base) storage.set_base_(frozen);
+  set_value_(frozen);  // the value requires no grad: the wrapper's metadata goes
+  if (base) generation_ = storage.generation();
+  if (grad.defined()) mutable_grad() = grad;
 }
 
 void FunctionalTensorImpl::sync_() {

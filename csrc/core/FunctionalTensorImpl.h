@@ -139,6 +139,7 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   void set_value_(const at::Tensor& value);                      // value_ + mirrored metadata
   void mirror_autograd_(const at::Tensor& value);  // See Note [Wrapper: autograd mirrored]
   void adopt_requires_grad_();  // See Note [Wrapper: requires_grad_ set on a wrapper]
+  void freeze_leaf_();          // requires_grad_(False) on a leaf wrapper
   // See Note [Strides: what eager gives], case "value order".
   at::Tensor in_reported_order_(const at::Tensor& value) const;
   void copy_metadata_(const c10::TensorImpl& inner);  // non-symbolic sizes/strides + flags

@@ -7,6 +7,7 @@ mirrored].
 
 import pytest
 import torch
+import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from torch_functionalize.testing._internal.reference import (
@@ -576,6 +577,35 @@ def test_backward_writing_a_view_of_its_temporary_leaves_a_functional_graph(name
         assert_functional_graph(gm, remove)
         # Rounding only: without views LAPACK gets contiguous copies (eigh: 1.4e-5 of 2.7).
         torch.testing.assert_close(gm(other), f(other), rtol=1e-4, atol=1e-5)
+
+
+# A parameter frozen with requires_grad_(False) after an in-place init under no_grad (HF
+# Whisper's positional table): its value still required grad, so it received a .grad and a later
+# write under no_grad turned requires_grad back on (silently; AdamW trained the frozen table).
+def _frozen_after_init(x):
+    table = nn.Parameter(torch.zeros(3))
+    with torch.no_grad():
+        table.copy_(x)  # init
+    table.requires_grad_(False)
+    scale = nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([table, scale], lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        (table * scale * x).sum().backward()
+        opt.step()
+    with torch.no_grad():
+        table.mul_(2)  # a later load
+    frozen_state = (table.requires_grad, table.grad is None)
+    table.requires_grad_(True)  # unfrozen again: trains
+    (table * scale).sum().backward()
+    return frozen_state, table.detach(), scale.detach(), table.grad
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_parameter_frozen_after_an_in_place_init_stays_frozen(remove):
+    x = torch.randn(3)
+    assert_trees_match(functionalize(_frozen_after_init, remove=remove)(x), _frozen_after_init(x),
+                       "frozen parameter")
 
 
 # Hooks registered on a leaf made inside f before any op read it: its requires_grad_() had not
