@@ -286,8 +286,8 @@ bool views_as_bool(const ViewMeta& step, const at::Tensor& base) {
 std::optional<at::Tensor> scatter_at(const at::Tensor& base, const at::Tensor& value,
                                      const at::Tensor& view, bool views_kept) {
   if (view.scalar_type() == base.scalar_type()) {
-    return at::as_strided_scatter(base, value, view.sizes(), view.strides(),
-                                  view.storage_offset() - base.storage_offset());
+    return strided_scatter(base, value, view.sym_sizes(), view.sym_strides(),
+                           view.sym_storage_offset() - base.sym_storage_offset());
   }
   // A 0-d base (x.expand(3).view(torch.int32)[0] = 1 of a scalar x) is scattered as its 1-element
   // 1-D view. (An empty braced list would pick view(ScalarType).)
@@ -310,8 +310,9 @@ std::optional<at::Tensor> scatter_at(const at::Tensor& base, const at::Tensor& v
   const at::Tensor bytes =
       dtype == view.scalar_type() ? value : (views_kept ? value.view(dtype) : value.to(dtype));
   const int64_t offset = base.storage_offset() * base_item / item;
-  const at::Tensor scattered = at::as_strided_scatter(
-      as_view_dtype, bytes, view.sizes(), view.strides(), view.storage_offset() - offset);
+  const at::Tensor scattered =
+      strided_scatter(as_view_dtype, bytes, view.sym_sizes(), view.sym_strides(),
+                      view.sym_storage_offset() - offset);
   return views_kept ? scattered.view(base.scalar_type())
                     : at::view_copy(scattered, base.scalar_type());
 }

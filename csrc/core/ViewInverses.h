@@ -21,4 +21,8 @@ bool is_regrouping(const ViewMeta& step);
 /// Every view op with an inverse (the table's rows; tests check each against eager).
 std::vector<c10::OperatorName> view_ops_with_inverse();
 
+/// as_strided_scatter with eager's gradient. See Note [Alias: as_strided_scatter's gradient].
+at::Tensor strided_scatter(const at::Tensor& base, const at::Tensor& src, c10::SymIntArrayRef sizes,
+                           c10::SymIntArrayRef strides, std::optional<c10::SymInt> offset);
+
 }  // namespace tfz::detail

@@ -9,6 +9,7 @@
 #include "core/Layer.h"
 #include "core/LayerAutograd.h"
 #include "core/Recording.h"
+#include "core/ViewInverses.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -120,8 +121,8 @@ bool write_formula_temporary(const OpInfo& info, const c10::OperatorHandle& op,
     at::Tensor scattered;
     {
       InnerCallGuard guard;
-      scattered = at::as_strided_scatter_symint(sync_and_unwrap(base), value, self.sym_sizes(),
-                                                self.sym_strides(), self.sym_storage_offset());
+      scattered = strided_scatter(sync_and_unwrap(base), value, self.sym_sizes(),
+                                  self.sym_strides(), self.sym_storage_offset());
     }
     note_rewritten_temporary(base, scattered);
   }

@@ -608,6 +608,35 @@ def test_parameter_frozen_after_an_in_place_init_stays_frozen(remove):
                        "frozen parameter")
 
 
+# A write through an as_strided or unfold view of a value that requires grad: torch's
+# as_strided_scatter derivative for `self` sent the gradient to the written elements only
+# (silently wrong). See Note [Alias: as_strided_scatter's gradient].
+STRIDED_WRITES = {
+    "unfold": lambda y: y.unfold(0, 2, 2).mul_(3),
+    "as_strided": lambda y: y.as_strided((3,), (2,)).mul_(3),
+    "as_strided_2d": lambda y: y.as_strided((2, 2), (3, 1), 1).mul_(torch.tensor([[2.0, 3.0],
+                                                                                 [4.0, 5.0]])),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(STRIDED_WRITES))
+def test_gradient_through_a_write_of_a_strided_view_matches_eager(name, remove):
+    write = STRIDED_WRITES[name]
+
+    def f(x):
+        x = x.clone().requires_grad_()
+        y = x * 1
+        write(y)
+        return y.detach(), torch.autograd.grad(y.pow(2).sum(), x)[0]
+
+    x, other = torch.arange(1.0, 8.0), torch.randn(7)
+    assert_trees_match(functionalize(f, remove=remove)(x), f(x), "eager call")
+    gm = make_fx(functionalize(f, remove=remove))(x)
+    assert_functional_graph(gm, remove)
+    assert_trees_match(gm(other), f(other), "make_fx graph on other inputs")
+
+
 # Hooks registered on a leaf made inside f before any op read it: its requires_grad_() had not
 # reached its value yet, so the hooks went to the wrapper, where the engine never reads them
 # (the gradient came out unhooked, silently). See Note [Autograd: hooks on leaf wrappers].
