@@ -503,12 +503,25 @@ void FunctionalTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::Tenso
               "functionalize: cannot shallow-copy a plain tensor into a functional tensor "
               "(tensor.data = ... mixing plain and functional tensors)");
   other->sync_();  // a write through a view of it may be pending (y.diagonal().fill_(1))
+  // A requires_grad_() not yet adopted (torch.zeros(3, requires_grad=True), nn.Parameter(t)):
+  // the value must be the leaf before it is replaced, or the leaf stops requiring grad.
+  sync_requires_grad_();
   at::Tensor old = value_;
   storage_ = other->storage_;
   other->copy_fields_to_(*this);
   data_replaced_ = true;
   InnerCallGuard guard;
-  set_value_(with_history_of(other->value_, old, {&other->value_}, views_kept_()));
+  at::Tensor value = other->value_;
+  if (old.requires_grad() && old.grad_fn() == nullptr &&
+      (value.scalar_type() != old.scalar_type() || value.device() != old.device())) {
+    // Eager resets the leaf's grad accumulator for data of another type: the new data is the
+    // leaf (w.data = w.data.double()).
+    value = value.detach();
+    value.set_requires_grad(true);
+    set_value_(value);
+    return;
+  }
+  set_value_(with_history_of(value, old, {&other->value_}, views_kept_()));
 }
 
 const char* FunctionalTensorImpl::tensorimpl_type_name() const {

@@ -133,10 +133,19 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
   if (!impl->chain().empty() && !impl->chain().back()->reapply && !is_empty_static(t)) {
     static const c10::OperatorName expand{"aten::expand", ""};
     const auto steps = impl->chain().steps();
+    // An expand to sizes of only 1 and -1 (`arange(n).expand((1, -1))`, HF's position_ids
+    // buffer) adds or keeps dimensions without repeating an element: its inverse sums nothing.
+    const auto repeats = [](const ViewMeta& step) {
+      if (step.args.empty() || !step.args[0].isList()) return true;
+      for (const c10::IValue& size : step.args[0].toListRef()) {
+        if (!size.isInt() || (size.toInt() != 1 && size.toInt() != -1)) return true;
+      }
+      return false;
+    };
     for (size_t i = 0; i + 1 < steps.size(); ++i) {
       TORCH_CHECK_NOT_IMPLEMENTED(
-          steps[i]->op.operator_name() != expand, "functionalize: ", op_name, ": writing through '",
-          arg_name,
+          steps[i]->op.operator_name() != expand || !repeats(*steps[i]), "functionalize: ", op_name,
+          ": writing through '", arg_name,
           "', a view of an expanded tensor, is not supported with "
           "remove=\"mutations_and_views\" (the write would be summed over the expanded copies). "
           "Use remove=\"mutations\", or write to the tensor before expanding it.");

@@ -637,6 +637,68 @@ def test_gradient_through_a_write_of_a_strided_view_matches_eager(name, remove):
     assert_trees_match(gm(other), f(other), "make_fx graph on other inputs")
 
 
+# `w.data = new` on a leaf made inside f whose requires_grad_() had not reached its value yet
+# (torch.zeros(3, requires_grad=True), nn.Parameter(t)): the leaf stopped requiring grad, and a
+# later backward raised. Data of another dtype makes the new data the leaf, as eager's reset.
+DATA_ASSIGNED = {
+    "same_dtype": lambda x: (torch.zeros(3, requires_grad=True), lambda w: w.data + x),
+    "parameter_same_dtype": lambda x: (nn.Parameter(x.clone()), lambda w: w.data * 2),
+    "parameter_to_double": lambda x: (nn.Parameter(x.clone()), lambda w: w.data.double()),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(DATA_ASSIGNED))
+def test_data_assigned_to_a_leaf_made_inside_f_keeps_it_a_leaf(name, remove):
+    def f(x):
+        w, new_data = DATA_ASSIGNED[name](x)
+        w.data = new_data(w)
+        (w * w).sum().backward()
+        return w.requires_grad, w.is_leaf, w.dtype, w.grad
+
+    x = torch.randn(3)
+    assert_trees_match(functionalize(f, remove=remove)(x), f(x), "leaf after .data =")
+
+
+# Found by a client probe in the nineteenth session, not fixed yet (strict xfails).
+@pytest.mark.xfail(strict=True, reason=(
+    "open bug: the gradient through .conj() of a complex intermediate comes out conjugated from "
+    "make_fx/capture graphs with remove='mutations' (silently; the eager call is right), and "
+    "without views torch's '_conj_copy does not support automatic differentiation' is raised"))
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_gradient_through_conj_of_an_intermediate_graph_matches_eager(remove):
+    def f(x):
+        c = torch.complex(x, x * 2).requires_grad_()
+        (c * 1).conj().abs().sum().backward()
+        return c.grad
+
+    x, other = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.5, -1.0, 2.0])
+    assert_trees_match(functionalize(f, remove=remove)(other), f(other), "eager call")
+    assert_trees_match(make_fx(functionalize(f, remove=remove))(x)(other), f(other), "make_fx")
+
+
+@torch.jit.script
+def _scripted(x, w):
+    return torch.relu(x * w)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open bug: a torch.jit.script function warmed up by the profiling executor runs as a "
+    "DifferentiableGraph whose autograd node does not connect to the wrappers' values: inside "
+    "functionalize its output has no grad_fn and the leaf gets no gradient"))
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_warmed_up_torchscript_function_differentiates_as_in_eager(remove):
+    def f(x, w):
+        w = w.clone().requires_grad_()
+        for _ in range(4):  # the third call onwards runs the optimized graph
+            y = _scripted(x, w)
+        y.sum().backward()
+        return w.grad
+
+    x, w = torch.tensor([[1.0, -2.0, 3.0]]), torch.ones(3)
+    assert_trees_match(functionalize(f, remove=remove)(x, w), f(x, w), "gradient")
+
+
 # Hooks registered on a leaf made inside f before any op read it: its requires_grad_() had not
 # reached its value yet, so the hooks went to the wrapper, where the engine never reads them
 # (the gradient came out unhooked, silently). See Note [Autograd: hooks on leaf wrappers].

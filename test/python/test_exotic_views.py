@@ -274,3 +274,18 @@ def test_expanded_input_written_through_an_old_view_after_as_strided_(remove):
 
     eager_right_graph_without_views_refused(f, make_inputs, remove,
                                             "then given other sizes or strides")
+
+
+# An expand that repeats no element (sizes of 1 and -1: HF's position_ids buffer,
+# nn.Buffer(torch.arange(n).expand((1, -1))) then init.copy_) is written without views as
+# eager writes it (before: refused as "summed over the expanded copies").
+@pytest.mark.parametrize("detach", [False, True], ids=["expanded", "expanded_then_detached"])
+def test_write_through_an_expand_that_repeats_no_element_without_views(detach):
+    def f(x):
+        buf = torch.arange(4).expand((1, -1))
+        if detach:
+            buf = buf.detach()
+        buf.copy_(x.expand((1, -1)) * 2)
+        return buf + 0
+
+    assert_matches_eager(f, torch.arange(4), remove="mutations_and_views")
