@@ -286,8 +286,22 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   if (kept_bytes) {
     torch::jit::drop(*stack, extra.size() + 1);
     torch::jit::push(*stack, *std::move(kept_bytes));
+  } else if (layer.reapply_views) {
+    ViewMeta::call_view_op(view_op, stack);
   } else {
-    ViewMeta::call_view_op(layer.reapply_views ? view_op : *info.copy_op, stack);
+    try {
+      ViewMeta::call_view_op(*info.copy_op, stack);
+    } catch (const c10::Error& error) {
+      // torch gives some *_copy ops no derivative (view_as_complex_copy of a tensor that requires
+      // grad: Meta-Llama's rotary embedding); its error names neither us nor a way out.
+      const std::string_view what = error.what_without_backtrace();
+      if (what.find("does not support automatic differentiation") == std::string_view::npos) throw;
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          false, "functionalize: ", info.name,
+          " of a tensor that requires grad is not supported "
+          "with remove=\"mutations_and_views\": torch has no derivative for its *_copy variant (",
+          info.copy_op->operator_name(), ") here. Use remove=\"mutations\".");
+    }
   }
 
   c10::IValue out = torch::jit::pop(*stack);
