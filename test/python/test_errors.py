@@ -181,8 +181,8 @@ def test_view_as_complex_requiring_grad_without_views_is_refused_by_name():
 
     q, freqs = torch.randn(2, 4, 8), torch.polar(torch.ones(4, 4), torch.randn(4, 4))
     expected = rope(q, freqs)
-    actual = functionalize(rope, remove="mutations")(q, freqs)
+    actual = tfz.functionalize(rope, remove="mutations")(q, freqs)
     assert all(torch.allclose(a, e) for a, e in zip(actual, expected))
     with pytest.raises(NotImplementedError, match=r"aten::view_as_complex of a tensor that "
                                                   r"requires grad .* Use remove=\"mutations\""):
-        functionalize(rope, remove="mutations_and_views")(q, freqs)
+        tfz.functionalize(rope, remove="mutations_and_views")(q, freqs)
