@@ -525,3 +525,19 @@ def test_write_through_a_view_of_a_grown_input_after_its_as_strided_(remove, det
         assert whole[4:].tolist() == [5.0] * 4
         torch.testing.assert_close(whole, torch.tensor([]).set_(eager.untyped_storage()),
                                    rtol=0, atol=0, equal_nan=True)
+
+
+def test_set_of_a_resized_input_onto_its_own_view_is_refused_by_name(remove):
+    # Fuzzer program 550254: the input grew past its storage (a new storage, no longer the
+    # caller's), then set_ onto a view of it; the epilogue then failed with torch's shape error.
+    def f(x):
+        x.resize_((4, 2))
+        v = x.unsafe_chunk(3, 1)[0]
+        x.set_(v)
+        return v
+
+    x = torch.rand(4, 1, 1) > 0.5
+    before = x.clone()
+    with pytest.raises(NotImplementedError, match=r"aten::set_.source_Tensor: set_ swaps"):
+        functionalize(f, remove=remove)(x)
+    assert torch.equal(x, before) and x.shape == (4, 1, 1)

@@ -84,17 +84,18 @@ namespace {
 // original) without a right inverse), and remove_parametrizations sets the original to the
 // parametrized value. Eager's rules first: the same dtype, and a leaf that requires grad only
 // with grad mode off. Refused: an input x (after the call the caller's tensor would share y's
-// storage, which no epilogue gives it), and grad mode on with a tensor that requires grad
-// (set_'s derivative is not served).
-// Rejected: the generic plan with aten::set's functional variant, see Note [Kernel: set_].
+// storage, which no epilogue gives it) or a tensor resized or restrided before, and grad mode on
+// with a tensor that requires grad (set_'s derivative is not served). Rejected: the generic plan
+// with aten::set's functional variant, see Note [Kernel: set_].
 bool set_onto_functional_tensor(const OpInfo& info, Stack* stack) {
   const at::Tensor self = (stack->end() - 2)->toTensor();
   const at::Tensor source = (stack->end() - 1)->toTensor();
   auto* impl = maybe_get_impl(self);
   auto* from = maybe_get_impl(source);
   if (impl == nullptr || from == nullptr || impl->layer_id() != from->layer_id()) return false;
-  // An input would have to share source's storage after the call, which no epilogue writes.
-  if (impl->alias_storage().has_caller_storage()) return false;
+  // An input would have to share source's storage after the call, which no epilogue writes; one
+  // resized or restrided before (its storage may be a new one) is refused with it.
+  if (impl->alias_storage().has_caller_storage() || impl->has_metadata_mutation()) return false;
   TORCH_CHECK(self.dtype() == source.dtype(), "Could not set tensor of type ", source.dtype(),
               " to a tensor of type ", self.dtype());
   const bool grad = c10::GradMode::is_enabled();
