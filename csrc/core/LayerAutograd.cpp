@@ -117,7 +117,7 @@ void LayerAutograd::note(const NodePtr& fn) {
 // graph (create_graph=True: a Hessian-vector product, MAML, a SiLU critic's gradient penalty)
 // computes new outputs on plain values only (silu's backward takes sigmoid of its saved input),
 // whose nodes save them in turn; no wrapper takes those, so the kernel notes every plain result
-// with a grad_fn it runs under a tracer too (note_traced_plain_outputs). Rejected: un-hiding the
+// with a grad_fn it runs under a tracer too (note_traced_plain_output). Rejected: un-hiding the
 // Python key while backward nodes run (node hooks): an exception between the hooks would leave the
 // TLS changed, and the mode then sees autograd's bookkeeping (the detach of every unpacked output)
 // as ops of the program.
