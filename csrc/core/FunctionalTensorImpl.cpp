@@ -271,12 +271,12 @@ void FunctionalTensorImpl::adopt_requires_grad_() {
 // requires_grad_(False) on a leaf wrapper (freezing a parameter, often right after an in-place
 // init under no_grad made its value stand for the leaf): the flag is the wrapper's alone, while
 // the value still requires grad (the leaf, or a value whose grad_fn is the leaf's accumulator), so
-// later ops kept recording edges to the leaf: it received a .grad, and the next write under
-// no_grad mirrored requires_grad back on (HF Whisper's frozen positional table trained). The
-// value becomes a detached alias (and the storage's base, for a current base wrapper), and a
-// .grad the wrapper had stays. A view whose chain cuts autograd history (nn.Parameter(t) is a
-// detach of t) keeps it frozen when regenerated: its replay takes the history of its value only
-// if that requires grad. Other views are left as they are (their value is their base's).
+// later ops would record edges to the leaf (a frozen parameter would get a .grad and train), and
+// the next write under no_grad would mirror requires_grad back on. The value becomes a detached
+// alias (and the storage's base, for a current base wrapper), and a .grad the wrapper had stays. A
+// view whose chain cuts autograd history (nn.Parameter(t) is a detach of t) keeps it frozen when
+// regenerated: its replay takes the history of its value only if that requires grad. Other views
+// are left as they are (their value is their base's).
 void FunctionalTensorImpl::freeze_leaf_() {
   auto& storage = alias_storage();
   const bool base = chain_.empty() && !storage.has_pending_updates() && is_up_to_date();

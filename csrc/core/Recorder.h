@@ -27,6 +27,8 @@ class Recorder {
   /// Autograd nodes numbered [begin, end) were made inside an op recorded whole: their saved
   /// tensors are no graph values (Note [Capture: composites taken whole under autograd]).
   void note_hidden_nodes(uint64_t begin, uint64_t end) { hidden_nodes_.emplace_back(begin, end); }
+  /// Whether any op recorded whole made autograd nodes (the common capture has none).
+  bool has_hidden_nodes() const { return !hidden_nodes_.empty(); }
   /// Whether `sequence_nr` is such a node's.
   bool is_hidden_node(uint64_t sequence_nr) const {
     for (const auto& [begin, end] : hidden_nodes_) {

@@ -14,10 +14,9 @@ namespace tfz::detail {
 
 // Note [Alias: as_strided_scatter's gradient]
 // A write through an as_strided or unfold view of a value that requires grad is scattered back
-// with as_strided_scatter, whose derivative for `self` in torch (2.13 checked) hands the gradient
-// to the written elements and none to the others: after `y.unfold(0, 2, 2).mul_(3)` the
-// gradient of x in y = x * 1 was 24 where eager's is 18 on written elements and 0 where it is 14
-// on the rest, silently (torch.func's is wrong too). Its derivative for `src` is right. So when
+// with as_strided_scatter. Its derivative for `self` in torch (2.13 checked) is wrong: it hands
+// the gradient to the written elements, where eager's is zero, and none to the others, where
+// eager's passes through. Its derivative for `src` is right. So when
 // autograd records the scatter, it is built as where(mask, as_strided_scatter(zeros, src), base)
 // with the mask made without grad: each operand's derivative is then eager's. For a base that is
 // not dense the where would lay the result out densely, so such bases keep the plain op.

@@ -42,6 +42,7 @@ namespace {
 // a packed RNN, whose packing make_fx cannot trace, would then fail), and mapping the hidden
 // tensors to recorded values (the recorder never sees the ops that made them).
 void check_not_backward_of_whole_op(const Recorder& recorder, const c10::OperatorHandle& op) {
+  if (C10_LIKELY(!recorder.has_hidden_nodes())) return;  // no node to look up on most captures
   const auto node = torch::autograd::get_current_node();
   if (node == nullptr || !recorder.is_hidden_node(node->sequence_nr())) return;
   TORCH_CHECK_NOT_IMPLEMENTED(
