@@ -161,10 +161,13 @@ void LayerAutograd::note_output(const at::Tensor& value) {
 }
 
 namespace {
-// `t` is a copy of `original`: the same memory and geometry, another TensorImpl.
+// `t` is a copy of `original`: the same memory and geometry, another TensorImpl. The conjugate
+// and negative bits count as geometry: x.conj() shares x's memory, sizes and strides but reads
+// other values.
 bool same_memory(const at::Tensor& original, const at::Tensor& t) {
   return original.unsafeGetTensorImpl() != t.unsafeGetTensorImpl() && original.has_storage() &&
          t.has_storage() && original.is_alias_of(t) && original.dtype() == t.dtype() &&
+         original.is_conj() == t.is_conj() && original.is_neg() == t.is_neg() &&
          original.sym_sizes() == t.sym_sizes() && original.sym_strides() == t.sym_strides() &&
          original.sym_storage_offset() == t.sym_storage_offset();
 }
@@ -176,6 +179,8 @@ std::optional<at::Tensor> LayerAutograd::traced_output(const at::Tensor& t) cons
   if (!fn) return std::nullopt;
   auto it = outputs_.find(OutputKey{fn.get(), static_cast<uint32_t>(t.output_nr())});
   if (it == outputs_.end()) return std::nullopt;
+  // The traced output itself (a saved input is stored as is): nothing to substitute.
+  if (it->second.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return std::nullopt;
   if (same_memory(it->second, t)) return it->second;
   // A saved-tensor hook gave back another output's memory for this node's output (checkpoint's
   // recomputed activation): the traced output that holds that memory.

@@ -13,6 +13,48 @@
 
 namespace tfz::detail {
 
+// Note [View: *_copy ops without a derivative]
+// torch gives two *_copy ops no derivative for complex outputs: _conj_copy (x.conj() of a complex
+// intermediate) and view_as_complex_copy (Meta-Llama's rotary embedding). Without views,
+// a program that differentiates through either got torch's "does not support automatic
+// differentiation" error where eager's view is differentiable. Both have functional forms with
+// derivatives that compute the same values: _conj_copy(x) is conj_physical(x) (both resolve the
+// conjugation; neither result carries the conjugate bit), and view_as_complex_copy(x) is
+// complex(select_copy(x, -1, 0), select_copy(x, -1, 1)). They stand in when grad mode is on and
+// the input requires grad, so graphs of programs without gradients keep the one op;
+// view_as_complex's input checks (a last dimension of size 2 and stride 1, even strides and
+// offset, a floating dtype) are left to torch by calling the op itself when they fail. Rejected:
+// registering derivatives for the *_copy ops (torch's autograd keys belong to torch, and the
+// registration would change them for every program in the process, not only ours).
+namespace {
+bool stands_in_for_copy_op(const c10::OperatorName& name, torch::jit::Stack* stack) {
+  static const c10::OperatorName conj_copy{"aten::_conj_copy", ""};
+  static const c10::OperatorName as_complex_copy{"aten::view_as_complex_copy", ""};
+  if (C10_LIKELY(name != conj_copy && name != as_complex_copy)) return false;
+  const at::Tensor& self = stack->back().toTensor();
+  if (!at::GradMode::is_enabled() || !self.requires_grad()) return false;
+  if (name == conj_copy) {
+    at::Tensor out = at::conj_physical(self);
+    torch::jit::drop(*stack, 1);
+    torch::jit::push(*stack, std::move(out));
+    return true;
+  }
+  const auto dtype = self.scalar_type();
+  if (dtype != c10::kFloat && dtype != c10::kDouble && dtype != c10::kHalf) return false;
+  if (self.dim() == 0 || self.sym_size(-1) != 2 || self.sym_stride(-1) != 1 ||
+      self.sym_storage_offset() % 2 != 0) {
+    return false;
+  }
+  for (int64_t d = 0; d + 1 < self.dim(); ++d) {
+    if (self.sym_stride(d) % 2 != 0) return false;
+  }
+  at::Tensor out = at::complex(at::select_copy(self, -1, 0), at::select_copy(self, -1, 1));
+  torch::jit::drop(*stack, 1);
+  torch::jit::push(*stack, std::move(out));
+  return true;
+}
+}  // namespace
+
 // Note [View: detach without views]
 // With remove="mutations_and_views", x.detach() becomes detach_copy(x), which torch gives no
 // derivative: autograd refuses it on a value that requires grad ("derivative for
@@ -26,6 +68,10 @@ void ViewMeta::call_view_op(const c10::OperatorHandle& handle, torch::jit::Stack
   if (C10_UNLIKELY(handle.operator_name() == detach_copy)) {
     at::AutoGradMode no_grad(false);
     handle.callBoxed(stack);
+    return;
+  }
+  // See Note [View: *_copy ops without a derivative].
+  if (C10_UNLIKELY(stack->size() == 1 && stands_in_for_copy_op(handle.operator_name(), stack))) {
     return;
   }
   handle.callBoxed(stack);

@@ -167,22 +167,3 @@ def test_nested_tensor_inside_f_is_refused_by_name_and_leaves_dispatch_state():
             torch._C._dispatch_tls_local_exclude_set()) == before
     x = torch.randn(3)
     assert torch.equal(tfz.functionalize(lambda t: t.add_(1))(x.clone()), x + 1)
-
-
-def test_view_as_complex_requiring_grad_without_views_is_refused_by_name():
-    # Meta-Llama's rotary embedding: torch has no derivative for view_as_complex_copy, and its
-    # error named neither functionalize nor a way out. remove="mutations" matches eager.
-    def rope(q, freqs):
-        q = q.clone().requires_grad_()
-        qc = torch.view_as_complex(q.reshape(*q.shape[:-1], -1, 2))
-        out = torch.view_as_real(qc * freqs).flatten(-2)
-        out.pow(2).sum().backward()
-        return out.detach(), q.grad
-
-    q, freqs = torch.randn(2, 4, 8), torch.polar(torch.ones(4, 4), torch.randn(4, 4))
-    expected = rope(q, freqs)
-    actual = tfz.functionalize(rope, remove="mutations")(q, freqs)
-    assert all(torch.allclose(a, e) for a, e in zip(actual, expected))
-    with pytest.raises(NotImplementedError, match=r"aten::view_as_complex of a tensor that "
-                                                  r"requires grad .* Use remove=\"mutations\""):
-        tfz.functionalize(rope, remove="mutations_and_views")(q, freqs)
