@@ -255,8 +255,30 @@ void FunctionalTensorImpl::set_reference_metadata_(const at::Tensor& reference) 
 // sync (copy.deepcopy sets requires_grad, then .grad) moves to the leaf with it. The check costs
 // one pointer test for wrappers without autograd metadata. Rejected: an AutogradMeta subclass on
 // every wrapper that forwards set_requires_grad (one allocation per wrapper for a rare call).
+//
+// Note [Wrapper: history set on a wrapper]
+// Code outside the dispatcher can give a wrapper a grad_fn directly: TorchScript's
+// DifferentiableGraph (a scripted function the profiling executor has optimized, from its third
+// call on) runs its forward on detached inputs and then sets its own backward node as the
+// outputs' history, on the tensors it was given, which are wrappers. Their values, computed from
+// detached inputs, have none, and ops unwrap to values: later ops recorded nothing, and the
+// leaves got no gradient, silently. So a wrapper synced for an op whose own AutogradMeta has a
+// grad_fn that its value (requiring no grad) lacks hands that edge to the value, as a
+// requires_grad_ set on the wrapper is handed over above; the node then receives the gradients
+// computed for its outputs, and runs its backward graph on them (through our kernel: they are
+// wrappers).
+// Rejected: turning the executor's optimization off inside a layer (the setting is per thread,
+// but a function optimized before the call keeps its optimized plan).
 void FunctionalTensorImpl::adopt_requires_grad_() {
   auto* meta = autograd_meta();
+  const auto& own = static_cast<torch::autograd::AutogradMeta*>(meta)->grad_fn_;
+  if (C10_UNLIKELY(own != nullptr && !value_.requires_grad())) {
+    // See Note [Wrapper: history set on a wrapper].
+    const auto output_nr = static_cast<torch::autograd::AutogradMeta*>(meta)->output_nr_;
+    torch::autograd::impl::set_gradient_edge(value_, {own, output_nr});
+    mirror_autograd_(value_);
+    return;
+  }
   if (!meta->requires_grad() && value_.requires_grad() &&
       dynamic_cast<const MirroredLeafMeta*>(meta) != nullptr) {
     return freeze_leaf_();

@@ -693,16 +693,14 @@ def test_gradient_through_complex_views_of_intermediates_matches_eager(name, rem
     assert_trees_match(captured(other, freqs), f(other, freqs), "capture on other inputs")
 
 
-# Found by a client probe in the nineteenth session, not fixed yet (strict xfail).
 @torch.jit.script
 def _scripted(x, w):
     return torch.relu(x * w)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open bug: a torch.jit.script function warmed up by the profiling executor runs as a "
-    "DifferentiableGraph whose autograd node does not connect to the wrappers' values: inside "
-    "functionalize its output has no grad_fn and the leaf gets no gradient"))
+# A torch.jit.script function warmed up by the profiling executor runs as a DifferentiableGraph,
+# which sets its backward node on the wrapper it returns: the leaf got no gradient, silently
+# (Note [Wrapper: history set on a wrapper]).
 @pytest.mark.parametrize("remove", REMOVE_MODES)
 def test_warmed_up_torchscript_function_differentiates_as_in_eager(remove):
     def f(x, w):
@@ -712,8 +710,13 @@ def test_warmed_up_torchscript_function_differentiates_as_in_eager(remove):
         y.sum().backward()
         return w.grad
 
-    x, w = torch.tensor([[1.0, -2.0, 3.0]]), torch.ones(3)
-    assert_trees_match(functionalize(f, remove=remove)(x, w), f(x, w), "gradient")
+    x, w, other = torch.tensor([[1.0, -2.0, 3.0]]), torch.ones(3), torch.tensor([[-1.0, 2.0, 0.5]])
+    assert_trees_match(functionalize(f, remove=remove)(other, w), f(other, w), "gradient")
+    graph = make_fx(functionalize(f, remove=remove))(x, w)
+    assert_functional_graph(graph, remove)
+    assert_trees_match(graph(other, w), f(other, w), "make_fx on other inputs")
+    captured = torch_functionalize.capture(f, x, w, remove=remove)
+    assert_trees_match(captured(other, w), f(other, w), "capture on other inputs")
 
 
 # Hooks registered on a leaf made inside f before any op read it: its requires_grad_() had not

@@ -394,8 +394,39 @@ def gradient_penalty_steps(p, x, y):
     return losses
 
 
+class _Scriptable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x)) * 2
+
+
+def scripted_module_steps(p, x, y):
+    # A TorchScript module trained inside f: from its third call the profiling executor runs a
+    # DifferentiableGraph, which sets its backward node on the outputs it returns; before, those
+    # steps' gradients never reached the parameters.
+    # See Note [Wrapper: history set on a wrapper]
+    model = _Scriptable()
+    with torch.no_grad():
+        model.fc.weight.copy_(p["0.weight"][:3])
+        model.fc.bias.copy_(p["0.bias"][:3])
+    scripted = torch.jit.script(model)
+    opt = torch.optim.SGD(scripted.parameters(), lr=0.1)
+    losses = []
+    for _ in range(4):
+        loss = mse(scripted(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return losses, scripted.fc.weight.detach()
+
+
 CASES = {
     "gradient_penalty_steps": (gradient_penalty_steps, mlp_inputs),
+    "scripted_module_steps": (scripted_module_steps, mlp_inputs),
     "bce_with_logits_steps": (bce_with_logits_steps, mlp_inputs),
     "module_backward_hooks": (module_backward_hooks, mlp_inputs),
     "qat_model_made_inside": (qat_model_made_inside, lambda: (
