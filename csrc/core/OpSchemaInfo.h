@@ -108,6 +108,10 @@ struct OpInfo {
   // write arguments their schema hides (native_batch_norm) do not. See
   // Note [Inputs: version counters].
   bool bumps_versions = true;
+  // Mutable: the functional variant's results are the written arguments' clones, on which the
+  // original op ran (custom ops' companions): each write bumps the version as many times as the
+  // op bumped its clone. See Note [Kernel: custom mutable ops].
+  bool versions_counted_on_results = false;
 };
 
 /// Computes the OpInfo of `op` from its schema (slow: schema analysis and a table lookup; cache

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace tfz::detail {
@@ -155,6 +156,7 @@ bool write_into_caller_memory(const OpInfo& info, const c10::OperatorHandle& op,
   check_no_read_of_written_memory(info, schema, args);
   std::vector<c10::IValue> inner = args;
   for (auto& v : inner) transform_tensors(v, sync_and_unwrap);
+  uint32_t bumps = 1;  // eager's in-place kernel bumps the written tensor's version once
   {
     InnerCallGuard guard;
     try {
@@ -163,22 +165,30 @@ bool write_into_caller_memory(const OpInfo& info, const c10::OperatorHandle& op,
       return false;  // bad indices: the functional path raises eager's rule under the op's name
     }
     torch::jit::Stack call(inner.begin(), inner.end());
+    const uint32_t version_before = inner[0].toTensor()._version();
     try {
       op.callBoxed(call);
     } catch (const c10::Error&) {
       log->drop_last();
       return false;
     }
+    // A custom op's body bumps the version once per in-place op it runs, after its own bump
+    // (Note [Kernel: custom mutable ops]): the caller's memory counted them all.
+    if (info.versions_counted_on_results) {
+      bumps = std::max<uint32_t>(inner[0].toTensor()._version() - version_before, 1);
+    }
   }
   inner.clear();  // back to the wrapper's and the storage's references before committing
   if (place == Place::CallerTensor) {
     commit_written_in_place(self, info.bumps_versions);
-  } else {
+    bumps -= 1;
+  }
+  if (info.bumps_versions && self.unsafeGetTensorImpl()->version_counter().enabled()) {
+    for (uint32_t i = 0; i < bumps; ++i) self.unsafeGetTensorImpl()->bump_version();
+  }
+  if (place != Place::CallerTensor) {
     // Written through a view: the base (the caller's tensor) holds the new values already. A new
     // generation makes every wrapper of the storage, this one included, replay its views of it.
-    if (info.bumps_versions && self.unsafeGetTensorImpl()->version_counter().enabled()) {
-      self.unsafeGetTensorImpl()->bump_version();
-    }
     auto& storage = unsafe_get_impl(self)->alias_storage();
     storage.set_base_(storage.base());
   }

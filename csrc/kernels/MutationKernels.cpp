@@ -182,6 +182,31 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value_in, bool coun
 
 namespace {
 
+// See Note [Kernel: custom mutable ops]: write_back bumped a written wrapper once per argument it
+// was passed as; the clone the op wrote (one per distinct tensor) counted every bump of the call.
+void bump_as_the_call_did(const OpInfo& info, const std::vector<c10::IValue>& args,
+                          const torch::jit::Stack& results) {
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;  // (wrapper, clone)
+  for (const auto& w : info.written) {
+    zip_written(args[w.index], results[w.functional_return],
+                [&](const at::Tensor& t, const at::Tensor& v) { written.emplace_back(t, v); });
+  }
+  for (size_t i = 0; i < written.size(); ++i) {
+    const auto& [t, v] = written[i];
+    auto* impl = t.unsafeGetTensorImpl();
+    if (!v.defined() || !impl->version_counter().enabled()) continue;
+    bool first = true;
+    uint32_t written_back = 0;
+    for (size_t j = 0; j < written.size(); ++j) {
+      if (!written[j].second.is_same(v)) continue;
+      first = first && j >= i;
+      ++written_back;
+    }
+    if (!first) continue;
+    for (uint32_t k = written_back; k < v._version(); ++k) impl->bump_version();
+  }
+}
+
 // See Note [Schema: argument plan] for the plan this follows.
 void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                  const Layer& layer, bool on_wrappers) {
@@ -292,6 +317,9 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
     zip_written(
         args[w.index], fstack[w.functional_return],
         [&](const at::Tensor& t, const at::Tensor& v) { write_back(t, v, info.bumps_versions); });
+  }
+  if (C10_UNLIKELY(info.versions_counted_on_results) && info.bumps_versions) {
+    bump_as_the_call_did(info, args, fstack);
   }
 
   for (size_t i = 0; i < num_returns; ++i) {

@@ -197,3 +197,32 @@ def test_op_redefined_with_another_schema_uses_the_new_schema():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+VERSIONED_CALLS = {
+    "one_write_in_the_body": lambda x, y: scale_(x, 2.0),
+    "through_a_view": lambda x, y: scale_(x[1:], 2.0),
+    "two_arguments": lambda x, y: two(x, y),
+    "same_tensor_twice": lambda x, y: two(x, x),
+    "list_with_a_view_of_the_other": lambda x, y: add_all_([x, y[1:]], 1.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VERSIONED_CALLS))
+def test_custom_op_bumps_version_counters_as_eager(name, remove):
+    # Eager bumps a written argument once in the op's ADInplaceOrView kernel and once per in-place
+    # op of the body (Note [Kernel: custom mutable ops]).
+    call = VERSIONED_CALLS[name]
+
+    def f(x, y):
+        call(x, y)
+        call(x, y)
+        return x._version, y._version
+
+    x, y = torch.randn(3), torch.randn(3)
+    ex, ey = x.clone(), y.clone()
+    expected = f(ex, ey)
+    actual = tfz.functionalize(f, remove=remove)(x, y)
+    assert actual == expected
+    assert (x._version, y._version) == (ex._version, ey._version)
+    assert torch.equal(x, ex) and torch.equal(y, ey)

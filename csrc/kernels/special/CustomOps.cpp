@@ -36,6 +36,10 @@ namespace tfz::detail {
 // clone per distinct tensor, so x passed twice is mutated twice, as in eager), calls the original
 // op on the clones and returns them. The mutation kernel then treats the pair like add_/add: the
 // traced graph shows one functional node, and the original's fake kernel serves fake tracing.
+// Eager bumps a written argument's version counter once in the op's ADInplaceOrView kernel and
+// again for every in-place op its body runs (acc.add_(...)): a count only the call knows. The
+// companion's clone went through the same call, so the write bumps the wrapper's counter as many
+// times as the clone's (OpInfo::versions_counted_on_results), once per distinct tensor.
 // Rejected: clone-and-mutate inline in the graph (clone + mylib::scale_ on the clone) — correct,
 // but the graph would keep a mutable op, which is what functionalization must remove.
 
@@ -46,6 +50,7 @@ bool is_custom_mutable(const c10::OperatorHandle& op) {
 void plan_custom_mutable(const c10::OperatorHandle& op, OpInfo& info) {
   if (info.kind == OpKind::Unsupported) info = classify_mutable_with(op, functional_companion(op));
   info.keeps_identical_arguments = true;  // one clone per distinct tensor, see above
+  info.versions_counted_on_results = true;
 }
 
 // Note [Kernel: custom view ops]
