@@ -2,6 +2,7 @@
 #include "core/FunctionalTensorImpl.h"
 
 #include "core/AutogradHistory.h"
+#include "core/Conversions.h"
 #include "core/DispatchKey.h"
 #include "core/Layer.h"
 #include "core/LayerAutograd.h"
@@ -69,22 +70,54 @@ FunctionalTensorImpl::FunctionalTensorImpl(ShallowCopy, const FunctionalTensorIm
 // Rejected: making the wrapper a differentiable view of its value (autograd would then record
 // our kernel's redispatch twice), and an autograd kernel at our key (that key is ours already).
 namespace {
+// Note [Wrapper: forward-mode tangents mirrored]
+// torch.autograd.forward_ad's make_dual runs, like every op, on values: the value carries the
+// tangent (its AutogradMeta's forward grad), and ops on values propagate it. unpack_dual reads the
+// tangent with Tensor._fw_grad of the tensor it is given, a wrapper, whose AutogradMeta had none:
+// the tangent came back None, silently. So a wrapper's AutogradMeta reads forward grads from its
+// value and hands a tangent out as a fresh wrapper of it (kept, since the reference it returns
+// must stay valid), and a value with a tangent that requires no grad gets such a meta too.
+// Rejected: copying the tangent onto the wrapper's own forward grad at each sync (a second copy
+// of the truth, stale after every op on the value).
+struct WrapperAutogradMeta : torch::autograd::AutogradMeta {
+  WrapperAutogradMeta(at::Tensor value, int64_t layer_id)
+      : value_(std::move(value)), layer_id_(layer_id) {}
+  const at::Tensor& fw_grad(uint64_t level, const at::TensorBase& /*self*/) const override {
+    const at::Tensor& tangent = value_._fw_grad(level);
+    if (!tangent.defined()) return tangent;
+    if (tangent_of_ != tangent.unsafeGetTensorImpl()) {
+      tangent_ = make_fresh_wrapper(tangent, layer_id_);
+      tangent_of_ = tangent.unsafeGetTensorImpl();
+    }
+    return tangent_;
+  }
+  at::Tensor value_;
+  int64_t layer_id_;
+  mutable at::Tensor tangent_;
+  mutable const c10::TensorImpl* tangent_of_ = nullptr;
+};
+
+bool has_forward_grad(const at::Tensor& value) {
+  const auto* meta = static_cast<const torch::autograd::AutogradMeta*>(
+      value.unsafeGetTensorImpl()->autograd_meta());
+  return meta != nullptr && meta->fw_grad_ != nullptr && !meta->fw_grad_->empty();
+}
+
 // A leaf wrapper's AutogradMeta: requires_grad and the grad accumulator of its leaf, and its
 // .grad is the leaf's (Note [Autograd: .backward() inside the function]). The leaf is the value,
 // or the leaf the value stands for after a write autograd did not see
 // (Note [Autograd: writes autograd does not see]).
 // mutable_grad() hands out the leaf's .grad slot for assignment (`w.grad = t`), which no
 // AccumulateGrad hook sees: the layer notes the leaf, to make its .grad plain after the call.
-struct MirroredLeafMeta final : torch::autograd::AutogradMeta {
-  MirroredLeafMeta(at::Tensor leaf, int64_t layer_id)
-      : leaf_(std::move(leaf)), layer_id_(layer_id) {}
+struct MirroredLeafMeta final : WrapperAutogradMeta {
+  MirroredLeafMeta(at::Tensor leaf, at::Tensor value, int64_t layer_id)
+      : WrapperAutogradMeta(std::move(value), layer_id), leaf_(std::move(leaf)) {}
   const at::Tensor& grad() const override { return leaf_.grad(); }
   at::Tensor& mutable_grad() override {
     note_grad_assigned(layer_id_, leaf_);
     return leaf_.mutable_grad();
   }
   at::Tensor leaf_;
-  int64_t layer_id_;
 };
 }  // namespace
 
@@ -114,6 +147,10 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
       set_autograd_meta(nullptr);
       grad_accumulator_.reset();
     }
+    // See Note [Wrapper: forward-mode tangents mirrored].
+    if (C10_UNLIKELY(has_forward_grad(value))) {
+      set_autograd_meta(std::make_unique<WrapperAutogradMeta>(value, layer_id_));
+    }
     return;
   }
   namespace ag = torch::autograd;
@@ -123,7 +160,7 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
   // did not see (Note [Autograd: writes autograd does not see]): the wrapper reads as the leaf.
   at::Tensor leaf = fn ? leaf_standing_for(value) : value;
   if (!leaf.defined()) {
-    meta = std::make_unique<ag::AutogradMeta>();
+    meta = std::make_unique<WrapperAutogradMeta>(value, layer_id_);
     meta->grad_fn_ = fn;
     meta->output_nr_ = value.output_nr();
     grad_accumulator_.reset();
@@ -131,7 +168,7 @@ void FunctionalTensorImpl::mirror_autograd_(const at::Tensor& value) {
     if (C10_UNLIKELY(ops_are_recorded())) note_traced_output(layer_id_, value);
   } else {
     grad_accumulator_ = fn ? fn : ag::impl::grad_accumulator(value);
-    meta = std::make_unique<MirroredLeafMeta>(std::move(leaf), layer_id_);
+    meta = std::make_unique<MirroredLeafMeta>(std::move(leaf), value, layer_id_);
     note_autograd_graph(layer_id_, grad_accumulator_);
     // The weak pointer type follows the strong one (std::weak_ptr or c10::weak_intrusive_ptr).
     meta->grad_accumulator_ = decltype(meta->grad_accumulator_)(grad_accumulator_);

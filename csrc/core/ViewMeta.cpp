@@ -14,29 +14,64 @@
 namespace tfz::detail {
 
 // Note [View: *_copy ops without a derivative]
-// torch gives two *_copy ops no derivative for complex outputs: _conj_copy (x.conj() of a complex
-// intermediate) and view_as_complex_copy (Meta-Llama's rotary embedding). Without views,
-// a program that differentiates through either got torch's "does not support automatic
-// differentiation" error where eager's view is differentiable. Both have functional forms with
-// derivatives that compute the same values: _conj_copy(x) is conj_physical(x) (both resolve the
-// conjugation; neither result carries the conjugate bit), and view_as_complex_copy(x) is
-// complex(select_copy(x, -1, 0), select_copy(x, -1, 1)). They stand in when grad mode is on and
-// the input requires grad, so graphs of programs without gradients keep the one op;
-// view_as_complex's input checks (a last dimension of size 2 and stride 1, even strides and
-// offset, a floating dtype) are left to torch by calling the op itself when they fail. Rejected:
-// registering derivatives for the *_copy ops (torch's autograd keys belong to torch, and the
-// registration would change them for every program in the process, not only ours).
+// torch gives some *_copy ops no derivative where their views have one: _conj_copy and
+// view_as_complex_copy for complex outputs (x.conj() of a complex intermediate, Meta-Llama's
+// rotary embedding), _make_dual_copy outside inference mode (an internal assert) and
+// _fw_primal_copy in forward mode (torch.autograd.forward_ad's make_dual and unpack_dual).
+// Without views, a program that differentiates through them got torch's error where eager's
+// view is differentiable. Each has a functional form with the same values and derivatives:
+//
+//   *_copy op                           stands in, when
+//   _conj_copy(x)                       conj_physical(x), x requires grad (neither result
+//                                       carries the conjugate bit)
+//   view_as_complex_copy(x)             complex(select_copy(x, -1, 0), select_copy(x, -1, 1)),
+//                                       x requires grad and passes view_as_complex's checks
+//   _make_dual_copy(p, t, level)        _make_dual(p.clone(), t, level), always
+//   _fw_primal_copy(x, level)           clone(x) with forward grads off, x has a tangent
+//
+// The conditions keep graphs of programs without gradients on the one op; view_as_complex's
+// checks (a last dimension of size 2 and stride 1, even strides and offset, a floating dtype) are
+// left to torch by calling the op itself when they fail. Rejected: registering derivatives for
+// the *_copy ops (torch's autograd keys belong to torch, and the registration would change them
+// for every program in the process, not only ours).
 namespace {
+void replace_top(torch::jit::Stack* stack, size_t num_args, at::Tensor out) {
+  torch::jit::drop(*stack, num_args);
+  torch::jit::push(*stack, std::move(out));
+}
+
+bool has_tangent(const at::Tensor& t, int64_t level) {
+  return t.unsafeGetTensorImpl()->autograd_meta() != nullptr &&
+         t._fw_grad(static_cast<uint64_t>(level)).defined();
+}
+
 bool stands_in_for_copy_op(const c10::OperatorName& name, torch::jit::Stack* stack) {
   static const c10::OperatorName conj_copy{"aten::_conj_copy", ""};
   static const c10::OperatorName as_complex_copy{"aten::view_as_complex_copy", ""};
-  if (C10_LIKELY(name != conj_copy && name != as_complex_copy)) return false;
+  static const c10::OperatorName make_dual_copy{"aten::_make_dual_copy", ""};
+  static const c10::OperatorName fw_primal_copy{"aten::_fw_primal_copy", ""};
+  if (C10_LIKELY(name != conj_copy && name != as_complex_copy && name != make_dual_copy &&
+                 name != fw_primal_copy)) {
+    return false;
+  }
+  if (name == make_dual_copy) {
+    (*stack)[stack->size() - 3] = (*stack)[stack->size() - 3].toTensor().clone();
+    static const auto make_dual =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::_make_dual", "");
+    make_dual.callBoxed(stack);
+    return true;
+  }
+  if (name == fw_primal_copy) {
+    const at::Tensor self = (*stack)[stack->size() - 2].toTensor();
+    if (!has_tangent(self, stack->back().toInt())) return false;
+    c10::AutoFwGradMode no_forward_grad(false);
+    replace_top(stack, 2, at::clone(self));
+    return true;
+  }
   const at::Tensor& self = stack->back().toTensor();
   if (!at::GradMode::is_enabled() || !self.requires_grad()) return false;
   if (name == conj_copy) {
-    at::Tensor out = at::conj_physical(self);
-    torch::jit::drop(*stack, 1);
-    torch::jit::push(*stack, std::move(out));
+    replace_top(stack, 1, at::conj_physical(self));
     return true;
   }
   const auto dtype = self.scalar_type();
@@ -48,9 +83,7 @@ bool stands_in_for_copy_op(const c10::OperatorName& name, torch::jit::Stack* sta
   for (int64_t d = 0; d + 1 < self.dim(); ++d) {
     if (self.sym_stride(d) % 2 != 0) return false;
   }
-  at::Tensor out = at::complex(at::select_copy(self, -1, 0), at::select_copy(self, -1, 1));
-  torch::jit::drop(*stack, 1);
-  torch::jit::push(*stack, std::move(out));
+  replace_top(stack, 1, at::complex(at::select_copy(self, -1, 0), at::select_copy(self, -1, 1)));
   return true;
 }
 }  // namespace
@@ -71,9 +104,7 @@ void ViewMeta::call_view_op(const c10::OperatorHandle& handle, torch::jit::Stack
     return;
   }
   // See Note [View: *_copy ops without a derivative].
-  if (C10_UNLIKELY(stack->size() == 1 && stands_in_for_copy_op(handle.operator_name(), stack))) {
-    return;
-  }
+  if (C10_UNLIKELY(stands_in_for_copy_op(handle.operator_name(), stack))) return;
   handle.callBoxed(stack);
 }
 

@@ -64,4 +64,41 @@ void differentiate_copy(const OpInfo& info, const std::vector<c10::IValue>& inne
   torch::autograd::set_history(out, node);
 }
 
+// Note [Kernel: copy's forward derivative]
+// In forward mode (torch.autograd.forward_ad), eager's dst.copy_(src) gives dst src's tangent,
+// converted to dst's dtype and broadcast to its shape (zeros if src has none: dst's old tangent is
+// overwritten), where torch's functional aten::copy has no forward derivative ("Trying to use
+// forward AD with aten::copy that does not support it"). So when self or src carries a tangent at
+// the first dual level (the one forward_ad.dual_level() opens), copy runs with forward grads off
+// and its result is given that tangent. Deeper levels keep torch's error. Rejected: a composite in
+// place of `copy` (Note [Kernel: copy's derivative] rejects it for graphs and the reinplace
+// passes).
+bool copy_with_tangent(const OpInfo& info, const std::vector<c10::IValue>& inner,
+                       torch::jit::Stack& fstack) {
+  static const c10::OperatorHandle copy =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy", "");
+  if (!info.functional_op || !(*info.functional_op == copy) || inner.size() < 2 ||
+      !inner[0].isTensor() || !inner[1].isTensor() ||
+      !c10::AutogradState::get_tls_state().get_fw_grad_mode()) {
+    return false;
+  }
+  const at::Tensor& self = inner[0].toTensor();
+  const at::Tensor& src = inner[1].toTensor();
+  auto tangent_of = [](const at::Tensor& t) {
+    return t.unsafeGetTensorImpl()->autograd_meta() != nullptr ? t._fw_grad(0) : at::Tensor();
+  };
+  const at::Tensor src_tangent = tangent_of(src);
+  if (!src_tangent.defined() && !tangent_of(self).defined()) return false;
+  {
+    c10::AutoFwGradMode no_forward_grad(false);
+    info.functional_op->callBoxed(fstack);
+  }
+  const at::Tensor& out = fstack[0].toTensor();
+  at::Tensor tangent = src_tangent.defined()
+                           ? src_tangent.to(out.scalar_type()).expand(out.sizes()).clone()
+                           : at::zeros_like(out);
+  out._set_fw_grad(tangent, 0, /*is_inplace_op=*/false);
+  return true;
+}
+
 }  // namespace tfz::detail

@@ -70,6 +70,12 @@ bool write_formula_temporary(const OpInfo& info, const c10::OperatorHandle& op,
 void differentiate_copy(const OpInfo& info, const std::vector<c10::IValue>& inner,
                         torch::jit::Stack& results);
 
+/// Calls copy_'s functional variant on `inner` into `fstack` when self or src carries a
+/// forward-mode tangent, giving the result src's; returns false (nothing done) otherwise.
+/// See Note [Kernel: copy's forward derivative].
+bool copy_with_tangent(const OpInfo& info, const std::vector<c10::IValue>& inner,
+                       torch::jit::Stack& fstack);
+
 /// mutable_kernel with the functional variant called on the wrappers instead of their inner
 /// values, Python un-hidden, so a composite variant decomposes above our key (under a
 /// TorchDispatchMode only; see Note [Kernel: composites intercepted whole]).

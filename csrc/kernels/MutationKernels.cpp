@@ -279,7 +279,8 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
     } else {
       check_whole_elements_for_clone(info, inner);
       push_functional_args(inner);
-      info.functional_op->callBoxed(fstack);
+      if (C10_LIKELY(!copy_with_tangent(info, inner, fstack)))
+        info.functional_op->callBoxed(fstack);
       differentiate_rrelu_through_its_noise(info, op, inner, fstack);
       differentiate_copy(info, inner, fstack);
       rerun_out_eagerly(info, op, args, inner, fstack);

@@ -34,7 +34,7 @@ namespace tfz::detail {
 // its other details live); every other copy_ is the ordinary mutation whose companion is `copy`.
 namespace {
 
-constexpr std::array<SpecialOp, 15> kSpecialOps{{
+constexpr std::array<SpecialOp, 16> kSpecialOps{{
     // name                      matches               adjust                handle composite
     {"set_", &is_set, &refuse_set, &set_kernel, false},
     {"cuDNN's dropout state (ATen's cache)", &is_cudnn_dropout_state, &leave_plain, nullptr, false},
@@ -48,6 +48,7 @@ constexpr std::array<SpecialOp, 15> kSpecialOps{{
     {"unsafe_split", &is_unsafe_split, &plan_unsafe_split, &unsafe_split_kernel, false},
     {"composite with raw fast path", &has_raw_fast_path, nullptr, &composite_kernel, true},
     {"tensor_split by a tensor", &is_tensor_split_by_tensor, nullptr, &tensor_split_kernel, true},
+    {"forward-mode unpack_dual", &is_unpack_dual, nullptr, &unpack_dual_kernel, true},
     {"in-place _foreach_", &is_inplace_foreach, nullptr, &foreach_kernel, false},
     {"c10d collective", &is_c10d_collective, nullptr, &collective_kernel, false},
     {"custom mutable op", &is_custom_mutable, &plan_custom_mutable, nullptr, false},

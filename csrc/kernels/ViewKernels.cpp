@@ -273,10 +273,11 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
   for (const auto& s : dtype_steps) start = s->forward(start);
   if (!layer.reapply_views) start = ViewMeta::copy_input(view_op, start);
   torch::jit::push(*stack, std::move(start));
-  for (const auto& a : extra) {
-    c10::IValue v = a;
-    transform_tensors(v, sync_and_unwrap);
-    torch::jit::push(*stack, std::move(v));
+  // The step keeps tensor arguments (_make_dual's tangent) as values: it replays under an inner
+  // call, where a wrapper would be refused.
+  for (auto& a : extra) {
+    transform_tensors(a, sync_and_unwrap);
+    torch::jit::push(*stack, a);
   }
   std::optional<at::Tensor> kept_bytes;
   if (!layer.reapply_views && !extra.empty() && extra[0].isInt()) {

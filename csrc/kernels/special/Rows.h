@@ -86,6 +86,11 @@ bool is_copy_(const c10::OperatorHandle& op);
 void copy_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                  const Layer& layer);
 
+// ForwardAD.cpp
+bool is_unpack_dual(const c10::OperatorHandle& op);
+void unpack_dual_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
+                        const Layer& layer);
+
 // CustomOps.cpp (functional_companion, in AutoFunctional.cpp, is in SpecialOps.h)
 bool is_custom_mutable(const c10::OperatorHandle& op);
 void plan_custom_mutable(const c10::OperatorHandle& op, OpInfo& info);
