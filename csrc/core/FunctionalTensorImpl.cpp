@@ -572,10 +572,20 @@ void FunctionalTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::Tenso
   InnerCallGuard guard;
   at::Tensor value = other->value_;
   if (old.requires_grad() && old.grad_fn() == nullptr &&
-      (value.scalar_type() != old.scalar_type() || value.device() != old.device())) {
+      (value.scalar_type() != old.scalar_type() || value.device() != old.device() ||
+       value.sym_sizes() != old.sym_sizes())) {
     // Eager resets the leaf's grad accumulator for data of another type: the new data is the
-    // leaf (w.data = w.data.double()).
-    value = value.detach();
+    // leaf (w.data = w.data.double()). Of another shape too: eager makes a leaf's accumulator at
+    // its first use, so nn.LazyLinear's materialize (weight.data = torch.empty(shape) on a
+    // parameter no op has read) trains, where our leaf's accumulator, made when the wrapper
+    // mirrored it, would expect the old shape ("invalid gradient ... expected shape [0]").
+    // Without views, detach is detach_copy (Note [View: detach without views]).
+    if (views_kept_()) {
+      value = value.detach();
+    } else {
+      c10::AutoGradMode no_grad(false);
+      value = at::detach_copy(value);
+    }
     value.set_requires_grad(true);
     set_value_(value);
     return;

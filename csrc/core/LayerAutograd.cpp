@@ -117,7 +117,12 @@ void LayerAutograd::note(const NodePtr& fn) {
 // graph (create_graph=True: a Hessian-vector product, MAML, a SiLU critic's gradient penalty)
 // computes new outputs on plain values only (silu's backward takes sigmoid of its saved input),
 // whose nodes save them in turn; no wrapper takes those, so the kernel notes every plain result
-// with a grad_fn it runs under a tracer too (note_traced_plain_output). Rejected: un-hiding the
+// with a grad_fn it runs under a tracer too (note_traced_plain_output). A saved_tensors_hooks pair
+// inside f runs its unpack hook in the backward (traced: the kernel runs ops on plain values with
+// the tracer's key restored), and autograd hands the formula a shallow copy of the hook's result,
+// which no tracer saw; plain results without a grad_fn are therefore noted by memory alone, and a
+// plain argument with no node match is looked up by memory and geometry the same way. Rejected:
+// un-hiding the
 // Python key while backward nodes run (node hooks): an exception between the hooks would leave the
 // TLS changed, and the mode then sees autograd's bookkeeping (the detach of every unpacked output)
 // as ops of the program.
@@ -143,9 +148,16 @@ void note_grad_assigned(int64_t layer_id, const at::Tensor& leaf) {
 }
 
 void note_traced_plain_output(const at::Tensor& value) {
-  if (!value.defined() || value.grad_fn() == nullptr) return;
+  if (!value.defined()) return;
   Layer* layer = this_threads_layer();
-  if (layer == nullptr || !layer->autograd) return;
+  if (layer == nullptr) return;
+  if (value.grad_fn() == nullptr) {
+    if (!value.has_storage()) return;
+    if (!layer->autograd) layer->autograd = std::make_unique<LayerAutograd>(layer->id);
+    layer->autograd->note_memory(value);
+    return;
+  }
+  if (!layer->autograd) return;
   layer->autograd->note_output(value);
 }
 
@@ -157,6 +169,10 @@ void note_traced_output(int64_t layer_id, const at::Tensor& value) {
 
 void LayerAutograd::note_output(const at::Tensor& value) {
   outputs_[OutputKey{value.grad_fn().get(), static_cast<uint32_t>(value.output_nr())}] = value;
+  note_memory(value);
+}
+
+void LayerAutograd::note_memory(const at::Tensor& value) {
   if (value.has_storage()) by_storage_[value.storage().unsafeGetStorageImpl()].push_back(value);
 }
 
@@ -174,16 +190,18 @@ bool same_memory(const at::Tensor& original, const at::Tensor& t) {
 }  // namespace
 
 std::optional<at::Tensor> LayerAutograd::traced_output(const at::Tensor& t) const {
-  if (outputs_.empty()) return std::nullopt;
+  if (by_storage_.empty()) return std::nullopt;
   const auto& fn = t.grad_fn();
-  if (!fn) return std::nullopt;
-  auto it = outputs_.find(OutputKey{fn.get(), static_cast<uint32_t>(t.output_nr())});
-  if (it == outputs_.end()) return std::nullopt;
-  // The traced output itself (a saved input is stored as is): nothing to substitute.
-  if (it->second.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return std::nullopt;
-  if (same_memory(it->second, t)) return it->second;
-  // A saved-tensor hook gave back another output's memory for this node's output (checkpoint's
-  // recomputed activation): the traced output that holds that memory.
+  auto it = fn ? outputs_.find(OutputKey{fn.get(), static_cast<uint32_t>(t.output_nr())})
+               : outputs_.end();
+  if (it != outputs_.end()) {
+    // The traced output itself (a saved input is stored as is): nothing to substitute.
+    if (it->second.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return std::nullopt;
+    if (same_memory(it->second, t)) return it->second;
+  }
+  // A saved-tensor hook gave back other memory for this node's output (checkpoint's recomputed
+  // activation), or an unpack hook's result reached the formula as autograd's copy of it: the
+  // traced tensor that holds that memory.
   if (!t.has_storage()) return std::nullopt;
   auto found = by_storage_.find(t.storage().unsafeGetStorageImpl());
   if (found == by_storage_.end()) return std::nullopt;

@@ -53,7 +53,10 @@ class LayerAutograd {
   void note_assigned(const at::Tensor& leaf);
   /// Under a tracer: `value` (with a grad_fn) is the traced output (grad_fn, output_nr).
   void note_output(const at::Tensor& value);
-  /// The traced output `t` is a copy of (same node, output number, memory and geometry), if any.
+  /// Under a tracer: `value` (without a grad_fn) is a traced result, found by its memory only.
+  void note_memory(const at::Tensor& value);
+  /// The traced output `t` is a copy of (same node, output number, memory and geometry), or else
+  /// the traced result with t's memory and geometry, if any.
   std::optional<at::Tensor> traced_output(const at::Tensor& t) const;
   /// Under a tracer: the plain temporary `plain` stands for the traced `value` from now on
   /// (Note [Autograd: formula temporaries written in place]).
@@ -92,8 +95,9 @@ class LayerAutograd {
   // Strong: the wrapper of an output is often gone by the time backward reads the output back,
   // and the tracer only knows the tensor while it is alive. Filled only under a tracer.
   std::unordered_map<OutputKey, at::Tensor, OutputKeyHash> outputs_;
-  // The same outputs by storage: an output a saved-tensor hook stored and gave back
-  // (torch.utils.checkpoint's recomputation) has its node but another output's memory.
+  // The same outputs by storage, with plain results that have no grad_fn: an output a
+  // saved-tensor hook stored and gave back (torch.utils.checkpoint's recomputation) has its node
+  // but another output's memory, and an unpack hook's result reaches a formula as a copy.
   std::unordered_map<const c10::StorageImpl*, std::vector<at::Tensor>> by_storage_;
   // Temporaries written in place under a tracer: (the temporary, what it stands for). Strong, so
   // an address is not reused by another tensor while the layer runs.
@@ -108,8 +112,9 @@ void note_autograd_graph(int64_t layer_id, const NodePtr& fn);
 void note_grad_assigned(int64_t layer_id, const at::Tensor& leaf);
 /// Under a tracer, a wrapper of layer `layer_id` took `value`, an output with a grad_fn.
 void note_traced_output(int64_t layer_id, const at::Tensor& value);
-/// Under a tracer, this thread's layer ran an op on plain values only and `value` is a result with
-/// a grad_fn (a backward that builds a graph): notes it like a wrapper's output.
+/// Under a tracer, this thread's layer ran an op on plain values only and `value` is a result: one
+/// with a grad_fn (a backward that builds a graph) is noted like a wrapper's output, one without
+/// (an unpack hook's result) by its memory.
 void note_traced_plain_output(const at::Tensor& value);
 /// A plain tensor reached the kernel of this thread's layer: under a tracer, the traced forward
 /// output it copies, if any (Note [Autograd: saved outputs under a tracer]).

@@ -6,6 +6,7 @@
 #include "core/DispatchKey.h"
 #include "core/Recorder.h"
 
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/SequenceNumber.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
@@ -41,6 +42,26 @@ namespace {
 // Rejected: refusing the whole op whenever an argument requires grad (a forward-only capture of
 // a packed RNN, whose packing make_fx cannot trace, would then fail), and mapping the hidden
 // tensors to recorded values (the recorder never sees the ops that made them).
+// Note [Capture: saved-tensor hooks inside the function]
+// torch.autograd.graph.saved_tensors_hooks (save_on_cpu, allow_mutation_on_saved_tensors, a
+// user's own pair) run their pack hook while autograd saves a tensor, inside the op being
+// recorded, so the ops a pack hook runs are not recorded (the record key is excluded there): a
+// pack that makes a new tensor (t * 1, a copy) left the graph's backward reading it as a
+// constant, silently wrong on other inputs. So the record kernel refuses any op recorded with
+// grad mode on while such hooks are pushed, and capture() records the program through make_fx,
+// which sees the pack hook's ops (they reach it below autograd). Rejected: recording the ops
+// pack hooks run (autograd calls them from inside the recorded op's kernel, where everything
+// else it runs is the op's own implementation, which capture records as one node).
+void check_no_saved_tensor_hooks(const c10::OperatorHandle& op) {
+  if (C10_LIKELY(at::SavedTensorDefaultHooks::get_tls_state().stack.empty()) ||
+      !c10::GradMode::is_enabled()) {
+    return;
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "capture: saved-tensor hooks are active inside the function (",
+                              op.operator_name(),
+                              "); the ops their pack hooks run happen inside recorded ops.");
+}
+
 void check_not_backward_of_whole_op(const Recorder& recorder, const c10::OperatorHandle& op) {
   if (C10_LIKELY(!recorder.has_hidden_nodes())) return;  // no node to look up on most captures
   const auto node = torch::autograd::get_current_node();
@@ -77,6 +98,7 @@ void record_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                               op.operator_name(),
                               "); its casts happen below the key capture records at.");
   check_not_backward_of_whole_op(*recorder, op);
+  check_no_saved_tensor_hooks(op);
   GraphNode node = recorder->begin(op.operator_name() == lift_fresh ? lift_fresh_copy : op, *stack);
   const bool whole = c10::GradMode::is_enabled() && is_composite_taken_whole(op);
   const uint64_t first_node = whole ? at::sequence_number::peek() : 0;

@@ -147,7 +147,9 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
 _THROUGH_MAKE_FX = ("(a higher-order operator) under capture", "autocast is enabled inside",
                    rng_state.THROUGH_MAKE_FX,
                    # See Note [Capture: composites taken whole under autograd].
-                   "an op taken whole under capture with an argument that requires grad")
+                   "an op taken whole under capture with an argument that requires grad",
+                   # See Note [Capture: saved-tensor hooks inside the function].
+                   "saved-tensor hooks are active inside the function")
 
 
 class _RandomState:
@@ -405,14 +407,17 @@ def _graph_module(captured: Any, func: Callable[..., Any] | None, args: tuple,
             return value(a)
         if isinstance(a, list):
             return [convert(x) for x in a]
-        if isinstance(a, torch.Generator):  # no literal for it in generated code: an attribute
-            name = f"_generator_constant{len(generators)}"
-            generators.append(name)
+        # No literal for these in generated code: an attribute (a quantized op's packed weights
+        # are TorchScript objects).
+        if isinstance(a, (torch.Generator, torch.ScriptObject)):
+            kind = "generator" if isinstance(a, torch.Generator) else "script_object"
+            name = f"_{kind}_constant{len(attributes)}"
+            attributes.append(name)
             setattr(root, name, a)
             return graph.create_node("get_attr", name, name=name)
         return a
 
-    generators: list[str] = []
+    attributes: list[str] = []
 
     # See Note [Capture: grad mode].
     ambient = None  # the node reading the caller's grad mode, made when first needed

@@ -424,9 +424,27 @@ def scripted_module_steps(p, x, y):
     return losses, scripted.fc.weight.detach()
 
 
+def lazy_module_steps(x, y):
+    # nn.LazyLinear made inside f: its first call materializes the weight with `.data = ` of a
+    # new shape on a parameter no op has read (eager makes its grad accumulator then), and
+    # initializes it in place; the steps train it.
+    model = nn.Sequential(nn.LazyLinear(5), nn.ReLU(), nn.LazyLinear(3))
+    model(x)  # materializes
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(2):
+        loss = mse(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return losses, [p.detach() for p in model.parameters()]
+
+
 CASES = {
     "gradient_penalty_steps": (gradient_penalty_steps, mlp_inputs),
     "scripted_module_steps": (scripted_module_steps, mlp_inputs),
+    "lazy_module_steps": (lazy_module_steps, lambda: (torch.randn(6, 4), torch.randn(6, 3))),
     "bce_with_logits_steps": (bce_with_logits_steps, mlp_inputs),
     "module_backward_hooks": (module_backward_hooks, mlp_inputs),
     "qat_model_made_inside": (qat_model_made_inside, lambda: (
