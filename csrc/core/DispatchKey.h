@@ -38,8 +38,8 @@ constexpr c10::DispatchKey kBackendKey = c10::DispatchKey::PrivateUse3;
 constexpr c10::DispatchKey kFactoryKey = c10::DispatchKey::DeferredInit;
 
 // Note [Capture: the record key]
-// capture() needs a key that sees every op called on plain tensors while it records (Note
-// [Capture: how ops are recorded]), above autograd and the backends, that no kernel of torch's
+// capture() needs a key that sees every op called on plain tensors while it records (
+// Note [Capture: how ops are recorded]), above autograd and the backends, that no kernel of torch's
 // claims. We borrow TESTING_ONLY_GenericMode: a functionality key (no backend bit, so the delta
 // TLS guards are safe with it) at the top of the dispatch order, below only PreDispatch and
 // PythonDispatcher, for which torch registers no kernel and no fallback in its libraries (it

@@ -1,7 +1,7 @@
 // Functional companions for custom ops that mutate their arguments: registers, on first use, an
 // op tfz_functional::<ns>__<name> that clones the written arguments, runs the original op on the
-// clones and returns them. The row that uses it is in SpecialOps.cpp; see Note
-// [Kernel: custom mutable ops].
+// clones and returns them. The row that uses it is in SpecialOps.cpp; see
+// Note [Kernel: custom mutable ops].
 #include "kernels/SpecialOps.h"
 
 #include "core/Conversions.h"

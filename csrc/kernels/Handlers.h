@@ -190,8 +190,8 @@ void wrap_outputs(torch::jit::Stack* stack, size_t count, int64_t layer_id);
 /// Un-hides the Python key (but not PythonTLSSnapshot) for a composite op's work on wrappers under
 /// a TorchDispatchMode: ATen's dispatch_mode_enabled() then holds, so CIA kernels take their
 /// dispatcher-only paths. Every op they call still reaches our key first (it is in the included
-/// set and above Python), so nothing reaches the mode except through an inner call. See Note
-/// [Kernel: composites intercepted whole].
+/// set and above Python), so nothing reaches the mode except through an inner call. See
+/// Note [Kernel: composites intercepted whole].
 class PythonUnhiddenGuard {
  public:
   PythonUnhiddenGuard() : guard_(unhidden()) {}

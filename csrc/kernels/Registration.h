@@ -23,8 +23,8 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
                       torch::jit::Stack* stack);
 
 /// Bumped whenever an operator's schema is deregistered (a torch.library Library destroyed): the
-/// name may come back with another schema, so cached plans are redone. See Note
-/// [Kernel: registration].
+/// name may come back with another schema, so cached plans are redone. See
+/// Note [Kernel: registration].
 uint64_t schema_epoch();
 
 /// The unboxed kernel of `op`, if it has one and its plan is the one that kernel implements;

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 # each other. Ours traces `functional_call(module, state, args, kwargs)` with every parameter,
 # buffer and user input as a graph input, under make_fx(functionalize(...), tracing_mode="fake")
 # (fake tensors: every node gets the meta["val"] that serialization and AOTInductor read). The
-# engine ends that graph with one copy_ per input the program wrote (the epilogue of the Note
-# [API: input epilogue]); each such copy_ is taken out and its value becomes an output, in
+# engine ends that graph with one copy_ per input the program wrote (the epilogue of the
+# Note [API: input epilogue]); each such copy_ is taken out and its value becomes an output, in
 # torch.export's conventions, as BUFFER_MUTATION (a buffer), PARAMETER_MUTATION or
 # USER_INPUT_MUTATION, before the user outputs. Tensor constants the program made become
 # CONSTANT_TENSOR inputs. The graph then holds no in-place op, and ExportedProgram.module()

@@ -672,8 +672,9 @@ def test_parameter_made_from_a_functional_tensor_captures_and_runs(name, remove)
     assert_trees_match(_seeded(graph, other), want, "capture on other inputs")
 
 
-# nn.Parameter(t) detaches t with make_fx's mode set aside (Tensor._make_subclass): before Note
-# [Graphs: views taken with the tracer set aside] the graph held t's traced value as a constant.
+# nn.Parameter(t) detaches t with make_fx's mode set aside (Tensor._make_subclass): the graph held
+# t's traced value as a constant before the rule of
+# Note [Graphs: views taken with the tracer set aside]
 @pytest.mark.parametrize("remove", ["mutations", "mutations_and_views"])
 @pytest.mark.parametrize("name", sorted(_PARAMETER_PROGRAMS))
 def test_parameter_made_from_a_functional_tensor_make_fx_graph_replays_other_inputs(name, remove):
