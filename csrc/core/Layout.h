@@ -59,9 +59,12 @@ namespace tfz::detail {
 //            at offset 0 records them on its storage ("storage coordinates"); one at an offset
 //            keeps its value's geometry, and a later resize_ of it is refused by name. One meta
 //            call per such op, untraced too (gapped and overlapping values); graphs unchanged.
+//            convolution's meta kernel lays out by CUDA's rule, so on CPU its result is made
+//            channels-last where the CPU kernels make it so (a channels-last input or weight:
+//            dropout after HF Segformer's decode-head convolution draws in that order).
 //     where: kernels/BoxedKernel.cpp functional_kernel, reports_eager_strides_of_results,
-//            adopt_eager_strides; kernels/UnboxedKernels.cpp (one flag read per wrapper first:
-//            FunctionalTensorImpl::has_reference_metadata).
+//            adopt_eager_strides, convolution_on_cpu_layout; kernels/UnboxedKernels.cpp (one
+//            flag read per wrapper first: FunctionalTensorImpl::has_reference_metadata).
 //   "*_like templates" (without views)
 //     eager: rand_like(x), empty_like(x) (dropout's mask) lay out like x, and draw in that order.
 //     how:   self gives only its metadata, so it becomes an empty tensor of the wrapper's reported

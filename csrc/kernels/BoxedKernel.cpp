@@ -333,15 +333,42 @@ std::vector<c10::IValue> meta_twins_of(std::vector<c10::IValue> args) {
 }
 
 namespace {
+// See Note [Strides: what eager gives], case "op results": convolution's meta kernel lays its
+// result out by CUDA's rule (it cannot tell a meta twin's device), where the CPU kernels
+// (mkldnn's, the slow ones) give a channels-last result for a channels-last input or weight.
+void convolution_on_cpu_layout(const c10::OperatorHandle& op, const torch::jit::Stack& args,
+                               torch::jit::Stack& results) {
+  static const c10::OperatorName convolution{"aten::convolution", ""};
+  if (op.operator_name() != convolution || args.size() < 2 || results.size() != 1 ||
+      !args[0].isTensor() || !args[1].isTensor() || !results[0].isTensor()) {
+    return;
+  }
+  const at::Tensor& input = args[0].toTensor();
+  const at::Tensor& weight = args[1].toTensor();
+  const at::Tensor& out = results[0].toTensor();
+  if (input.dim() != 4 && input.dim() != 5) return;
+  const auto channels_last =
+      input.dim() == 4 ? c10::MemoryFormat::ChannelsLast : c10::MemoryFormat::ChannelsLast3d;
+  if (input.suggest_memory_format() != channels_last &&
+      weight.suggest_memory_format() != channels_last) {
+    return;
+  }
+  results[0] = at::empty_like(out, out.options(), channels_last);
+}
+
 // The functional op on meta twins of the wrappers' reported geometry, or nullopt.
 std::optional<torch::jit::Stack> run_on_reported_geometry(const c10::OperatorHandle& op,
                                                           const torch::jit::Stack& stack) {
   const size_t num_args = op.schema().arguments().size();
+  const c10::IValue& first = *(stack.end() - static_cast<std::ptrdiff_t>(num_args));
+  const bool on_cpu = first.isTensor() && first.toTensor().device().is_cpu();
   try {
     MetaComputeGuard guard;
     torch::jit::Stack meta = meta_twins_of(
         torch::jit::Stack(stack.end() - static_cast<std::ptrdiff_t>(num_args), stack.end()));
+    const torch::jit::Stack twins = meta;
     op.callBoxed(meta);
+    if (on_cpu) convolution_on_cpu_layout(op, twins, meta);
     return meta;
   } catch (const std::exception&) {
     return std::nullopt;  // no meta kernel, or arguments it cannot take: the values' strides

@@ -39,8 +39,9 @@ at::Tensor symbolic_meta_twin(const at::Tensor& t) {
 // kernel cannot take them (a rule that lives in Python) keeps the copy's metadata (nullopt).
 std::optional<c10::IValue> meta_reference(const c10::OperatorHandle& op, const at::Tensor& self,
                                           const std::vector<c10::IValue>& extra) {
-  // A sparse self has no strides to give a meta twin; its views' metadata is the copy's.
-  if (self.layout() != c10::kStrided) return std::nullopt;
+  // A sparse self has no strides to give a meta twin, and a quantized one no meta kernels (views
+  // of converted PTQ/QAT activations); their views' metadata is the copy's.
+  if (self.layout() != c10::kStrided || c10::isQIntType(self.scalar_type())) return std::nullopt;
   MetaComputeGuard guard;
   if (self.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
     try {

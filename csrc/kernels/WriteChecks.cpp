@@ -10,6 +10,7 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
 #include <array>
@@ -121,6 +122,15 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
               ": cannot write functional values into the plain tensor passed as '", arg_name,
               "' (a tensor created outside the function, e.g. a global). Pass it to the "
               "function as an input, or clone it inside the function first.");
+  if (C10_UNLIKELY(impl->alias_storage().captured())) {
+    // A backward formula writing through a view of a temporary of its own (householder_product's
+    // backward): the temporary is plain, so without views its view was lifted like a capture.
+    const auto node = torch::autograd::get_current_node();
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        node == nullptr, "functionalize: ", op_name, ": the backward formula of ", node->name(),
+        " writes through a view of a temporary of its own, which is not supported with "
+        "remove=\"mutations_and_views\". Use remove=\"mutations\".");
+  }
   TORCH_CHECK(!impl->alias_storage().captured(), "functionalize: ", op_name,
               ": cannot write through '", arg_name,
               "', a view of a tensor captured from outside the function (a parameter, buffer "

@@ -167,3 +167,21 @@ def test_nested_tensor_inside_f_is_refused_by_name_and_leaves_dispatch_state():
             torch._C._dispatch_tls_local_exclude_set()) == before
     x = torch.randn(3)
     assert torch.equal(tfz.functionalize(lambda t: t.add_(1))(x.clone()), x + 1)
+
+
+def test_backward_formula_writing_a_view_of_its_temporary_without_views_is_named():
+    # householder_product's backward fills a view of a temporary it made (parametrizations.
+    # orthogonal of a non-square Linear): without views the refusal named a "captured" tensor.
+    def f(a, tau):
+        a = a.clone().requires_grad_()
+        tau = tau.clone().requires_grad_()
+        torch.linalg.householder_product(a, tau).sum().backward()
+        return a.grad, tau.grad
+
+    a, tau = torch.randn(4, 2), torch.randn(2)
+    expected = f(a, tau)
+    actual = tfz.functionalize(f, remove="mutations")(a, tau)
+    assert all(torch.allclose(x, e) for x, e in zip(actual, expected))
+    with pytest.raises(NotImplementedError, match=r"backward formula of "
+                       r"LinalgHouseholderProductBackward0 writes through a view of a temporary"):
+        tfz.functionalize(f, remove="mutations_and_views")(a, tau)

@@ -1,6 +1,8 @@
 """Views whose inverse is not a plain scatter: gapped unfold keeps its gaps, writes into tensors
 with internal overlap are refused (Note [Kernel: internal overlap]), and inputs that are already
 strided views keep their layout."""
+import warnings
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -289,3 +291,24 @@ def test_write_through_an_expand_that_repeats_no_element_without_views(detach):
         return buf + 0
 
     assert_matches_eager(f, torch.arange(4), remove="mutations_and_views")
+
+
+@pytest.mark.parametrize("view", ["view", "flatten", "transpose", "select"])
+def test_views_of_a_quantized_tensor_match_eager(view, remove):
+    # Converted PTQ/QAT models flatten quantized activations; without views the wrapper's eager
+    # metadata came from a meta twin, which quantized dtypes have none of (torch's "Could not run
+    # 'aten::as_strided' with arguments from the 'QuantizedMeta' backend").
+    take = {"view": lambda q: q.view(2, 12), "flatten": lambda q: q.flatten(1),
+            "transpose": lambda q: q.transpose(1, 2), "select": lambda q: q[1]}[view]
+
+    def f(x):
+        q = torch.quantize_per_tensor(x, 0.05, 10, torch.quint8)
+        return take(q).dequantize() * 2
+
+    x = torch.randn(2, 3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensor creation is deprecated
+        expected = f(x)
+        torch.testing.assert_close(tfz.functionalize(f, remove=remove)(x), expected, rtol=0, atol=0)
+        captured = tfz.capture(f, x, remove=remove)
+        torch.testing.assert_close(captured(x), expected, rtol=0, atol=0)

@@ -16,6 +16,7 @@ from torch_functionalize.testing._internal.reference import (
     call_targets,
     trace,
 )
+import torch_functionalize
 from torch_functionalize import functionalize
 
 
@@ -588,6 +589,34 @@ def test_seeded_ops_of_transposed_values_replay_eager_in_graphs(remove, name, op
     got = gm(*inputs)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_dropout_after_a_convolution_of_a_channels_last_view_replays_eager_in_graphs(remove, dims):
+    # A convolution of a channels-last view (HF Segformer's decode head: transpose + reshape) is
+    # channels-last on CPU, so dropout after it draws in that order. convolution's meta kernel
+    # follows CUDA's layout rule, and without views the graphs drew in contiguous order: another
+    # mask, silently (Note [Strides: what eager gives], case "op results").
+    conv = F.conv2d if dims == 2 else F.conv3d
+    weight = torch.randn((4, 4) + (1,) * dims)
+    spatial = (2,) * dims
+
+    def f(x):
+        v = x.transpose(1, 2).reshape((2, 4) + spatial)  # channels-last strides
+        return F.dropout(conv(v, weight), 0.5, training=True)
+
+    x = torch.rand(2, 2 ** dims, 4) + 1
+
+    def seeded(fn):
+        torch.manual_seed(0)
+        return fn(x)
+
+    expected = seeded(f)
+    torch.testing.assert_close(seeded(functionalize(f, remove=remove)), expected, rtol=0, atol=0)
+    graph = make_fx(functionalize(f, remove=remove))(x)
+    torch.testing.assert_close(seeded(graph), expected, rtol=0, atol=0)
+    captured = torch_functionalize.capture(f, x, remove=remove)
+    torch.testing.assert_close(seeded(captured), expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("remove", [
