@@ -23,18 +23,26 @@ namespace tfz::detail {
 // an effect of its own: it writes an argument (the input epilogue's copy_, as_strided_, resize_)
 // or draws from a random generator (removing a dead `rand` would hand its numbers to the next
 // random op, and the graph would no longer replay eager's stream), or is a guard
-// (Note [Capture: guards on values read]). Other ops without results (the profiler's
-// record_function markers of an optimizer step) go with the dead. Rejected: FX's
-// eliminate_dead_code, which only knows the first rule; and doing it in Python, which would leave
-// C++ users with the fat graph.
+// (Note [Capture: guards on values read]), or returns nothing: such an op exists for its effect,
+// mostly raising (torch._assert_async, linalg's _linalg_check_errors behind inv and cholesky of a
+// singular input: dropping them made the graph return inf or garbage where eager raises). The
+// profiler's record_function markers (an optimizer step's) record nothing the program computes,
+// and go with the dead. Rejected: FX's eliminate_dead_code, which only knows the first rule; and
+// doing it in Python, which would leave C++ users with the fat graph.
 bool is_guard(const c10::OperatorHandle& op) {
   return op.operator_name().name.rfind("tfz::_guard_", 0) == 0;
 }
 
+namespace {
+bool has_effect_only(const c10::OperatorHandle& op) {
+  return op.schema().returns().empty() && op.operator_name().name.rfind("profiler::", 0) != 0;
+}
+}  // namespace
+
 void eliminate_dead_nodes(Graph& graph) {
   remove_unread_nodes(graph, [](const GraphNode& node) {
     return writes_an_argument(node.op) || node.op.hasTag(at::Tag::nondeterministic_seeded) ||
-           is_guard(node.op);
+           is_guard(node.op) || has_effect_only(node.op);
   });
 }
 

@@ -156,6 +156,10 @@ GraphNode Recorder::begin(const c10::OperatorHandle& op, const torch::jit::Stack
   for (auto it = stack.end() - static_cast<std::ptrdiff_t>(n); it != stack.end(); ++it) {
     node.args.push_back(arg_of(*it));
   }
+  static const c10::OperatorName pack_padded{"aten::_pack_padded_sequence", ""};
+  if (C10_UNLIKELY(op.operator_name() == pack_padded) && n == 3 && stack.end()[-2].isTensor()) {
+    packed_lengths_ = stack.end()[-2].toTensor();  // guarded once the node is appended
+  }
   if (C10_UNLIKELY(op.hasTag(at::Tag::dynamic_output_shape))) {
     // See Note [Capture: guards on values read]: index.Tensor with a mask.
     index_had_mask_ = false;
@@ -199,7 +203,61 @@ void Recorder::finish(GraphNode node, const torch::jit::Stack& stack) {
   if (C10_UNLIKELY(op.hasTag(at::Tag::data_dependent_output) ||
                    op.hasTag(at::Tag::dynamic_output_shape) || op.operator_name() == allclose)) {
     guard_(graph_.nodes.size() - 1, stack);
+  } else if (C10_UNLIKELY(n == 1 && (stack.back().isDouble() || stack.back().isInt() ||
+                                     stack.back().isBool()))) {
+    guard_scalar_op_(graph_.nodes.size() - 1, stack);
   }
+  if (C10_UNLIKELY(packed_lengths_.defined())) {
+    const at::Tensor lengths = std::move(packed_lengths_);
+    packed_lengths_ = at::Tensor();
+    guard_values(lengths, "aten::_pack_padded_sequence's lengths");
+  }
+}
+
+void Recorder::guard_values(const at::Tensor& t, const std::string& what) {
+  at::Tensor captured;
+  {
+    c10::impl::ExcludeDispatchKeyGuard not_recorded(kRecordKey);
+    captured = t.detach().clone();
+  }
+  auto& d = c10::Dispatcher::singleton();
+  static const auto op = d.findSchemaOrThrow("tfz::_guard_equal", "");
+  GraphNode guard{op, {}, {}};
+  guard.grad_enabled = c10::GradMode::is_enabled();
+  GraphArg value, constant, expected, name;
+  value.kind = constant.kind = GraphArg::Kind::kValue;
+  value.values.push_back(value_of(t));
+  constant.values.push_back(value_of(captured));
+  expected.constant = c10::IValue(true);
+  name.constant = c10::IValue(what + " (the values an op read on the host)");
+  guard.args = {value, constant, expected, name};
+  graph_.nodes.push_back(std::move(guard));
+}
+
+// An op whose arguments are all tensors that returns a Python number (q_scale, q_zero_point,
+// _nnz, the bool of _nested_tensor_from_mask_left_aligned): the program goes on with the number
+// as a constant, so the graph calls the op again on replay and compares.
+void Recorder::guard_scalar_op_(size_t index, const torch::jit::Stack& stack) {
+  const GraphNode& read = graph_.nodes[index];
+  GraphArg tensors;
+  tensors.kind = GraphArg::Kind::kValueList;
+  for (const GraphArg& a : read.args) {
+    if (a.kind != GraphArg::Kind::kValue || a.values.size() != 1) return;
+    tensors.values.push_back(a.values[0]);
+  }
+  if (tensors.values.empty()) return;
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("tfz::_guard_scalar_op", "");
+  const auto& name = read.op.operator_name();
+  GraphNode guard{op, {}, {}};
+  guard.grad_enabled = read.grad_enabled;
+  GraphArg op_name, overload, expected, what;
+  op_name.constant = c10::IValue(name.name);
+  overload.constant = c10::IValue(name.overload_name);
+  expected.constant = c10::IValue(stack.back().toScalar());
+  what.constant = c10::IValue(c10::toString(name));
+  guard.args = {tensors, op_name, overload, expected, what};
+  graph_.nodes.push_back(std::move(guard));
 }
 
 // Note [Capture: guards on values read]
@@ -220,7 +278,11 @@ void Recorder::finish(GraphNode node, const torch::jit::Stack& stack) {
 // only. Rejected: symbolic values (capture records concrete programs; a program that branches
 // on a value needs both branches, which only torch.cond gives), and refusing reads (optimizers
 // that are not capturable read their step count with .item(), and their graphs are right
-// whenever the count is the one captured).
+// whenever the count is the one captured). Reads no tag announces get guards too: an op with one
+// tensor argument that returns a number (q_scale, _nnz) is called again and compared
+// (tfz::_guard_scalar_op), and the ops that read an integer tensor on the host to choose their
+// results' sizes (tensor_split's tensor of indices, _pack_padded_sequence's lengths) guard its
+// values (tfz::_guard_equal with a constant copy).
 void Recorder::guard_(size_t index, const torch::jit::Stack& stack) {
   auto& d = c10::Dispatcher::singleton();
   static const c10::OperatorName local_scalar{"aten::_local_scalar_dense", ""},

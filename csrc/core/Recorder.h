@@ -22,6 +22,10 @@ class Recorder {
   GraphNode begin(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
   /// Names the call's results (the last entries of `stack`) and appends the node.
   void finish(GraphNode node, const torch::jit::Stack& stack);
+  /// Appends a guard that `t` (a value of the graph, or a constant) holds the values it holds now:
+  /// an op read them on the host and specialized on them (`what`).
+  /// See Note [Capture: guards on values read].
+  void guard_values(const at::Tensor& t, const std::string& what);
   /// The graph whose outputs are `outputs`. The recorder is spent afterwards.
   Graph take(const std::vector<at::Tensor>& outputs);
   /// Autograd nodes numbered [begin, end) were made inside an op recorded whole: their saved
@@ -43,7 +47,10 @@ class Recorder {
   GraphArg arg_of(const c10::IValue& v);
   // Follows the read of node `index` with a guard node (Note [Capture: guards on values read]).
   void guard_(size_t index, const torch::jit::Stack& stack);
+  // Follows a node that returned a number computed from its tensors with a guard node.
+  void guard_scalar_op_(size_t index, const torch::jit::Stack& stack);
   bool index_had_mask_ = false;  // the last op with a dynamic output shape had a boolean index
+  at::Tensor packed_lengths_;    // _pack_padded_sequence's lengths, read on the host
   std::vector<std::pair<uint64_t, uint64_t>> hidden_nodes_;
 
   Graph graph_;

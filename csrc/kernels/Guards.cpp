@@ -1,9 +1,12 @@
 // The guard ops a captured graph holds where the program read a value out of a tensor
-// (tfz::_guard_value, tfz::_guard_equal, tfz::_guard_allclose) or took a size that depends on
+// (tfz::_guard_value, tfz::_guard_equal, tfz::_guard_allclose, tfz::_guard_scalar_op) or took a
+// size that depends on
 // values (tfz::_guard_sizes): each checks, on replay, that the value is the one the graph
 // specialized on, and raises naming the read otherwise. See Note [Capture: guards on values read].
 #include <ATen/core/Formatting.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/allclose.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -16,8 +19,9 @@ namespace {
 bool same_scalar(const c10::Scalar& a, const c10::Scalar& b) {
   if (a.isComplex() || b.isComplex()) return a.toComplexDouble() == b.toComplexDouble();
   if (a.isFloatingPoint() || b.isFloatingPoint()) {
+    // -0.0 is not 0.0 for what follows (atan2(0, -0.0) is pi, 1 / -0.0 is -inf).
     const double x = a.toDouble(), y = b.toDouble();
-    return x == y || (std::isnan(x) && std::isnan(y));
+    return (x == y && std::signbit(x) == std::signbit(y)) || (std::isnan(x) && std::isnan(y));
   }
   if (a.isBoolean() || b.isBoolean()) return a.toBool() == b.toBool();
   return a.toLong() == b.toLong();
@@ -63,7 +67,24 @@ void guard_sizes(const at::Tensor& self, c10::SymIntArrayRef expected, c10::stri
               kRemedy);
 }
 
+// An op that returns a Python number computed from its tensors (q_scale, q_zero_point, _nnz of a
+// sparse tensor, _nested_tensor_from_mask_left_aligned): called again, by name, on the replay's.
+void guard_scalar_op(at::TensorList args, c10::string_view op, c10::string_view overload,
+                     const c10::Scalar& expected, c10::string_view what) {
+  const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(std::string(op).c_str(),
+                                                                     std::string(overload).c_str());
+  torch::jit::Stack stack(args.begin(), args.end());
+  handle.callBoxed(stack);
+  const c10::Scalar actual = stack.back().toScalar();
+  TORCH_CHECK(same_scalar(actual, expected),
+              "functionalize: the captured graph read a value out of a tensor (", what,
+              ") and specialized on it: it was ", expected, " when captured and is ", actual,
+              " now.", kRemedy);
+}
+
 void no_check_on_meta(const at::Tensor&, const c10::Scalar&, c10::string_view) {}
+void no_op_check_on_meta(at::TensorList, c10::string_view, c10::string_view, const c10::Scalar&,
+                         c10::string_view) {}
 void no_equal_check_on_meta(const at::Tensor&, const at::Tensor&, bool, c10::string_view) {}
 void no_allclose_check_on_meta(const at::Tensor&, const at::Tensor&, double, double, bool, bool,
                                c10::string_view) {}
@@ -77,6 +98,7 @@ TORCH_LIBRARY(tfz, m) {
       "_guard_allclose(Tensor self, Tensor other, float rtol, float atol, bool equal_nan, "
       "bool expected, str what) -> ()");
   m.def("_guard_sizes(Tensor self, SymInt[] expected, str what) -> ()");
+  m.def("_guard_scalar_op(Tensor[] args, str op, str overload, Scalar expected, str what) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tfz, CompositeExplicitAutograd, m) {
@@ -84,6 +106,7 @@ TORCH_LIBRARY_IMPL(tfz, CompositeExplicitAutograd, m) {
   m.impl("_guard_equal", &guard_equal);
   m.impl("_guard_allclose", &guard_allclose);
   m.impl("_guard_sizes", &guard_sizes);
+  m.impl("_guard_scalar_op", &guard_scalar_op);
 }
 
 // Meta tensors hold no values: a replay on meta checks sizes only.
@@ -91,4 +114,5 @@ TORCH_LIBRARY_IMPL(tfz, Meta, m) {
   m.impl("_guard_value", &no_check_on_meta);
   m.impl("_guard_equal", &no_equal_check_on_meta);
   m.impl("_guard_allclose", &no_allclose_check_on_meta);
+  m.impl("_guard_scalar_op", &no_op_check_on_meta);
 }

@@ -202,7 +202,8 @@ void composite_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* 
 // torch.func's does). The kernel hands the decomposition the indices' current value instead (the
 // synced inner tensor, only read) and runs it on the wrappers, so the split is made of views of
 // `self` as usual. Under make_fx that read is the data dependence plain make_fx of tensor_split has
-// too. Rejected: taking the op whole on inner values like the raw fast paths above, which would
+// too; under capture the graph guards the indices' values (Note [Capture: guards on values read]).
+// Rejected: taking the op whole on inner values like the raw fast paths above, which would
 // return plain views of an inner tensor that the engine cannot follow.
 bool is_tensor_split_by_tensor(const c10::OperatorHandle& op) {
   return named(op, "aten::tensor_split", "tensor_indices_or_sections");
@@ -213,6 +214,11 @@ void tensor_split_kernel(const OpInfo& /*info*/, const c10::OperatorHandle& op, 
   const auto num_args = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
   c10::IValue& indices = *(stack->end() - num_args + 1);
   transform_tensors(indices, sync_and_unwrap);
+  // Under capture the split points become constants of the graph: it guards the indices' values.
+  if (Recorder* recorder = active_recorder(); recorder != nullptr && indices.isTensor()) {
+    InnerCallGuard inner;  // the guard's constant copy is a plain tensor
+    recorder->guard_values(indices.toTensor(), "aten::tensor_split's tensor of indices");
+  }
   PythonUnhiddenGuard guard;
   op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
 }
