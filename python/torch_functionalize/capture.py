@@ -79,7 +79,7 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
         from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
         try:
             return _capture_traced(func, args, kwargs, arguments, remove, "symbolic")
-        except GuardOnDataDependentSymNode as error:
+        except (GuardOnDataDependentSymNode, _ValueRead) as error:
             # See Note [Capture: dynamic sizes]: a value read cannot be guarded by shapes.
             raise NotImplementedError(
                 "capture(dynamic=True): the function reads a value out of a tensor (.item(), "
@@ -139,8 +139,10 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
 # on a size (`if x.shape[0] > 2`), static strides, becomes part of one guard expression from the
 # trace's ShapeEnv, evaluated on each call with the ranks, dtypes, devices, requires_grad,
 # aliasing and non-tensor arguments; a call that fails it raises naming the expression. A read of
-# a value (.item()) fails the trace as it does in make_fx (a size that depends on values cannot
-# be guarded by shapes). Rejected: symbolic sizes in the C++ recorder (each recorded size would
+# a value (.item()) is refused by name, whether make_fx fails the trace at it or lets it through
+# as an unbacked symbol (an index x[i.item()], a torch._check on it: the graph kept the captured
+# index, or dropped the check); a size that depends on values cannot be guarded by shapes.
+# Rejected: symbolic sizes in the C++ recorder (each recorded size would
 # need the ShapeEnv's symbols, i.e. a second tracer), and re-capturing on each new size (the
 # cache and its invalidation are torch.compile's job).
 # What the engine refuses under capture that make_fx records (Note [Capture: control flow]).
@@ -200,6 +202,25 @@ def _capture_traced(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any
 
     inputs = arguments.tensors()
     traced = make_fx(functionalize(flat_fn, remove=remove), tracing_mode=tracing_mode)(*inputs)
+    if tracing_mode == "symbolic":
+        # A value read that make_fx let through (an unbacked symbol used as an index, or only
+        # checked with torch._check) specializes or drops what no shape guard checks: x[i.item()]
+        # kept the captured index and a torch._check vanished, silently.
+        reads = [n for n in traced.graph.nodes
+                 if n.op == "call_function" and n.target is torch.ops.aten._local_scalar_dense.default]
+        if reads:
+            raise _ValueRead(f"the graph reads a value ({reads[0].name}) that symbolic sizes "
+                             "cannot guard")
+        # torch._check on a size that depends on values (nonzero's count) is a deferred runtime
+        # assert of the trace's ShapeEnv, which make_fx leaves out of its graph: inserted, the
+        # graph raises where eager's check does.
+        fakes = [n.meta.get("val") for n in placeholders(traced.graph)]
+        shape_env = next((v.fake_mode.shape_env for v in fakes
+                          if getattr(getattr(v, "fake_mode", None), "shape_env", None)), None)
+        if shape_env is not None:
+            from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+            insert_deferred_runtime_asserts(traced, shape_env, "capture")
+            traced.recompile()
     traced_inputs = placeholders(traced.graph)
     orig_args, leaf_names, in_spec = _signature(func, args, kwargs)
     graph = fx.Graph()
@@ -221,6 +242,10 @@ def _capture_traced(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any
     gm._tfz_inputs = _InputCheck(guards, orig_args, len(args), kwargs, in_spec,
                                  arguments.positions, leaf_names, arguments.constants())
     return gm
+
+
+class _ValueRead(Exception):
+    """A symbolic trace read a value out of a tensor (see Note [Capture: dynamic sizes])."""
 
 
 def _epilogue_without_grad(graph: fx.Graph) -> bool:

@@ -529,3 +529,36 @@ def test_dynamic_capture_of_a_value_read_is_refused_naming_capture():
     assert torch.equal(graph(torch.ones(4)), f(torch.ones(4)))
     with pytest.raises(RuntimeError, match="specialized on it"):
         graph(-torch.ones(4))
+
+
+# Value reads make_fx lets through as unbacked symbols: before, the graph kept the captured index
+# (x[i.item()]), dropped a torch._check on the value, or failed every replay with a NameError
+# from the guard expression (x[:n.item()]). See Note [Capture: dynamic sizes].
+UNBACKED_READS = {
+    "index_by_a_value": lambda x, n: x[n.item()] * 2,
+    "checked_value": lambda x, n: (torch._check(n.item() >= 2), x * n.item())[1],
+    "slice_to_a_value": lambda x, n: x[:n.item()].sum(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNBACKED_READS))
+def test_dynamic_capture_of_a_value_read_as_an_unbacked_symbol_is_refused(name):
+    with pytest.raises(NotImplementedError, match=r"capture\(dynamic=True\): the function reads"):
+        capture(UNBACKED_READS[name], torch.arange(5.0), torch.tensor(3), dynamic=True)
+
+
+def test_dynamic_capture_keeps_checks_on_data_dependent_sizes():
+    # torch._check on nonzero's count is a deferred runtime assert of the trace: the graph raises
+    # where eager does (before: dropped, the graph returned numbers).
+    def f(x):
+        n = x.nonzero().shape[0]
+        torch._check(n >= 2)
+        return x * 2 + n
+
+    gm = capture(f, torch.tensor([1.0, 2.0, 0.0]), dynamic=True)
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert torch.equal(gm(x), f(x))
+    with pytest.raises(RuntimeError):
+        f(torch.tensor([1.0, 0.0, 0.0]))
+    with pytest.raises(RuntimeError, match="u0 >= 2"):
+        gm(torch.tensor([1.0, 0.0, 0.0]))
