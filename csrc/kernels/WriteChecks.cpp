@@ -120,8 +120,10 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
   auto* impl = maybe_get_impl(t);
   TORCH_CHECK(impl != nullptr, "functionalize: ", op_name,
               ": cannot write functional values into the plain tensor passed as '", arg_name,
-              "' (a tensor created outside the function, e.g. a global). Pass it to the "
-              "function as an input, or clone it inside the function first.");
+              "' (a tensor created outside the function, e.g. a global, or computed from such "
+              "tensors alone, like global.clone(): an op on plain tensors only gives a plain "
+              "tensor). Pass it to the function as an input, or copy it into a tensor made inside "
+              "the function: torch.zeros(t.shape, dtype=t.dtype).copy_(t).");
   if (C10_UNLIKELY(impl->alias_storage().captured())) {
     // A backward formula writing through a view of a temporary of its own (householder_product's
     // backward): the temporary is plain, so without views its view was lifted like a capture.

@@ -14,7 +14,7 @@ import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ._fx import concrete, example_value, placeholders, sizes_and_strides
+from ._fx import concrete, example_value, placeholders, run_without_grad, sizes_and_strides
 from .api import Remove, check_remove
 from .graph import _fetch_attr, functionalize_graph
 
@@ -82,6 +82,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
              remove: Remove) -> Callable[..., Any]:
     fake_inputs = [_example_value(n) for n in placeholders(gm.graph)]
     functional = functionalize_graph(gm, *fake_inputs, remove=remove)
+    _leaf_writes_without_grad(functional, example_inputs)
     compiled = functional if compiler is None else compiler(functional, example_inputs)
     run = _saving_written_inputs(compiled, *_written_inputs(functional))
     aliases = _output_aliases(gm, fake_inputs)
@@ -107,6 +108,34 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
         return type(outputs)(outs) if isinstance(outputs, tuple) else outs
 
     return run_and_restore_aliases
+
+
+def _leaf_writes_without_grad(functional: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
+    """Runs each epilogue write of a leaf that requires grad (a parameter a module's forward
+    updates under no_grad: nn.Embedding(max_norm=...) renormalizing its weight) with grad mode
+    off, as eager's write ran: in grad mode the graph's copy_ into it raised autograd's "a leaf
+    Variable that requires grad is being used in an in-place operation" (Note [API: epilogue
+    writes of leaves in graphs]). Other written inputs keep the mode: a non-leaf written in grad
+    mode takes the write's history, as in eager."""
+    value_of = dict(zip(placeholders(functional.graph), example_inputs))  # dynamo's: real ones
+
+    def is_grad_leaf(node: Any) -> bool:
+        if not isinstance(node, torch.fx.Node):
+            return False
+        if node.op == "placeholder":
+            value = value_of.get(node)
+        elif node.op == "get_attr":
+            value = _fetch_attr(functional, cast(str, node.target))
+        else:
+            return False
+        return isinstance(value, torch.Tensor) and value.is_leaf and value.requires_grad
+
+    writes = [n for n in functional.graph.nodes if n.op == "call_function"
+              and n.target is torch.ops.aten.copy_.default and n.args and is_grad_leaf(n.args[0])]
+    for node in writes:
+        run_without_grad(functional.graph, node, node)
+    if writes:
+        functional.recompile()
 
 
 # Note [Dynamo: saved inputs the epilogue overwrites]

@@ -285,3 +285,39 @@ def test_write_after_the_call_still_fails_the_version_check():
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             loss.backward()
         assert counter.item() == 1
+
+
+class _UpdatesItsParameter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(2, 2))
+
+    def forward(self, x):
+        y = x @ self.w
+        with torch.no_grad():
+            self.w.add_(1.0)
+        return y
+
+
+def _renormed_embedding():
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(5, 3, max_norm=1.0)
+    with torch.no_grad():
+        embedding.weight.mul_(3)
+    return embedding
+
+
+@pytest.mark.parametrize("name", ["parameter_updated_under_no_grad", "embedding_max_norm"])
+def test_module_writing_its_parameter_under_no_grad(name):
+    # The graph's write of a parameter ran in grad mode: autograd's "a leaf Variable that
+    # requires grad is being used in an in-place operation" (eager wrote it under no_grad).
+    make, x = {"parameter_updated_under_no_grad": (_UpdatesItsParameter, torch.ones(1, 2)),
+               "embedding_max_norm": (_renormed_embedding, torch.tensor([1, 2]))}[name]
+    expected_module = make()
+    expected = expected_module(x)
+    torch._dynamo.reset()
+    module = make()
+    actual = torch.compile(module, backend="tfz")(x)
+    assert_trees_match(actual, expected, "output")
+    assert_trees_match(list(module.parameters()), list(expected_module.parameters()),
+                       "parameters after the call")

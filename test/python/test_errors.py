@@ -185,3 +185,25 @@ def test_backward_formula_writing_a_view_of_its_temporary_without_views_is_named
     with pytest.raises(NotImplementedError, match=r"backward formula of "
                        r"LinalgHouseholderProductBackward0 writes through a view of a temporary"):
         tfz.functionalize(f, remove="mutations_and_views")(a, tau)
+
+
+def test_write_into_a_clone_of_a_global_names_what_works():
+    # global.clone() inside f is a plain tensor (an op on plain tensors only stays plain): the
+    # error said "clone it inside the function first", which is what the code did.
+    constant = torch.ones(3)
+
+    def clone_of_global(x):
+        z = constant.clone()
+        z.add_(x)
+        return z
+
+    def copied_into_a_tensor_of_f(x):
+        z = torch.zeros(constant.shape, dtype=constant.dtype).copy_(constant)
+        z.add_(x)
+        return z
+
+    x = torch.randn(3)
+    with pytest.raises(RuntimeError, match=r"like global\.clone\(\).*torch\.zeros\(t\.shape"):
+        tfz.functionalize(clone_of_global)(x)
+    assert torch.equal(tfz.functionalize(copied_into_a_tensor_of_f)(x), copied_into_a_tensor_of_f(x))
+    assert torch.equal(tfz.capture(copied_into_a_tensor_of_f, x)(x), copied_into_a_tensor_of_f(x))
