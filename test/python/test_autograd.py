@@ -687,12 +687,19 @@ def test_gradient_through_complex_views_of_intermediates_matches_eager(name, rem
 
     x, other = torch.tensor([1.0, 2.0, 3.0, 4.0, -1.0, 0.5]), torch.randn(6)
     freqs = torch.polar(torch.ones(2, 3), torch.randn(2, 3))
-    assert_trees_match(functionalize(f, remove=remove)(other, freqs), f(other, freqs), "eager call")
-    graph = make_fx(functionalize(f, remove=remove))(x, freqs)
+    _assert_call_and_graphs_match_eager(f, (x, freqs), (other, freqs), remove)
+
+
+def _assert_call_and_graphs_match_eager(f, traced_on, other, remove):
+    """The eager call on `other`, and make_fx and capture graphs traced on `traced_on` and
+    replayed on `other`, against eager on `other`."""
+    expected = f(*other)
+    assert_trees_match(functionalize(f, remove=remove)(*other), expected, "eager call")
+    graph = make_fx(functionalize(f, remove=remove))(*traced_on)
     assert_functional_graph(graph, remove)
-    assert_trees_match(graph(other, freqs), f(other, freqs), "make_fx on other inputs")
-    captured = torch_functionalize.capture(f, x, freqs, remove=remove)
-    assert_trees_match(captured(other, freqs), f(other, freqs), "capture on other inputs")
+    assert_trees_match(graph(*other), expected, "make_fx on other inputs")
+    captured = torch_functionalize.capture(f, *traced_on, remove=remove)
+    assert_trees_match(captured(*other), expected, "capture on other inputs")
 
 
 @torch.jit.script
@@ -713,12 +720,7 @@ def test_warmed_up_torchscript_function_differentiates_as_in_eager(remove):
         return w.grad
 
     x, w, other = torch.tensor([[1.0, -2.0, 3.0]]), torch.ones(3), torch.tensor([[-1.0, 2.0, 0.5]])
-    assert_trees_match(functionalize(f, remove=remove)(other, w), f(other, w), "gradient")
-    graph = make_fx(functionalize(f, remove=remove))(x, w)
-    assert_functional_graph(graph, remove)
-    assert_trees_match(graph(other, w), f(other, w), "make_fx on other inputs")
-    captured = torch_functionalize.capture(f, x, w, remove=remove)
-    assert_trees_match(captured(other, w), f(other, w), "capture on other inputs")
+    _assert_call_and_graphs_match_eager(f, (x, w), (other, w), remove)
 
 
 # Hooks registered on a leaf made inside f before any op read it: its requires_grad_() had not

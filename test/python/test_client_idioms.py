@@ -413,15 +413,19 @@ def scripted_module_steps(p, x, y):
         model.fc.weight.copy_(p["0.weight"][:3])
         model.fc.bias.copy_(p["0.bias"][:3])
     scripted = torch.jit.script(model)
-    opt = torch.optim.SGD(scripted.parameters(), lr=0.1)
+    return _sgd_steps(scripted, x, y, 4), scripted.fc.weight.detach()
+
+
+def _sgd_steps(model, x, y, steps):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
-    for _ in range(4):
-        loss = mse(scripted(x), y)
+    for _ in range(steps):
+        loss = mse(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
         losses.append(loss.detach())
-    return losses, scripted.fc.weight.detach()
+    return losses
 
 
 def lazy_module_steps(x, y):
@@ -430,15 +434,7 @@ def lazy_module_steps(x, y):
     # initializes it in place; the steps train it.
     model = nn.Sequential(nn.LazyLinear(5), nn.ReLU(), nn.LazyLinear(3))
     model(x)  # materializes
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for _ in range(2):
-        loss = mse(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.detach())
-    return losses, [p.detach() for p in model.parameters()]
+    return _sgd_steps(model, x, y, 2), [p.detach() for p in model.parameters()]
 
 
 CASES = {
