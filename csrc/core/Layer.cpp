@@ -160,22 +160,6 @@ bool in_untraced_region(const Layer& layer) {
   return c10::impl::tls_is_dispatch_key_excluded(key) && !layer.entry_tls.excluded_.has(key);
 }
 
-// Note [Layer: modes pushed inside]
-// A dispatch mode active when the layer is entered (make_fx around functionalize) is hidden from
-// user code and sees the functionalized ops on values, which it traced. One that user code
-// pushes inside the layer (make_fx called in f, torch.func.linearize's make_fx of its jvp, a
-// FlopCounterMode) was hidden the same way and saw only those inner ops, on values it had never
-// tracked: a tracer held them as constants and its graph was silently wrong (torch.func's
-// functionalize the same). Eager gives such a mode the program's own ops on the tensors it
-// tracks, so while one is active the kernel sends each op on wrappers to the Python key first:
-// the mode sees the op on wrappers and calls it again with itself set aside, and then the op
-// reaches our kernel as usual (stack_len back to the count on entry). Rejected: refusing modes
-// pushed inside f by name (a FlopCounterMode or a debug mode there is ordinary client code).
-bool mode_pushed_inside(const Layer* layer) {
-  return layer != nullptr &&
-         static_cast<int64_t>(c10::impl::TorchDispatchModeTLS::stack_len()) > layer->modes_on_entry;
-}
-
 LayerGuard::LayerGuard(bool reapply_views) {
   if (tls_state.joined_id != 0) current_layer();  // forget a joined layer that has ended
   TORCH_CHECK(
@@ -193,8 +177,7 @@ LayerGuard::LayerGuard(bool reapply_views) {
   layer_.id = next_layer_id.fetch_add(1);
   layer_.reapply_views = reapply_views;
   layer_.entry_tls = entry;
-  layer_.modes_on_entry = c10::impl::TorchDispatchModeTLS::stack_len();
-  layer_.entered_under_modes = layer_.modes_on_entry > 0;
+  layer_.entered_under_modes = c10::impl::TorchDispatchModeTLS::stack_len() > 0;
   layer_.added_included = raw_minus(ours, entry.included_);
   layer_.removed_included = entry.included_ & hidden_included;
   layer_.added_excluded = layer_hidden_keys() - entry.excluded_;

@@ -40,14 +40,7 @@ struct Layer {
   // A dispatch mode (make_fx's tracer) was active on entry: inner calls made while user code
   // set it aside are not traced. See Note [Graphs: views taken with the tracer set aside].
   bool entered_under_modes = false;
-  // How many dispatch modes were active on entry; more mean user code pushed one inside the
-  // layer (make_fx or torch.func.linearize called in f). See Note [Layer: modes pushed inside].
-  int64_t modes_on_entry = 0;
 };
-
-/// Whether user code pushed a dispatch mode inside `layer` that is still active: the ops it
-/// sees must reach it on wrappers first. See Note [Layer: modes pushed inside].
-bool mode_pushed_inside(const Layer* layer);
 
 /// The wrapper of `layer` that stands for `foreign` (a wrapper of an enclosing layer a branch
 /// closes over), or nullptr.

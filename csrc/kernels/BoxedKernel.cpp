@@ -147,11 +147,6 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
   const OpInfo& info = plan.info;
   const size_t num_args = op.schema().arguments().size();
   Layer* layer = current_layer();
-  // See Note [Layer: modes pushed inside].
-  if (C10_UNLIKELY(mode_pushed_inside(layer))) {
-    PythonUnhiddenGuard unhidden;  // the mode's dispatch needs the Python key enabled
-    return op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Python), stack);
-  }
   const int64_t layer_id = layer != nullptr ? layer->id : 0;
   if (C10_UNLIKELY(lifts_closures(layer) && !layer->substitutes.empty())) {
     substitute_closures(*layer, stack, num_args);

@@ -900,3 +900,34 @@ def test_saved_tensor_hooks_with_a_new_tensor_returned_as_is_graph_replays(remov
     f = _hooked_gradient((lambda t: t.clone(), lambda t: t))
     graph = make_fx(functionalize(f, remove=remove))(*_hooked_inputs(0))
     assert_trees_match(graph(*_hooked_inputs(2)), f(*_hooked_inputs(2)), "make_fx on other inputs")
+
+
+def _mutation_allowed_on_saved(x):
+    # torch.autograd.graph.allow_mutation_on_saved_tensors: a TorchDispatchMode of torch's own
+    # that clones a saved tensor before an in-place op overwrites it.
+    with torch.autograd.graph.allow_mutation_on_saved_tensors():
+        a = x.clone().requires_grad_()
+        b = a.sin()
+        a2 = a * 1
+        c = a2.exp()
+        a2.mul_(3)
+        (c.sum() + b.sum() + a2.sum()).backward()
+    return a.grad
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_mutation_allowed_on_saved_tensors_matches_eager(remove):
+    x = torch.randn(3, 4)
+    assert_trees_match(functionalize(_mutation_allowed_on_saved, remove=remove)(x),
+                       _mutation_allowed_on_saved(x), "eager call")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open bug: under make_fx, allow_mutation_on_saved_tensors' dispatch mode (pushed inside f) "
+    "clones saved tensors on values the tracer never tracked, and the graph holds the clones as "
+    "constants (silently wrong on other inputs)"))
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_mutation_allowed_on_saved_tensors_graph_replays_other_inputs(remove):
+    x, other = torch.randn(3, 4), torch.randn(3, 4)
+    graph = make_fx(functionalize(_mutation_allowed_on_saved, remove=remove))(x)
+    assert_trees_match(graph(other), _mutation_allowed_on_saved(other), "make_fx on other inputs")
