@@ -278,14 +278,19 @@ def _trace(module: torch.nn.Module, state: list[tuple[str, torch.Tensor, Any, bo
 
     from .api import functionalize
 
+    from ._attribute_state import pointed_at, state_attribute_slots
+
     names = [name for name, *_ in state]
     out_spec: list[Any] = []
+    # See Note [Export: state reached through plain attributes]
+    slots = state_attribute_slots(module, [t for _, t, _, _ in state])
 
     def run(*flat: Any) -> list[Any]:
         by_name = dict(zip(names, flat[:len(names)]))
         tensors = {n: by_name[first] for n, first in all_names.items()}
         a, kw = pytree.tree_unflatten(list(flat[len(names):]), in_spec)
-        out = torch.func.functional_call(module, tensors, a, kw)
+        with pointed_at(slots, list(flat[:len(names)])):
+            out = torch.func.functional_call(module, tensors, a, kw)
         leaves, spec = pytree.tree_flatten(out)
         out_spec[:] = [spec]
         return leaves

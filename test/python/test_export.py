@@ -3,11 +3,13 @@ buffer and input mutation, hold no in-place op, and ep.module() (also after torc
 load, and compiled by AOTInductor) gives eager's outputs and leaves inputs and buffers as eager
 does. Expected values come from running the module or function eagerly on copies.
 """
+import copy
 import io
 import socket
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 import torch
@@ -359,6 +361,104 @@ def test_hugging_face_gpt2_exports_and_matches_eager(remove):
     for program in (ep, torch.export.load(buffer)):
         actual = program.module()(ids, use_cache=False).logits
         assert_trees_match(actual, expected, "logits")
+
+
+class CacheHolder(torch.nn.Module):
+    """A buffer also held by a plain attribute (a cache object in a list, a view of it, a
+    tuple), as transformers' StaticCache holds the tensors its export wrapper registers.
+    `write` and `read` name the path taken to the buffer by each."""
+
+    def __init__(self, write, read):
+        super().__init__()
+        self.write, self.read = write, read
+        cache = torch.zeros(2, 4)
+        self.layers = [types.SimpleNamespace(keys=cache, row=cache[1], pair=(cache, 0))]
+        self.register_buffer("cache", cache)
+
+    def path(self, how):
+        layer = self.layers[0]
+        return {"buffer": self.cache, "attribute": layer.keys, "view": layer.row,
+                "tuple": layer.pair[0]}[how]
+
+    def forward(self, x):
+        target = self.path(self.write)
+        (target[1] if self.write != "view" else target).add_(x)
+        return self.path(self.read) * 2
+
+
+_PATHS = [("buffer", "attribute"), ("attribute", "buffer"), ("attribute", "attribute"),
+          ("view", "buffer"), ("buffer", "view"), ("tuple", "tuple")]
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("write,read", _PATHS, ids=[f"{w}-{r}" for w, r in _PATHS])
+def test_buffer_reached_through_a_plain_attribute_is_the_buffer(write, read, remove):
+    # Note [Export: state reached through plain attributes]: two calls of ep.module() against
+    # two eager calls; before, the read through another path gave the value from before the
+    # call (or the write was one into a constant).
+    def make():
+        return CacheHolder(write, read)
+
+    module = make()
+    x = torch.randn(4)
+    ep = export(module, (x,), remove=remove)
+    _assert_functional(ep, remove)
+    assert list(ep.graph_signature.buffers_to_mutate.values()) == ["cache"]
+    assert module.cache.count_nonzero() == 0, "export wrote the module's own buffer"
+    assert module.layers[0].keys is module.cache and module.layers[0].pair[0] is module.cache
+    eager, exported = make(), ep.module()
+    for step in range(2):
+        assert_trees_match(exported(x), eager(x), f"output of call {step}")
+        assert_trees_match(exported.cache, eager.cache, f"buffer after call {step}")
+
+
+def test_attribute_sharing_memory_with_a_buffer_that_views_a_larger_tensor_is_refused():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            base = torch.zeros(4, 4)
+            self.register_buffer("row", base[1])
+            self.other = base[1, :2]
+
+        def forward(self, x):
+            self.row.add_(x)
+            return self.other * 1
+
+    with pytest.raises(NotImplementedError, match=r"attribute \.other shares memory"):
+        export(M(), (torch.ones(4),))
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_hugging_face_static_cache_export_wrapper_decodes_as_eager(remove):
+    # transformers' TorchExportableModuleWithStaticCache registers its StaticCache's tensors as
+    # buffers and writes them through the cache object: three decode steps of the program
+    # against three eager steps, logits and every cache buffer.
+    transformers = pytest.importorskip("transformers")
+    executorch = pytest.importorskip("transformers.integrations.executorch")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.generation_config = transformers.GenerationConfig(
+        use_cache=True, cache_implementation="static", max_length=16,
+        cache_config={"batch_size": 1, "max_cache_len": 16, "device": "cpu"})
+
+    def make():
+        return executorch.TorchExportableModuleWithStaticCache(
+            copy.deepcopy(model), batch_size=1, max_cache_len=16)
+
+    ids = torch.tensor([[3]])
+    ep = export(make(), (), {"input_ids": ids, "cache_position": torch.tensor([0])},
+                remove=remove)
+    _assert_functional(ep, remove)
+    assert any(n.startswith("key_cache") for n in ep.graph_signature.buffers_to_mutate.values())
+    eager, exported = make(), ep.module()
+    for step, token in enumerate([3, 7, 1]):
+        call = {"input_ids": torch.tensor([[token]]), "cache_position": torch.tensor([step])}
+        assert_trees_match(exported(**call), eager(**call), f"logits of step {step}")
+        for name, value in eager.named_buffers():
+            assert_trees_match(exported.get_buffer(name), value, f"{name} after step {step}")
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
