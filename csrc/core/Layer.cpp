@@ -160,6 +160,38 @@ bool in_untraced_region(const Layer& layer) {
   return c10::impl::tls_is_dispatch_key_excluded(key) && !layer.entry_tls.excluded_.has(key);
 }
 
+// Note [Layer: tracers started inside]
+// make_fx active when the layer is entered (make_fx(functionalize(f))) is hidden from user code
+// and sees the functionalized ops on values, which it traced. A make_fx that user code starts
+// inside the layer (make_fx called in f, torch.func.linearize's make_fx of its jvp) was hidden
+// the same way and saw only those inner ops, on values it had never tracked: it held them as
+// constants and its graph was silently wrong on other inputs (torch.func's functionalize the
+// same). Eager gives such a tracer the program's own ops on the tensors it tracks, so while one
+// is active the kernel sends each op on wrappers to the Python key first: the tracer records
+// the op on wrappers and runs it again with itself set aside (its infra slot empty), and then
+// the op reaches our kernel as usual. Only make_fx's mode is routed so: other dispatch modes
+// user code pushes inside f (FlopCounterMode, allow_mutation_on_saved_tensors' clone mode) read
+// or change values, for which the inner ops are right, and allow_mutation_on_saved_tensors lost
+// its gradients when its ops were routed (its clones then ran below our autograd-level kernel).
+// Rejected: routing every mode pushed inside (that last case), and refusing make_fx inside f by
+// name (it is ordinary client code, and routing makes it trace as eager).
+namespace {
+// The Python object of make_fx's active mode, or null. (Not the TLS slot's holder, which is a
+// new one each time make_fx puts a mode back: an inner make_fx's exit restores the outer's.)
+const void* active_tracer() {
+  const auto& mode =
+      c10::impl::TorchDispatchModeTLS::get_mode(c10::impl::TorchDispatchModeKey::PROXY);
+  if (!mode.has_value() || *mode == nullptr) return nullptr;
+  return (*mode)->ptr(&(*mode)->pyinterpreter());
+}
+}  // namespace
+
+bool tracer_started_inside(const Layer* layer) {
+  if (layer == nullptr) return false;
+  const void* tracer = active_tracer();
+  return tracer != nullptr && tracer != layer->tracer_on_entry;
+}
+
 LayerGuard::LayerGuard(bool reapply_views) {
   if (tls_state.joined_id != 0) current_layer();  // forget a joined layer that has ended
   TORCH_CHECK(
@@ -178,6 +210,7 @@ LayerGuard::LayerGuard(bool reapply_views) {
   layer_.reapply_views = reapply_views;
   layer_.entry_tls = entry;
   layer_.entered_under_modes = c10::impl::TorchDispatchModeTLS::stack_len() > 0;
+  layer_.tracer_on_entry = active_tracer();
   layer_.added_included = raw_minus(ours, entry.included_);
   layer_.removed_included = entry.included_ & hidden_included;
   layer_.added_excluded = layer_hidden_keys() - entry.excluded_;

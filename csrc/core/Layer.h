@@ -40,7 +40,14 @@ struct Layer {
   // A dispatch mode (make_fx's tracer) was active on entry: inner calls made while user code
   // set it aside are not traced. See Note [Graphs: views taken with the tracer set aside].
   bool entered_under_modes = false;
+  // make_fx's tracer (the PROXY infra mode) on entry, or null: another one active later was
+  // started by user code inside the layer. See Note [Layer: tracers started inside].
+  const void* tracer_on_entry = nullptr;
 };
+
+/// Whether user code started a make_fx tracer inside `layer` that is still active: it must see
+/// the program's ops on wrappers. See Note [Layer: tracers started inside].
+bool tracer_started_inside(const Layer* layer);
 
 /// The wrapper of `layer` that stands for `foreign` (a wrapper of an enclosing layer a branch
 /// closes over), or nullptr.

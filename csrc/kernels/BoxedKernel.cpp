@@ -147,6 +147,11 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
   const OpInfo& info = plan.info;
   const size_t num_args = op.schema().arguments().size();
   Layer* layer = current_layer();
+  // See Note [Layer: tracers started inside].
+  if (C10_UNLIKELY(tracer_started_inside(layer))) {
+    PythonUnhiddenGuard unhidden;  // the tracer's dispatch needs the Python key enabled
+    return op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Python), stack);
+  }
   const int64_t layer_id = layer != nullptr ? layer->id : 0;
   if (C10_UNLIKELY(lifts_closures(layer) && !layer->substitutes.empty())) {
     substitute_closures(*layer, stack, num_args);

@@ -225,6 +225,10 @@ struct Unboxed<Op, Ret(Args...)> {
     if (C10_UNLIKELY(functorch_processing())) {  // See run_boxed_kernel.
       return Op::redispatch(autograd_delegate_keys(ks), args...);
     }
+    if (C10_UNLIKELY(tracer_started_inside(current_layer()))) {  // See run_boxed_kernel.
+      torch::jit::Stack stack = run_on_boxed_kernel<Op>(ks, args...);
+      return c10::impl::PopResult<Ret>::call(stack);
+    }
     Call<kTensors> call(current_layer());
     (call.scan(args), ...);
     if (call.foreign() != nullptr) {
@@ -362,6 +366,10 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     }
     auto refs = std::tie(args...);
     at::Tensor& written = std::get<kWritten>(refs);
+    if (C10_UNLIKELY(tracer_started_inside(current_layer()))) {  // See run_boxed_kernel.
+      run_on_boxed_kernel<MutOp>(ks, args...);
+      return written;
+    }
     Call<kTensors> call(current_layer());
     (call.scan(args), ...);
     if (call.foreign() != nullptr) {

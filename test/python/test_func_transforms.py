@@ -297,11 +297,57 @@ def test_forward_ad_write_through_a_dual_is_refused_by_name(remove):
         functionalize(f, remove=remove)(torch.ones(3), torch.ones(3))
 
 
+# make_fx started inside f records the program's own ops on wrappers, as eager's records them on
+# tensors (Note [Layer: tracers started inside]); before, it saw only the functionalized inner
+# ops on values it had never tracked, and its graph held them as constants (silently wrong).
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_make_fx_called_inside_f_traces_the_program_as_eager(remove):
+    def f(x):
+        g = make_fx(lambda t: t.sin() * 2 + x)(x)
+        return g(x + 1), g.code
+
+    x = torch.tensor([0.0, 1.0])
+    (actual, actual_code), (expected, expected_code) = functionalize(f, remove=remove)(x), f(x)
+    assert_trees_match(actual, expected, "graph traced inside f, run on other inputs")
+    assert actual_code == expected_code
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_make_fx_inside_f_under_make_fx_of_f_replays_other_inputs(remove):
+    # The inner make_fx's exit puts the outer tracer back; the outer graph then records the
+    # inner graph's replay on x + 1 (before the fix for the outer tracer's identity: x as a
+    # constant, the wrapper of a finished call).
+    def f(x):
+        g = make_fx(lambda t: t.sin() * 2)(x)
+        y = x.clone()
+        y.add_(g(x + 1))
+        return y
+
+    x, other = torch.tensor([0.0, 1.0]), torch.tensor([2.0, -1.0])
+    graph = make_fx(functionalize(f, remove=remove))(x)
+    assert_trees_match(graph(other), f(other), "outer graph on other inputs")
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_flop_counter_inside_f_counts_as_eager(remove):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def f(a, b):
+        with FlopCounterMode(display=False) as counter:
+            c = a @ b
+            c.add_(1)
+        return c, counter.get_total_flops()
+
+    a, b = torch.randn(4, 5), torch.randn(5, 3)
+    assert_trees_match(functionalize(f, remove=remove)(a, b), f(a, b), "flops")
+
+
 # Found by a client probe in the twentieth session, not fixed yet (strict xfail).
 @pytest.mark.xfail(strict=True, reason=(
-    "open bug: a tracer started inside f (make_fx, torch.func.linearize's make_fx of its jvp) "
-    "sees the functionalized ops on values it never tracked and holds them as constants, so its "
-    "graph is silently wrong (torch.func.functionalize the same)"))
+    "open bug: torch.func.linearize inside f raises torch's internal assert in _make_dual "
+    "('Expected this function to only be reached in inference mode'): its make_fx, which sees "
+    "the program's ops on wrappers, reaches make_dual's kernel below the forward-mode autograd "
+    "kernel (torch.func.functionalize gives zeros, silently)"))
 @pytest.mark.parametrize("remove", REMOVE_MODES)
 def test_linearize_inside_f_matches_eager(remove):
     def f(x):
