@@ -407,9 +407,16 @@ bool AliasStorage::apply_updates() {
       c10::AutoGradMode grad_mode(update.visible);
       folded = folded_(update);
     }
-    base_ = update.visible ? std::move(folded)
-                           : with_history_of(folded, base_, {&update.value},
-                                             update.chain.empty() || update.chain.back()->reapply);
+    const bool views_kept = update.chain.empty() || update.chain.back()->reapply;
+    if (update.visible) {
+      base_ = std::move(folded);
+    } else if (base_.requires_grad()) {
+      base_ = with_history_of(folded, base_, {&update.value}, views_kept);
+    } else {
+      // A base that requires no grad stays so, whatever history the alias written has of its
+      // own (a leaf made from the base's detach(), nn.Parameter(base)).
+      base_ = without_history(folded, views_kept);
+    }
   }
   updates_.clear();
   return true;

@@ -18,6 +18,13 @@ namespace tfz::detail {
 at::Tensor with_history_of(const at::Tensor& value, const at::Tensor& old,
                            std::initializer_list<const at::Tensor*> holders, bool views_kept);
 
+/// `value`'s data without autograd history: the new data of a tensor that requires no grad,
+/// written through an alias autograd does not connect to it (a leaf made from its detach()
+/// that requires grad, nn.Parameter(t)). `value` itself when it requires no grad; otherwise a
+/// new tensor sharing its data, made under no_grad as with_history_of makes one. Call under an
+/// InnerCallGuard.
+at::Tensor without_history(const at::Tensor& value, bool views_kept);
+
 /// at::copy(dst, src): src's values in dst's layout (and dtype), as a functional op a graph can
 /// hold, with src's gradient edge when src requires grad (torch gives aten::copy no derivative;
 /// as a change of layout its gradient is the identity). Call under an InnerCallGuard.

@@ -66,6 +66,8 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   /// Makes the next sync_() replay this view's chain from the base whatever the generation (its
   /// value came from an untraced inner call: Note [Graphs: views taken with the tracer set aside]).
   void mark_stale_() { generation_ = kNeverSynced; }
+  /// Whether mark_stale_() was called and no sync_() has run since.
+  bool marked_stale() const { return generation_ == kNeverSynced; }
   /// The part of sync_() that view ops (which do not sync) need too: a requires_grad_ set on the
   /// wrapper reaches its value (Note [Wrapper: requires_grad_ set on a wrapper]).
   void sync_requires_grad_() {

@@ -217,8 +217,12 @@ namespace {
 // view's value as a constant (on other inputs it gives the traced inputs' numbers, silently).
 // Rule: a view made while the modes the layer was entered under are set aside is marked stale, so
 // its first read replays its chain from the base with the tracer back, and the graph reads a view
-// of the traced base. Views can be regenerated at no risk (that is what a read after a write
-// does); other ops run with modes set aside are torch's own bookkeeping. Rejected: intercepting
+// of the traced base. A view taken of such a view once the tracer is back (nn.Parameter(t)
+// .view(...)) syncs it first, where view ops otherwise take their self's value as it is: the
+// view op would be traced on the untraced value, a constant that a saved tensor's lookup by
+// memory could pick (weight_norm's saved weight_v). Views can be regenerated at no risk (that is
+// what a read after a write does); other ops run with modes set aside are torch's own
+// bookkeeping. Rejected: intercepting
 // _make_subclass in Python (one of several regions that stash modes, and a patch of torch).
 bool taken_with_tracer_set_aside(const Layer& layer) {
   return C10_UNLIKELY(layer.entered_under_modes) && !ops_are_recorded() &&
@@ -268,6 +272,8 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
     // Eager's default offset is self's own; on the base it would be the base's (0).
     if (extra.size() >= 3 && extra[2].isNone()) extra[2] = c10::IValue(self.sym_storage_offset());
   }
+  // See Note [Graphs: views taken with the tracer set aside].
+  if (C10_UNLIKELY(impl->marked_stale()) && !taken_with_tracer_set_aside(layer)) impl->sync_();
   InnerCallGuard guard;
   torch::jit::drop(*stack, num_args);
   at::Tensor start = from_base ? impl->alias_storage().base() : impl->value();

@@ -4,6 +4,8 @@ keeps its grad_fn, or stays a leaf, and later gradients are eager's
 (Note [Autograd: writes autograd does not see], Note [Wrapper: .data is a detached alias])."""
 import pytest
 import torch
+import torch.nn.utils.parametrize
+import torch.nn.utils.prune
 
 from torch_functionalize.testing._internal.reference import (
     REMOVE_MODES, assert_client_matches_eager,
@@ -115,6 +117,95 @@ def non_leaf_input_written_under_no_grad(h):
     return h.requires_grad, type(h.grad_fn).__name__
 
 
+def parameter_of_an_input_updated_by_an_optimizer(w, x):
+    # nn.Parameter(w) aliases w: the optimizer's update under no_grad writes w's memory, and w
+    # itself stays a plain leaf (before: w ended requiring grad, with CopyBackwards).
+    p = torch.nn.Parameter(w)
+    opt = torch.optim.SGD([p], lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        (x @ p).square().sum().backward()
+        opt.step()
+    return p.detach() * 1
+
+
+def detached_leaf_of_an_input_written_under_no_grad(w):
+    p = w.detach().requires_grad_()
+    with torch.no_grad():
+        p.add_(1)
+    return p.detach() * 1, w * 1
+
+
+def weight_norm_hook_built_around_an_input(w, x):
+    # torch.nn.utils.weight_norm (the old hook) takes weight_v = Parameter(weight.data), which
+    # aliases the input w; remove_weight_norm writes the trained weight back.
+    m = torch.nn.Linear(4, 3, bias=False)
+    m.weight = torch.nn.Parameter(w)
+    m = torch.nn.utils.weight_norm(m, dim=0)
+    opt = torch.optim.SGD(m.parameters(), lr=0.2)
+    for _ in range(2):
+        opt.zero_grad()
+        m(x).square().sum().backward()
+        opt.step()
+    torch.nn.utils.remove_weight_norm(m)
+    return m.weight.detach(), m(x).detach()
+
+
+def pruned_module_built_around_inputs(w, b, x):
+    # torch.nn.utils.prune keeps weight_orig = the input's Parameter and writes it on remove.
+    m = torch.nn.Linear(4, 3)
+    m.weight, m.bias = torch.nn.Parameter(w), torch.nn.Parameter(b)
+    torch.nn.utils.prune.random_unstructured(m, "weight", amount=0.5)
+    torch.nn.utils.prune.l1_unstructured(m, "bias", amount=1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        m(x).square().sum().backward()
+        opt.step()
+    torch.nn.utils.prune.remove(m, "weight")
+    torch.nn.utils.prune.remove(m, "bias")
+    return m.weight.detach(), m(x).detach()
+
+
+def spectral_norm_parametrization_of_an_input(w, x):
+    # parametrizations.spectral_norm's right_inverse: register_parametrization calls
+    # original.set_(...) on nn.Parameter(w), a detached alias of the input; its power iteration
+    # writes u and v under no_grad.
+    # See Note [Kernel: set_ onto another functional tensor].
+    m = torch.nn.ConvTranspose1d(2, 3, 3, bias=False)
+    m.weight = torch.nn.Parameter(w)
+    m = torch.nn.utils.parametrizations.spectral_norm(m)
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        m(x).square().sum().backward()
+        opt.step()
+    sn = m.parametrizations.weight[0]
+    m.eval()
+    return sn._u.clone(), sn._v.clone(), m(x).detach(), m.weight.detach()
+
+
+class _Symmetric(torch.nn.Module):
+    def forward(self, a):
+        return a.triu() + a.triu(1).transpose(-1, -2)
+
+    def right_inverse(self, a):
+        return a.triu()
+
+
+def parametrization_with_a_right_inverse_of_an_input(w, x):
+    m = torch.nn.Linear(3, 3, bias=False)
+    m.weight = torch.nn.Parameter(w)
+    torch.nn.utils.parametrize.register_parametrization(m, "weight", _Symmetric())
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        m(x).square().sum().backward()
+        opt.step()
+    torch.nn.utils.parametrize.remove_parametrizations(m, "weight")
+    return m.weight.detach(), m(x).detach()
+
+
 CASES = {
     "two_sgd_steps_with_autograd_grad": (two_sgd_steps_with_autograd_grad,
                                          lambda: (_leaf(4, 3), torch.randn(5, 4))),
@@ -135,6 +226,24 @@ CASES = {
         write_under_no_grad_then_a_view_write_with_grad,
         lambda: (_leaf(3), torch.tensor(3.0, requires_grad=True))),
     "versions_inside": (versions_inside, lambda: (torch.ones(3),)),
+    # Leaves made inside f from a plain input (Note [Autograd: writes autograd does not see]:
+    # the input, which requires no grad, stays so).
+    "parameter_of_an_input_updated_by_an_optimizer": (
+        parameter_of_an_input_updated_by_an_optimizer, lambda: (torch.randn(4, 3),
+                                                                torch.randn(5, 4))),
+    "detached_leaf_of_an_input_written_under_no_grad": (
+        detached_leaf_of_an_input_written_under_no_grad, lambda: (torch.randn(3),)),
+    "weight_norm_hook_built_around_an_input": (
+        weight_norm_hook_built_around_an_input, lambda: (torch.randn(3, 4), torch.randn(5, 4))),
+    "pruned_module_built_around_inputs": (
+        pruned_module_built_around_inputs,
+        lambda: (torch.randn(3, 4), torch.randn(3), torch.randn(5, 4))),
+    "spectral_norm_parametrization_of_an_input": (
+        spectral_norm_parametrization_of_an_input,
+        lambda: (torch.randn(2, 3, 3), torch.randn(2, 2, 6))),
+    "parametrization_with_a_right_inverse_of_an_input": (
+        parametrization_with_a_right_inverse_of_an_input,
+        lambda: (torch.randn(3, 3), torch.randn(4, 3))),
     "non_leaf_input_written_under_no_grad": (
         non_leaf_input_written_under_no_grad,
         lambda: (torch.ones(3, requires_grad=True) * 2,)),

@@ -83,8 +83,10 @@ namespace {
 // it: register_parametrization calls original.set_(right_inverse(original)) (original.set_(
 // original) without a right inverse), and remove_parametrizations sets the original to the
 // parametrized value. Eager's rules first: the same dtype, and a leaf that requires grad only
-// with grad mode off. Refused: an input x (after the call the caller's tensor would share y's
-// storage, which no epilogue gives it) or a tensor resized or restrided before, and grad mode on
+// with grad mode off. Refused: an input x or a view of one (after the call the caller's tensor
+// would share y's storage, which no epilogue gives it; a detached alias of an input such as
+// nn.Parameter(x) is served: parametrizing a module built around an input) or a tensor resized or
+// restrided before, and grad mode on
 // with a tensor that requires grad (set_'s derivative is not served). Rejected: the generic plan
 // with aten::set's functional variant, see Note [Kernel: set_].
 bool set_onto_functional_tensor(const OpInfo& info, Stack* stack) {
@@ -95,7 +97,11 @@ bool set_onto_functional_tensor(const OpInfo& info, Stack* stack) {
   if (impl == nullptr || from == nullptr || impl->layer_id() != from->layer_id()) return false;
   // An input would have to share source's storage after the call, which no epilogue writes; one
   // resized or restrided before (its storage may be a new one) is refused with it.
-  if (impl->alias_storage().has_caller_storage() || impl->has_metadata_mutation()) return false;
+  // A detached alias of an input (nn.Parameter(x), x.detach()) is another tensor: it leaves the
+  // input's storage, as eager's does, and the input keeps its own.
+  const bool input_or_view_of_one =
+      impl->alias_storage().has_caller_storage() && !impl->chain().cuts_history();
+  if (input_or_view_of_one || impl->has_metadata_mutation()) return false;
   TORCH_CHECK(self.dtype() == source.dtype(), "Could not set tensor of type ", source.dtype(),
               " to a tensor of type ", self.dtype());
   const bool grad = c10::GradMode::is_enabled();
@@ -121,8 +127,8 @@ void set_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
   if (num_args == 2 && (stack->end() - 1)->isTensor()) {
     TORCH_CHECK_NOT_IMPLEMENTED(set_onto_functional_tensor(info, stack),
                                 "functionalize: ", info.name, ": ", kSetRefusal,
-                                " (supported: a tensor made inside the function set_ onto another "
-                                "tensor of the function).");
+                                " (supported: a tensor of the function other than an input or a "
+                                "view of one, set_ onto another tensor of the function).");
     return;
   }
   const auto first = stack->end() - static_cast<std::ptrdiff_t>(num_args);
