@@ -321,3 +321,36 @@ def test_module_writing_its_parameter_under_no_grad(name):
     assert_trees_match(actual, expected, "output")
     assert_trees_match(list(module.parameters()), list(expected_module.parameters()),
                        "parameters after the call")
+
+
+def _step_with_value_writes(w, b, x):
+    # A training step whose forward replaces values (aten.copy in the functional graph): an
+    # index write, and a copy_ that broadcasts and converts (b is float64, h float32).
+    h = x @ w
+    h[:, 0] = h[:, 1] * 2.0
+    h[1:].copy_(b)
+    loss = h.sin().sum()
+    loss.backward()
+    with torch.no_grad():
+        w.sub_(0.1 * w.grad)
+        b.sub_(0.1 * b.grad)
+    w.grad, b.grad = None, None
+    return loss.detach()
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_backward_through_a_compiled_write_that_replaces_values(remove):
+    # Note [Dynamo: copy's derivative when the backend runs the graph]: before, backward raised
+    # "derivative for aten::copy is not implemented".
+    def inputs():
+        torch.manual_seed(0)
+        return (torch.randn(3, 3, requires_grad=True),
+                torch.randn(3, dtype=torch.float64, requires_grad=True), torch.randn(4, 3))
+
+    eager_in, comp_in = inputs(), inputs()
+    compiled = torch.compile(_step_with_value_writes, backend=backend(remove=remove))
+    for step in range(3):
+        expected = _step_with_value_writes(*eager_in)
+        actual = compiled(*comp_in)
+        assert_trees_match(actual, expected, f"loss of step {step}")
+        assert_trees_match(comp_in[:2], eager_in[:2], f"parameters after step {step}")
