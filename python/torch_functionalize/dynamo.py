@@ -144,8 +144,9 @@ def _leaf_writes_without_grad(functional: torch.fx.GraphModule, example_inputs: 
 # A write that replaces values (h[:, 0] = h[:, 1] * 2, h.copy_(y)) is aten.copy in the
 # functional graph, and torch gives aten.copy no derivative, so a .backward() through a compiled
 # region that made one raised "derivative for aten::copy is not implemented" (eager's copy_
-# records CopyBackwards; eager functionalize gives its result that node, Note [Kernel: copy's
-# derivative]). Where the backend runs the graph itself (no compiler of the user's), each
+# records CopyBackwards, and eager functionalize gives its result that node, as
+# Note [Kernel: copy's derivative] says). Where the backend runs the graph itself (no compiler
+# of the user's), each
 # aten.copy node calls a function with eager's derivative instead: src's gradient summed to
 # src's shape in src's dtype and device (its real part for a real src), none for dst, whose
 # values the copy replaces. A compiler of the user's gets the graph of ATen ops, with
