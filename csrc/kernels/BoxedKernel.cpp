@@ -135,7 +135,11 @@ void read_traced_saved_outputs(torch::jit::Stack* stack, size_t num_args) {
 // to us as ops on wrappers (expand becomes expand_copy), and its redispatch arrives with the bit
 // gone (ks lacks ZeroTensor), so nothing loops. The values are eager's: the same ZeroTensor kernels
 // run, one level up. Writing to a zero tensor gets the kernel's own "ZeroTensors are immutable"
-// error, as in eager.
+// error, as in eager. View ops are the exception: torch's ZeroTensor key runs its native view
+// kernels, which build the view from self's own key set, so a view of a zero wrapper came back
+// as a plain tensor carrying our keys, which no kernel of ours could unwrap, and any op on it
+// re-entered our kernel until the stack overflowed (vmap(jacfwd(f)) of f(x) = x * 2.0). They
+// take the view kernel like any view: its inner view of the zero value is torch's own.
 // Rejected: materializing zero tensors when they are wrapped (zeros would make 0 * inf give NaN
 // where a zero tensor gives 0, and -0.0 + 0 give +0.0); rewriting the traced graph afterwards
 // (the run without a tracer would still differ from the traced one).
@@ -213,8 +217,9 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
     }
     return;
   }
-  if (C10_UNLIKELY(ks.has(c10::DispatchKey::ZeroTensor))) {
-    return op.redispatchBoxed(zero_tensor_keys(), stack);  // Note [Kernel: efficient zero tensors]
+  // Note [Kernel: efficient zero tensors]; view ops excepted (see there).
+  if (C10_UNLIKELY(ks.has(c10::DispatchKey::ZeroTensor)) && info.kind != OpKind::View) {
+    return op.redispatchBoxed(zero_tensor_keys(), stack);
   }
   // A functional value written into a plain temporary of a backward formula.
   // See Note [Autograd: formula temporaries written in place].

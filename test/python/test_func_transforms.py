@@ -92,6 +92,14 @@ STACKS = {
         lambda: (_x(4),),
     ),
     "nested_functionalize": (lambda fz: fz(fz(mutating_fn)), lambda: (_x(4),)),
+    # A batched jacobian of a product with a Python scalar: forward AD's zero tangents are viewed
+    # (Note [Kernel: efficient zero tensors], view ops); before, a stack overflow.
+    "vmap_of_jacfwd_inside": (lambda fz: fz(F.vmap(F.jacfwd(lambda x: x * 2.0))),
+                              lambda: (_x(3, 4),)),
+    "vmap_of_jvp_of_vjp_inside": (
+        lambda fz: fz(F.vmap(lambda x: F.jvp(lambda t: F.vjp(lambda u: u * 2.0, t)[1](t)[0],
+                                             (x,), (x,))[1])),
+        lambda: (_x(3, 4),)),
 }
 
 # Stacks where torch.func.functionalize differs from eager on torch 2.13 (recorded, not ours).
@@ -108,7 +116,14 @@ def _make_fx_cases():
         for remove in REMOVE_MODES:
             # Forward AD inside the layer (jvp, jacfwd, hessian) makes efficient zero tensors,
             # whose torch kernels expand on them: see Note [Kernel: efficient zero tensors].
-            yield pytest.param(name, remove, id=f"{name}-{remove}")
+            marks = ()
+            if name == "vmap_of_jacfwd_inside" and remove == "mutations_and_views":
+                marks = pytest.mark.xfail(strict=True, reason=(
+                    "open bug: a view of a zero tangent takes the view kernel, whose *_copy of "
+                    "the zero value torch's ZeroTensor fallback materializes with "
+                    "zeros().expand(): aten.expand is left in the graph without views (values "
+                    "right). See Note [Kernel: efficient zero tensors]."))
+            yield pytest.param(name, remove, id=f"{name}-{remove}", marks=marks)
 
 
 def _identity(f, remove="mutations"):
