@@ -136,17 +136,20 @@ def detached_leaf_of_an_input_written_under_no_grad(w):
     return p.detach() * 1, w * 1
 
 
+def _train(m, x, opt, steps):
+    for _ in range(steps):
+        opt.zero_grad()
+        m(x).square().sum().backward()
+        opt.step()
+
+
 def weight_norm_hook_built_around_an_input(w, x):
     # torch.nn.utils.weight_norm (the old hook) takes weight_v = Parameter(weight.data), which
     # aliases the input w; remove_weight_norm writes the trained weight back.
     m = torch.nn.Linear(4, 3, bias=False)
     m.weight = torch.nn.Parameter(w)
     m = torch.nn.utils.weight_norm(m, dim=0)
-    opt = torch.optim.SGD(m.parameters(), lr=0.2)
-    for _ in range(2):
-        opt.zero_grad()
-        m(x).square().sum().backward()
-        opt.step()
+    _train(m, x, torch.optim.SGD(m.parameters(), lr=0.2), steps=2)
     torch.nn.utils.remove_weight_norm(m)
     return m.weight.detach(), m(x).detach()
 
@@ -157,11 +160,7 @@ def pruned_module_built_around_inputs(w, b, x):
     m.weight, m.bias = torch.nn.Parameter(w), torch.nn.Parameter(b)
     torch.nn.utils.prune.random_unstructured(m, "weight", amount=0.5)
     torch.nn.utils.prune.l1_unstructured(m, "bias", amount=1)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    for _ in range(2):
-        opt.zero_grad()
-        m(x).square().sum().backward()
-        opt.step()
+    _train(m, x, torch.optim.SGD(m.parameters(), lr=0.1), steps=2)
     torch.nn.utils.prune.remove(m, "weight")
     torch.nn.utils.prune.remove(m, "bias")
     return m.weight.detach(), m(x).detach()
@@ -175,11 +174,7 @@ def spectral_norm_parametrization_of_an_input(w, x):
     m = torch.nn.ConvTranspose1d(2, 3, 3, bias=False)
     m.weight = torch.nn.Parameter(w)
     m = torch.nn.utils.parametrizations.spectral_norm(m)
-    opt = torch.optim.Adam(m.parameters(), lr=0.1)
-    for _ in range(3):
-        opt.zero_grad()
-        m(x).square().sum().backward()
-        opt.step()
+    _train(m, x, torch.optim.Adam(m.parameters(), lr=0.1), steps=3)
     sn = m.parametrizations.weight[0]
     m.eval()
     return sn._u.clone(), sn._v.clone(), m(x).detach(), m.weight.detach()
@@ -197,11 +192,7 @@ def parametrization_with_a_right_inverse_of_an_input(w, x):
     m = torch.nn.Linear(3, 3, bias=False)
     m.weight = torch.nn.Parameter(w)
     torch.nn.utils.parametrize.register_parametrization(m, "weight", _Symmetric())
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    for _ in range(2):
-        opt.zero_grad()
-        m(x).square().sum().backward()
-        opt.step()
+    _train(m, x, torch.optim.SGD(m.parameters(), lr=0.1), steps=2)
     torch.nn.utils.parametrize.remove_parametrizations(m, "weight")
     return m.weight.detach(), m(x).detach()
 
