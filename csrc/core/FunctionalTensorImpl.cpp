@@ -191,7 +191,9 @@ at::Tensor FunctionalTensorImpl::in_reported_order_(const at::Tensor& value) con
     return value;
   }
   InnerCallGuard guard;
-  return at::empty_strided(sizes(), dense, value.options()).copy_(value);
+  // restrided_copy: the reordered value keeps value's gradient edge (a leaf's accumulator
+  // included), where a copy_ recorded under grad mode would give it CopyBackwards.
+  return restrided_copy(at::empty_strided(sizes(), dense, value.options()), value);
 }
 
 void FunctionalTensorImpl::set_value_(const at::Tensor& value_in) {
@@ -568,6 +570,14 @@ void FunctionalTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::Tenso
   at::Tensor old = value_;
   storage_ = other->storage_;
   other->copy_fields_to_(*this);
+  if (other->has_reference_metadata_) {
+    // y reports eager's geometry apart from its value's (without views): x reports y's, not its
+    // own old one (a channels_last y given to a contiguous x).
+    const bool allowed = allow_tensor_metadata_change();
+    set_allow_tensor_metadata_change(true);
+    set_sizes_and_strides(other->sym_sizes(), other->sym_strides(), other->sym_storage_offset());
+    set_allow_tensor_metadata_change(allowed);
+  }
   data_replaced_ = true;
   InnerCallGuard guard;
   at::Tensor value = other->value_;
