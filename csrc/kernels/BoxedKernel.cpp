@@ -10,6 +10,7 @@
 #include "core/Recorder.h"
 #include "kernels/Subclasses.h"
 
+#include <ATen/LegacyVmapMode.h>
 #include <ATen/MemoryOverlap.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
@@ -74,8 +75,17 @@ void report_foreign_wrapper(std::string_view op_name, const FunctionalTensorImpl
                 "operator as an operand. Pass it as an operand.");
   }
   const Layer* suspended = suspended_layer();
-  TORCH_CHECK(!(layer == nullptr && suspended != nullptr && impl.layer_id() == suspended->id),
-              "functionalize: ", op_name,
+  const bool inner_call =
+      layer == nullptr && suspended != nullptr && impl.layer_id() == suspended->id;
+  // torch.autograd.functional's vectorize=True runs torch's legacy vmap, whose batching rules run
+  // below our key, on the wrappers its batched tensors hold.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !(inner_call && at::impl::VmapMode::current_vmap_level() > 0), "functionalize: ", op_name,
+      ": torch's legacy vmap (torch.autograd.functional.jacobian or hessian with "
+      "vectorize=True and a forward-mode strategy) runs its batching rules below functionalize, "
+      "on functional tensors. Use torch.func.jacfwd or hessian inside the function, or the "
+      "default reverse-mode strategy");
+  TORCH_CHECK(!inner_call, "functionalize: ", op_name,
               ": a functional tensor reached an op the engine runs on plain tensors (an inner "
               "call); some code captured a wrapper into it (e.g. a kernel or hook holding a "
               "tensor from inside the function). Pass such tensors as arguments instead.");

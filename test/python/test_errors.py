@@ -207,3 +207,27 @@ def test_write_into_a_clone_of_a_global_names_what_works():
         tfz.functionalize(clone_of_global)(x)
     assert torch.equal(tfz.functionalize(copied_into_a_tensor_of_f)(x), copied_into_a_tensor_of_f(x))
     assert torch.equal(tfz.capture(copied_into_a_tensor_of_f, x)(x), copied_into_a_tensor_of_f(x))
+
+
+@pytest.mark.parametrize("remove", ["mutations", "mutations_and_views"])
+def test_legacy_vmap_of_autograd_functional_forward_mode_is_named(remove):
+    # torch.autograd.functional's vectorized forward-mode strategy runs torch's legacy vmap below
+    # our key: before, the message blamed code that captured a wrapper. The reverse-mode strategy
+    # (the default) works, and the message says so.
+    import torch.autograd.functional as AF
+
+    def f(x):
+        y = x.clone()
+        y.mul_(2)
+        return y.sin()
+
+    def forward_mode(x):
+        return AF.jacobian(f, x, strategy="forward-mode", vectorize=True)
+
+    def reverse_mode(x):
+        return AF.jacobian(f, x, vectorize=True)
+
+    x = torch.randn(3)
+    with pytest.raises(NotImplementedError, match=r"legacy vmap .* default reverse-mode strategy"):
+        tfz.functionalize(forward_mode, remove=remove)(x)
+    assert torch.allclose(tfz.functionalize(reverse_mode, remove=remove)(x), reverse_mode(x))
