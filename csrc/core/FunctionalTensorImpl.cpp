@@ -191,9 +191,13 @@ at::Tensor FunctionalTensorImpl::in_reported_order_(const at::Tensor& value) con
     return value;
   }
   InnerCallGuard guard;
-  // restrided_copy: the reordered value keeps value's gradient edge (a leaf's accumulator
-  // included), where a copy_ recorded under grad mode would give it CopyBackwards.
-  return restrided_copy(at::empty_strided(sizes(), dense, value.options()), value);
+  at::Tensor ordered = at::empty_strided(sizes(), dense, value.options());
+  // A value with a tangent keeps copy_, which carries it (forward AD). Otherwise restrided_copy:
+  // the reordered value keeps value's gradient edge (a leaf's accumulator included), where a copy_
+  // recorded under grad mode would give it CopyBackwards.
+  const bool tangent = value.unsafeGetTensorImpl()->autograd_meta() != nullptr &&
+                       value._fw_grad(/*level=*/0).defined();
+  return tangent ? ordered.copy_(value) : restrided_copy(ordered, value);
 }
 
 void FunctionalTensorImpl::set_value_(const at::Tensor& value_in) {

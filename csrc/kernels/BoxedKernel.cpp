@@ -149,7 +149,9 @@ void read_traced_saved_outputs(torch::jit::Stack* stack, size_t num_args) {
 // kernels, which build the view from self's own key set, so a view of a zero wrapper came back
 // as a plain tensor carrying our keys, which no kernel of ours could unwrap, and any op on it
 // re-entered our kernel until the stack overflowed (vmap(jacfwd(f)) of f(x) = x * 2.0). They
-// take the view kernel like any view: its inner view of the zero value is torch's own.
+// take the view kernel like any view: its inner view of the zero value is torch's own, and
+// without views (where the *_copy variant would be materialized by the ZeroTensor fallback with
+// an expand) a new zero tensor of the view's size.
 // Rejected: materializing zero tensors when they are wrapped (zeros would make 0 * inf give NaN
 // where a zero tensor gives 0, and -0.0 + 0 give +0.0); rewriting the traced graph afterwards
 // (the run without a tracer would still differ from the traced one).

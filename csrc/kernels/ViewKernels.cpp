@@ -296,6 +296,19 @@ void view_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::
     torch::jit::push(*stack, *std::move(kept_bytes));
   } else if (layer.reapply_views) {
     ViewMeta::call_view_op(view_op, stack);
+  } else if (C10_UNLIKELY(
+                 reference && reference->isTensor() && impl->value()._is_zerotensor() &&
+                 impl->value().unsafeGetTensorImpl()->autograd_meta() == nullptr &&
+                 std::none_of(extra.begin(), extra.end(),
+                              [](const c10::IValue& a) { return a.isTensor(); }) &&
+                 !reference->toTensor().unsafeGetTensorImpl()->has_symbolic_sizes_strides())) {
+    // A view of an efficient zero tensor without autograd (one with a history or a tangent, or
+    // a view op taking a tensor such as _make_dual's, keeps the *_copy's) is a zero tensor of the
+    // view's size: torch's ZeroTensor fallback would
+    // materialize the *_copy with an expand. See Note [Kernel: efficient zero tensors].
+    torch::jit::drop(*stack, extra.size() + 1);
+    torch::jit::push(
+        *stack, at::_efficientzerotensor(reference->toTensor().sizes(), impl->value().options()));
   } else {
     try {
       ViewMeta::call_view_op(*info.copy_op, stack);

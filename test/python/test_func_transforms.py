@@ -116,14 +116,7 @@ def _make_fx_cases():
         for remove in REMOVE_MODES:
             # Forward AD inside the layer (jvp, jacfwd, hessian) makes efficient zero tensors,
             # whose torch kernels expand on them: see Note [Kernel: efficient zero tensors].
-            marks = ()
-            if name == "vmap_of_jacfwd_inside" and remove == "mutations_and_views":
-                marks = pytest.mark.xfail(strict=True, reason=(
-                    "open bug: a view of a zero tangent takes the view kernel, whose *_copy of "
-                    "the zero value torch's ZeroTensor fallback materializes with "
-                    "zeros().expand(): aten.expand is left in the graph without views (values "
-                    "right). See Note [Kernel: efficient zero tensors]."))
-            yield pytest.param(name, remove, id=f"{name}-{remove}", marks=marks)
+            yield pytest.param(name, remove, id=f"{name}-{remove}")
 
 
 def _identity(f, remove="mutations"):
