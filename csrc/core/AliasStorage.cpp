@@ -412,10 +412,14 @@ bool AliasStorage::apply_updates() {
       base_ = std::move(folded);
     } else if (base_.requires_grad()) {
       base_ = with_history_of(folded, base_, {&update.value}, views_kept);
-    } else {
-      // A base that requires no grad stays so, whatever history the alias written has of its
-      // own (a leaf made from the base's detach(), nn.Parameter(base)).
+    } else if (update.chain.cuts_history()) {
+      // A base that requires no grad stays so, whatever history the detached alias written has
+      // of its own (a leaf made from the base's detach(), nn.Parameter(base)).
       base_ = without_history(folded, views_kept);
+    } else {
+      // An alias that took this storage with `x.data = y` keeps x's identity through its replays
+      // from this base (Note [Wrapper: x.data = y keeps x's autograd identity]).
+      base_ = std::move(folded);
     }
   }
   updates_.clear();

@@ -193,12 +193,18 @@ at::Tensor FunctionalTensorImpl::in_reported_order_(const at::Tensor& value) con
   }
   InnerCallGuard guard;
   at::Tensor ordered = at::empty_strided(sizes(), dense, value.options());
-  // A value with a tangent keeps copy_, which carries it (forward AD). Otherwise restrided_copy:
-  // the reordered value keeps value's gradient edge (a leaf's accumulator included), where a copy_
-  // recorded under grad mode would give it CopyBackwards.
+  // A value with a tangent keeps copy_, which carries it (forward AD). Otherwise the reordered
+  // value is value's data with value's gradient edge (a leaf's accumulator included) in any grad
+  // mode: a copy_ recorded under grad mode gave it CopyBackwards, and one under no_grad (an
+  // optimizer's step) no history at all.
   const bool tangent = value.unsafeGetTensorImpl()->autograd_meta() != nullptr &&
                        value._fw_grad(/*level=*/0).defined();
-  return tangent ? ordered.copy_(value) : restrided_copy(ordered, value);
+  if (tangent) return ordered.copy_(value);
+  {
+    at::AutoGradMode no_grad(false);
+    ordered = at::copy(ordered, value);
+  }
+  return with_history_of(ordered, value, {}, /*views_kept=*/true);
 }
 
 void FunctionalTensorImpl::set_value_(const at::Tensor& value_in) {

@@ -261,3 +261,19 @@ def test_data_assigned_a_restrided_tensor_keeps_the_leaf(remove):
         return p.is_leaf, strides, p.grad
 
     assert_client_matches_eager(f, lambda: (torch.randn(3, 2, 2, 2),), remove=remove)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_conv_weight_converted_to_channels_last_trains_as_eager(remove):
+    # torch.nn.utils.convert_conv2d_weight_memory_format on a module built around an input, then
+    # SGD steps: before, the first step under no_grad replayed the weight through the restride it
+    # took over from its .data and lost the leaf ("element 0 of tensors does not require grad").
+    def f(w, x):
+        conv = torch.nn.Conv2d(2, 3, 2, bias=False)
+        conv.weight = torch.nn.Parameter(w)
+        conv = torch.nn.utils.convert_conv2d_weight_memory_format(conv, torch.channels_last)
+        _train(conv, x, torch.optim.SGD(conv.parameters(), lr=0.1), steps=2)
+        return conv.weight.detach(), conv.weight.stride(), conv.weight.is_leaf
+
+    assert_client_matches_eager(f, lambda: (torch.randn(3, 2, 2, 2), torch.randn(1, 2, 4, 4)),
+                                remove=remove)
