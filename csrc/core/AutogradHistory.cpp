@@ -33,9 +33,10 @@ namespace tfz::detail {
 // as that leaf (Note [Wrapper: autograd mirrored]): is_leaf, requires_grad and .grad as in eager.
 // The rule applies where a write is made hidden (FunctionalTensorImpl::replace_ under no_grad),
 // where it reaches the base of its aliases (AliasStorage::apply_updates, for a write under no_grad
-// or through a chain that holds a detach step; a base that requires no grad then stays so,
-// whatever history of its own the written alias has: p = nn.Parameter(w) or w.detach()
-// .requires_grad_() is a leaf, and an optimizer's update of it must not make w require grad),
+// or through a chain that holds a detach step; through such a detached alias, a base that
+// requires no grad stays so, whatever history of its own the alias has: p = nn.Parameter(w) or
+// w.detach().requires_grad_() is a leaf, and an optimizer's update of it must not make w require
+// grad),
 // and where an input is written back (an input
 // whose final value has its own edge is copied under no_grad, so it keeps its grad_fn or stays a
 // leaf). Rejected: `old + (new - old).detach()` (one expression with the right gradient, but not
