@@ -53,10 +53,17 @@ if ! configure ON; then
   rm -rf "$build"
   configure OFF
 fi
-if ! cmake --build "$build" -j "$cores" >>"$out/build.log" 2>&1; then
-  note "build: FAILED after $(elapsed) s (build.log)"
-  tail -30 "$out/build.log"
-  exit 1
+# -k 0: a C++ test that does not compile against this torch (its headers differ between versions)
+# costs the ctest step, not the run: the Python module is built regardless and the rest goes on.
+if ! cmake --build "$build" -j "$cores" -- -k 0 >>"$out/build.log" 2>&1; then
+  if ls "$build"/lib/_C*.so "$build"/lib/libtfz_core.so >/dev/null 2>&1; then
+    note "build: the C++ tests did not build (build.log); going on without ctest"
+    cpp_tests=OFF
+  else
+    note "build: FAILED after $(elapsed) s (build.log)"
+    tail -30 "$out/build.log"
+    exit 1
+  fi
 fi
 cp "$build"/lib/*.so python/torch_functionalize/
 # What setup.py writes beside the module: the torch it was built against (Note [Build: torch version skew])
