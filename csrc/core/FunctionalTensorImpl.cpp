@@ -50,6 +50,18 @@ FunctionalTensorImpl::FunctionalTensorImpl(const at::Tensor& view_value,
   set_value_(view_value);
 }
 
+FunctionalTensorImpl::FunctionalTensorImpl(OfStorage, const at::Tensor& view_value,
+                                           const c10::Storage& storage, int64_t layer_id,
+                                           std::vector<std::shared_ptr<const ViewMeta>> steps)
+    : c10::TensorImpl(c10::Storage(storage), wrapper_key_set(), view_value.dtype()),
+      layer_id_(layer_id),
+      generation_(static_cast<AliasStorage*>(storage.unsafeGetStorageImpl())->generation()),
+      replays_with_grad_(c10::GradMode::is_enabled()) {
+  key_set_ = wrapper_key_set();
+  for (auto& step : steps) chain_.push_back(std::move(step));
+  set_value_(view_value);
+}
+
 FunctionalTensorImpl::FunctionalTensorImpl(ShallowCopy, const FunctionalTensorImpl& src)
     : c10::TensorImpl(c10::Storage(src.storage_), wrapper_key_set(), src.value_.dtype()) {
   src.copy_fields_to_(*this);

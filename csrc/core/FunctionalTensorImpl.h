@@ -34,6 +34,12 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   /// A view wrapper: shares `base`'s storage, chain = base's chain + `step`.
   FunctionalTensorImpl(const at::Tensor& view_value, const FunctionalTensorImpl& base,
                        std::shared_ptr<const ViewMeta> step);
+  struct OfStorage {};
+  /// A view through `steps` of the base of `storage`, an AliasStorage of layer `layer_id`, whose
+  /// pending updates are applied: a tensor set_ onto a wrapper's storage
+  /// (Note [Kernel: set_ onto a functional tensor's storage]).
+  FunctionalTensorImpl(OfStorage, const at::Tensor& view_value, const c10::Storage& storage,
+                       int64_t layer_id, std::vector<std::shared_ptr<const ViewMeta>> steps);
   struct ShallowCopy {};
   /// A second wrapper sharing every field of `src` (for shallow_copy_and_detach).
   FunctionalTensorImpl(ShallowCopy, const FunctionalTensorImpl& src);

@@ -3,6 +3,7 @@
 #include "core/Layer.h"
 
 #include "core/DispatchKey.h"
+#include "core/JitFusion.h"
 #include "core/ModeStash.h"
 #include "core/Recorder.h"
 
@@ -222,9 +223,12 @@ LayerGuard::LayerGuard(bool reapply_views) {
   tls_state.layer = &layer_;
   std::lock_guard<std::mutex> lock(active_layers_mutex);
   active_layers.push_back({&layer_, layer_.id, active_recorder()});
+  // See Note [Layer: TorchScript fusion groups read data pointers].
+  enter_fusion_free_region();
 }
 
 LayerGuard::~LayerGuard() {
+  leave_fusion_free_region();
   c10::impl::_force_tls_local_dispatch_key_set(layer_.entry_tls);
   // Transforms user code pushed are popped by their own scopes; what is left is ours to restore.
   if (layer_.functorch) swap_functorch_stack(*layer_.functorch);

@@ -34,7 +34,7 @@ namespace tfz::detail {
 // its other details live); every other copy_ is the ordinary mutation whose companion is `copy`.
 namespace {
 
-constexpr std::array<SpecialOp, 16> kSpecialOps{{
+constexpr std::array<SpecialOp, 17> kSpecialOps{{
     // name                      matches               adjust                handle composite
     {"set_", &is_set, &refuse_set, &set_kernel, false},
     {"cuDNN's dropout state (ATen's cache)", &is_cudnn_dropout_state, &leave_plain, nullptr, false},
@@ -49,6 +49,8 @@ constexpr std::array<SpecialOp, 16> kSpecialOps{{
     {"composite with raw fast path", &has_raw_fast_path, nullptr, &composite_kernel, true},
     {"tensor_split by a tensor", &is_tensor_split_by_tensor, nullptr, &tensor_split_kernel, true},
     {"forward-mode unpack_dual", &is_unpack_dual, nullptr, &unpack_dual_kernel, true},
+    {"memory-efficient attention (bias rows)", &is_efficient_attention, nullptr,
+     &efficient_attention_kernel, false},
     {"in-place _foreach_", &is_inplace_foreach, nullptr, &foreach_kernel, false},
     {"c10d collective", &is_c10d_collective, nullptr, &collective_kernel, false},
     {"custom mutable op", &is_custom_mutable, &plan_custom_mutable, nullptr, false},

@@ -68,6 +68,11 @@ class _UserCtx(FunctionCtx):
             "torch.func.jvp outside it.")
 
 
+# What FunctionCtx and _UserCtx keep on a ctx for the bridge itself, not the user's attributes.
+_CTX_BOOKKEEPING = frozenset({"needs_input_grad", "_bridge_ctx", "to_save", "dirty_tensors",
+                              "non_differentiable", "materialize_grads"})
+
+
 class _Plan:
     """What the bridge needs from the forward that already ran: the Function, the user's ctx,
     the outputs' values, each saved tensor as ("out", output index) or ("value", the tensor's
@@ -95,6 +100,12 @@ class _Bridge(torch.autograd.Function):
         ctx.mark_non_differentiable(*[outs[i] for i in plan.non_differentiable])
         ctx.set_materialize_grads(getattr(plan.ctx, "materialize_grads", True))
         ctx.plan = plan
+        # What the user's forward or setup_context put on its ctx is on eager's node too, where
+        # code holding the output reads it (out.grad_fn.name; torch 2.11's checkpoint reads
+        # ctx.get_args from its _NoopSaveInputs node in a saved-tensor hook).
+        for name, value in vars(plan.ctx).items():
+            if name not in _CTX_BOOKKEEPING and not hasattr(ctx, name):
+                setattr(ctx, name, value)
         return tuple(outs)
 
     @staticmethod

@@ -79,8 +79,11 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
         from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
         try:
             return _capture_traced(func, args, kwargs, arguments, remove, "symbolic")
-        except (GuardOnDataDependentSymNode, _ValueRead) as error:
-            # See Note [Capture: dynamic sizes]: a value read cannot be guarded by shapes.
+        except (GuardOnDataDependentSymNode, _ValueRead, IndexError) as error:
+            # See Note [Capture: dynamic sizes]: a value read cannot be guarded by shapes. torch
+            # 2.11's indexing refuses the unbacked symbol of a read itself ("got SymInt").
+            if isinstance(error, IndexError) and "SymInt" not in str(error):
+                raise
             raise NotImplementedError(
                 "capture(dynamic=True): the function reads a value out of a tensor (.item(), "
                 "bool(), int(), a data-dependent size) and branches or computes on it, which "

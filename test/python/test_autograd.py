@@ -643,6 +643,33 @@ def test_warmed_up_torchscript_function_differentiates_as_in_eager(remove):
     _assert_call_and_graphs_match_eager(f, (x, w), (other, w), remove)
 
 
+def test_torchscript_fuser_is_off_inside_f_and_restored_after_a_raise():
+    # On CUDA a fusion group of a script function optimized inside f read the wrappers' null data
+    # pointers: an illegal memory access that poisoned the process (first GPU run of the warmed-up
+    # test above). See Note [Layer: TorchScript fusion groups read data pointers].
+    seen = []
+
+    def f(x):
+        seen.append(torch._C._jit_texpr_fuser_enabled())
+        return x + 1
+
+    def g(x):
+        seen.append(torch._C._jit_texpr_fuser_enabled())
+        raise ValueError("inside g")
+
+    before = torch._C._jit_texpr_fuser_enabled()
+    try:
+        for setting in (True, False):
+            torch._C._jit_set_texpr_fuser_enabled(setting)
+            functionalize(f)(torch.ones(2))
+            with pytest.raises(ValueError, match="inside g"):
+                functionalize(g)(torch.ones(2))
+            assert torch._C._jit_texpr_fuser_enabled() == setting
+    finally:
+        torch._C._jit_set_texpr_fuser_enabled(before)
+    assert seen == [False] * 4
+
+
 # Hooks registered on a leaf made inside f before any op read it: its requires_grad_() had not
 # reached its value yet, so the hooks went to the wrapper, where the engine never reads them
 # (the gradient came out unhooked, silently). See Note [Autograd: hooks on leaf wrappers].

@@ -125,14 +125,17 @@ def test_closure_tensors_become_buffers_of_the_graph_module(remove):
 
 def test_script_object_arguments_become_attributes_of_the_graph_module(remove):
     # A quantized op's packed weights are a TorchScript object: generated code has no literal for
-    # it (the graph's code was a SyntaxError), so it is an attribute, like a generator.
+    # it (the graph's code was a SyntaxError), so it is an attribute, like a generator. Quantized
+    # ops have CPU kernels only: CPU tensors on every test device.
+    cpu = torch.device("cpu")
     packed = torch.ops.quantized.linear_prepack(
-        torch.quantize_per_tensor(torch.randn(3, 4), 0.05, 0, torch.qint8), torch.zeros(3))
+        torch.quantize_per_tensor(torch.randn(3, 4, device=cpu), 0.05, 0, torch.qint8),
+        torch.zeros(3, device=cpu))
 
     def f(x):
         return torch.ops.quantized.linear_dynamic(x, packed, True) * 2
 
-    x, other = torch.randn(2, 4), torch.randn(2, 4)
+    x, other = torch.randn(2, 4, device=cpu), torch.randn(2, 4, device=cpu)
     gm = capture(f, x, remove=remove)
     assert "_script_object_constant0" in gm.code
     assert torch.equal(gm(other), f(other))

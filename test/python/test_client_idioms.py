@@ -468,13 +468,7 @@ CASES = {
 
 
 # Known failures on one device, strict: each must keep failing there until fixed.
-_DEVICE_XFAILS = {
-    ("lstm_steps", "cuda"): "cuDNN's RNN checks for flat weights with "
-    "`at::empty({0}).set_(weights[0].storage())`; with the parameters passed into f, that storage "
-    "is a wrapper's, and set_ onto a wrapper's storage is refused by name "
-    "(Note [Kernel: set_ onto a storage from outside the function] covers module-held weights "
-    "only); first GPU run of this test",
-}
+_DEVICE_XFAILS: dict[tuple[str, str], str] = {}
 
 
 def _idiom(name):

@@ -301,7 +301,8 @@ def test_recurrent_module_over_a_packed_sequence_matches_eager(rnn, backward, re
         return (_state(module), torch.randn(3, 5, 3))
 
     def f(state, x):
-        packed = nn.utils.rnn.pack_padded_sequence(x, torch.tensor([5, 3, 2]), batch_first=True)
+        packed = nn.utils.rnn.pack_padded_sequence(x, torch.tensor([5, 3, 2], device="cpu"),
+                                                    batch_first=True)
         out, _ = functional_call(module, state, (packed,))
         padded, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
         if backward:

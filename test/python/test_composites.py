@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from torch_functionalize.testing._internal.reference import (
+    REMOVE_MODES,
+    assert_client_matches_eager,
     assert_functional_graph,
     assert_matches_eager,
     assert_trees_match,
@@ -251,7 +253,7 @@ def test_capture_of_a_backward_through_a_packed_rnn_is_refused_by_name():
         lstm = torch.nn.LSTM(5, 3)
         with torch.no_grad():
             lstm.weight_ih_l0.copy_(w)
-        packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([6, 4]))
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([6, 4], device="cpu"))
         out, _ = lstm(packed)
         out.data.sum().backward()
         return lstm.weight_ih_l0.grad
@@ -259,3 +261,49 @@ def test_capture_of_a_backward_through_a_packed_rnn_is_refused_by_name():
     with pytest.warns(UserWarning), pytest.raises(NotImplementedError,
                                                   match="backward of an op taken whole under capture"):
         capture(f, torch.randn(6, 2, 5), torch.randn(12, 5))
+
+
+# Note [Kernel: efficient attention's bias without views]: without views the memory-efficient
+# CUDA kernel got the compact copy of torch's aligned mask view ("attn_bias is not correctly
+# aligned"); keys, values and bias are padded to aligned rows instead.
+def _efficient_attention_and_backward(q, k, v, bias, dropout_p=0.0):
+    efficient = torch.ops.aten._scaled_dot_product_efficient_attention
+    out, lse, seed, offset = efficient(q, k, v, bias, True, dropout_p, False)
+    grads = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        torch.ones_like(out), q, k, v, bias, out, lse, seed, offset, dropout_p,
+        [True, True, True, True], False)
+    return out, grads
+
+
+def test_efficient_attention_with_unaligned_bias_rows_pads_the_keys_without_views():
+    # Shapes on meta tensors (the kernel is CUDA's); values on CUDA in the test below.
+    q, k, v = (torch.empty(2, 2, n, 8, device="meta") for n in (5, 6, 6))
+    bias = torch.empty(2, 2, 5, 6, device="meta")
+    expected = _efficient_attention_and_backward(q, k, v, bias)
+    for remove in REMOVE_MODES:
+        actual = functionalize(_efficient_attention_and_backward, remove=remove)(q, k, v, bias)
+        assert [t.shape for t in torch.utils._pytree.tree_leaves(actual)] == \
+            [t.shape for t in torch.utils._pytree.tree_leaves(expected)]
+    graph = make_fx(functionalize(lambda q, k, v, bias: _efficient_attention_and_backward(
+        q, k, v, bias), remove="mutations_and_views"))(q, k, v, bias)
+    assert_functional_graph(graph, "mutations_and_views")
+    assert "constant_pad_nd" in graph.code and "slice_copy" in graph.code
+    with pytest.raises(NotImplementedError, match="efficient_attention.*dropout_p > 0"):
+        functionalize(_efficient_attention_and_backward, remove="mutations_and_views")(
+            q, k, v, bias, 0.1)
+
+
+@pytest.mark.parametrize("keys", [6, 13])
+def test_sdpa_with_a_mask_over_unaligned_keys_matches_eager(keys, remove):
+    # On CUDA the memory-efficient kernel's path (on the CPU, SDPA's CPU kernel: no padding).
+    def f(q, k, v, mask):
+        q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out.square().sum().backward()
+        return out.detach(), q.grad, k.grad, v.grad
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 16) for n in (5, keys, keys))
+    mask = torch.randn(2, 1, 5, keys)
+    assert_client_matches_eager(f, lambda: (q.clone(), k.clone(), v.clone(), mask.clone()),
+                                remove=remove)

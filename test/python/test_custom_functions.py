@@ -84,6 +84,19 @@ class SquareWithSetupContext(torch.autograd.Function):
         return (None if g is None else ctx.power * x ** (ctx.power - 1) * g), None
 
 
+def _apply_binds_keywords():
+    """Eager's answer: torch 2.11's Function.apply refuses keyword arguments, later ones bind
+    them to the forward's parameters."""
+    try:
+        SquareWithSetupContext.apply(torch.ones(1), power=2)
+    except TypeError:
+        return False
+    return True
+
+
+_KEYWORDS = _apply_binds_keywords()
+
+
 def make_inputs():
     return (torch.randn(4, 3, device=TEST_DEVICE).requires_grad_(),
             torch.randn(5, 4, device=TEST_DEVICE), torch.zeros(3, device=TEST_DEVICE))
@@ -112,14 +125,28 @@ def training_steps(w, x, buf):
         h = InplaceRelu.apply(x @ w)
         r = GradReverse.apply(h, 0.5)
         out, count = TrackedScale.apply(r, buf)
-        loss = SquareWithSetupContext.apply(out, power=2).mean()
+        square = (SquareWithSetupContext.apply(out, power=2) if _KEYWORDS
+                  else SquareWithSetupContext.apply(out, 2))
+        loss = square.mean()
         loss.backward()
         opt.step()
         losses += [loss.detach(), count]
     return losses
 
 
+def attributes_read_from_the_node(w, x, buf):
+    # What setup_context puts on ctx is read through the output's grad_fn, as torch 2.11's
+    # checkpoint reads ctx.get_args from its _NoopSaveInputs node (before: AttributeError on the
+    # bridge's node).
+    y = SquareWithSetupContext.apply(x @ w, 3)
+    node = y.grad_fn
+    (saved,) = node.saved_tensors
+    (g,) = torch.autograd.grad(y.sum(), w)
+    return node.power * y.detach(), saved.detach(), g
+
+
 CASES = {
+    "attributes_read_from_the_node": attributes_read_from_the_node,
     "dirty_view_of_an_intermediate": dirty_view_of_an_intermediate,
     "dirty_input": dirty_input,
     "training_steps": training_steps,

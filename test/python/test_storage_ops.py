@@ -323,6 +323,73 @@ def test_orthogonal_parametrization_made_inside_f_trains_as_eager(remove):
 # as eager does; a write through it, a set_ of an input and a set_ under a tracer are refused by
 # name, and on the CPU the set_ stays refused. Per device: a CPU run checks the supported case on
 # meta tensors (shapes; meta has no values), a CUDA run on CUDA tensors (values).
+# A tensor made inside f set_ onto the storage of a tensor of f (cuDNN's flat-weights check with
+# the weights passed into f, as torch.func.functional_call of an LSTM does) is a view of that
+# storage: reads see writes through the source made after the set_, and writes through it reach
+# the source, an input included (Note [Kernel: set_ onto a functional tensor's storage]).
+def _storage_of(t):
+    return torch.empty(0, device=t.device, dtype=t.dtype).set_(t.untyped_storage())
+
+
+def _read_after_source_written(w, x):
+    buf = _storage_of(w)
+    w.add_(1)
+    return buf * 2 + 0, buf.narrow(0, 1, 3) * x[:3]
+
+
+def _write_through_it(w, x):
+    buf = _storage_of(w)
+    buf.narrow(0, 2, 4).mul_(3)
+    return w + 0
+
+
+def _part_of_an_intermediate(w, x):
+    h = w * 2
+    buf = torch.empty(0, dtype=h.dtype).set_(h.untyped_storage(), 1, (2, 2), (3, 1))
+    buf.add_(x[:2])
+    return h, buf + 0
+
+
+def _cudnn_style_check(w, x):
+    # cuDNN's try_get_weight_buf: the first weight's storage as a flat buffer, narrowed, then
+    # compared by address; the weights are then used as they are.
+    buf = _storage_of(w).narrow(0, 0, w.numel())
+    same = buf.data_ptr() == w.data_ptr()
+    return (w @ x[:4].reshape(2, 2)).sum() + float(same) * 0
+
+
+def _weights_that_require_grad(w, x):
+    # A leaf made inside f, checked as cuDNN checks its weights, then trained through.
+    w = w.detach().requires_grad_()
+    flat = _storage_of(w)
+    loss = (torch.tanh(x[:3, None] * w) ** 2).sum() + flat.sum().detach()
+    (g,) = torch.autograd.grad(loss, w)
+    return loss.detach(), g
+
+
+SET_ONTO_STORAGE = {
+    "weights_that_require_grad": _weights_that_require_grad,
+    "read_after_source_written": _read_after_source_written,
+    "write_through_it": _write_through_it,
+    "part_of_an_intermediate": _part_of_an_intermediate,
+    "cudnn_style_check": _cudnn_style_check,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SET_ONTO_STORAGE))
+def test_set_of_a_tensor_made_inside_onto_a_storage_of_the_function_matches_eager(name, remove):
+    assert_client_matches_eager(SET_ONTO_STORAGE[name],
+                                lambda: (torch.randn(3, 2), torch.randn(6)), remove=remove)
+
+
+def test_set_onto_a_storage_of_the_function_with_another_dtype_is_refused_by_name(remove):
+    def f(w):
+        return torch.empty(0, dtype=torch.int32).set_(w.untyped_storage()) + 1
+
+    with pytest.raises(NotImplementedError, match="set_.source_Storage: .*same dtype"):
+        functionalize(f, remove=remove)(torch.randn(4))
+
+
 _SET_DEVICE = "meta" if TEST_DEVICE == "cpu" else TEST_DEVICE
 
 

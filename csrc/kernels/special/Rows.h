@@ -76,6 +76,11 @@ bool is_tensor_split_by_tensor(const c10::OperatorHandle& op);
 void tensor_split_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                          const Layer& layer);
 
+// Attention.cpp
+bool is_efficient_attention(const c10::OperatorHandle& op);
+void efficient_attention_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
+                                const Layer& layer);
+
 // Foreach.cpp
 bool is_inplace_foreach(const c10::OperatorHandle& op);
 void foreach_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,

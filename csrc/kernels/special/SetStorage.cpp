@@ -1,6 +1,6 @@
 // The set_ row: x.set_(source) shares another tensor's storage: served onto another tensor of
-// the function (as `x.data = source`) and for a tensor made inside f set_ onto a storage from
-// outside it (cuDNN's flat-weights check); refused otherwise.
+// the function (as `x.data = source`), and for a tensor made inside f set_ onto a wrapper's
+// storage or onto a storage from outside f (cuDNN's flat-weights check); refused otherwise.
 // See Note [Kernel: set_].
 #include "kernels/special/Rows.h"
 
@@ -121,8 +121,77 @@ bool set_onto_functional_tensor(const OpInfo& info, Stack* stack) {
 }
 }  // namespace
 
+namespace {
+// Note [Kernel: set_ onto a functional tensor's storage]
+// The same cuDNN check (Note [Kernel: set_ onto a storage from outside the function]) with the
+// weights passed into f (torch.func.functional_call of an LSTM or GRU on CUDA): the storage is a
+// wrapper's, an alias storage of ours. set_ is then eager's aliasing of memory the function owns,
+// which a view serves: the tensor joins that alias storage as as_strided(sizes, strides, offset)
+// of its base (the whole storage as a flat 1-d tensor for set_(storage)), so reads see the
+// storage's current elements and a write through either side reaches the other, as eager's
+// do. A wrapper's data pointer is null, so cuDNN's address comparison finds no flat buffer and
+// copies the weights into one of its own, with the same numbers. Served on every device and under
+// tracers (the view is an as_strided of the base in the graph); refused with another dtype than
+// the base's (eager reads the bytes as that dtype, which no view of the base does).
+// Rejected: a copy of the storage's elements marked captured, as for a storage from outside:
+// correct for cuDNN's check, which only reads it once, but a read after a write through the
+// weights would have seen the old numbers, silently.
+bool set_onto_functional_storage(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
+                                 const Layer& layer) {
+  const size_t num_args = op.schema().arguments().size();
+  const auto first = stack->end() - static_cast<std::ptrdiff_t>(num_args);
+  if (num_args < 2 || !(first + 1)->isStorage()) return false;
+  const c10::Storage storage = (first + 1)->toStorage();
+  auto* source = dynamic_cast<AliasStorage*>(storage.unsafeGetStorageImpl());
+  if (source == nullptr) return false;
+  const at::Tensor self = first->toTensor();
+  auto* impl = maybe_get_impl(self);
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      impl != nullptr && impl->storage().use_count() == 1 &&
+          !impl->alias_storage().has_caller_storage() && !impl->alias_storage().flat() &&
+          !impl->alias_storage().bytes() && !impl->has_metadata_mutation(),
+      "functionalize: ", info.name, ": ", kSetRefusal,
+      " (supported onto the storage of a tensor of the function: a tensor made inside the "
+      "function, with no view of it alive).");
+  source->apply_updates();
+  const at::Tensor base = source->base();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      self.dtype() == base.dtype(), "functionalize: ", info.name, ": ", kSetRefusal,
+      " (supported onto the storage of a tensor of the function with the same dtype; got ",
+      self.dtype(), " onto a storage of ", base.dtype(), ").");
+  TORCH_CHECK(!(c10::GradMode::is_enabled() && self.requires_grad() && self.is_leaf()),
+              "a leaf Variable that requires grad is being used in an in-place operation.");
+  c10::SymInt offset = 0;
+  std::vector<c10::SymInt> sizes{c10::SymInt(storage.sym_nbytes() / base.dtype().itemsize())};
+  std::vector<c10::SymInt> strides{1};
+  if (num_args == 5) {  // source_Storage_storage_offset: (self, source, offset, size, stride)
+    offset = (first + 2)->toSymInt();
+    sizes = (first + 3)->toSymIntVector();
+    strides = (first + 4)->toSymIntVector();
+  }
+  // detach first: eager's tensor shares the memory, not the autograd history, so a write
+  // through it leaves the source's grad_fn and version as they were (as a write through .data).
+  static const c10::OperatorName detach{"aten::detach", ""};
+  std::vector<std::shared_ptr<const ViewMeta>> steps{
+      ViewMeta::of(detach, {}, layer.reapply_views),
+      ViewMeta::as_strided(sizes, strides, offset, layer.reapply_views)};
+  at::Tensor view_value;
+  {
+    InnerCallGuard guard;
+    view_value = steps[1]->forward(steps[0]->forward(base));
+  }
+  auto view = c10::make_intrusive<FunctionalTensorImpl>(
+      FunctionalTensorImpl::OfStorage{}, view_value, storage, impl->layer_id(), std::move(steps));
+  impl->shallow_copy_from(view);
+  impl->bump_version();  // eager's set_ counts as a write
+  torch::jit::drop(*stack, static_cast<int64_t>(num_args));
+  torch::jit::push(*stack, self);
+  return true;
+}
+}  // namespace
+
 void set_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
-                const Layer& /*layer*/) {
+                const Layer& layer) {
   const size_t num_args = op.schema().arguments().size();
   if (num_args == 2 && (stack->end() - 1)->isTensor()) {
     TORCH_CHECK_NOT_IMPLEMENTED(set_onto_functional_tensor(info, stack),
@@ -131,6 +200,7 @@ void set_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                                 "view of one, set_ onto another tensor of the function).");
     return;
   }
+  if (set_onto_functional_storage(info, op, stack, layer)) return;
   const auto first = stack->end() - static_cast<std::ptrdiff_t>(num_args);
   const at::Tensor self = first->toTensor();
   auto* impl = maybe_get_impl(self);
