@@ -3,11 +3,11 @@
 #include "core/Layer.h"
 
 #include "core/DispatchKey.h"
-#include "core/JitFusion.h"
 #include "core/ModeStash.h"
 #include "core/Recorder.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/jit/python/update_graph_executor_opt.h>
 
 #include <algorithm>
 #include <atomic>
@@ -31,6 +31,23 @@ namespace tfz::detail {
 // Include/ExcludeDispatchKeyGuard would leak it into the thread forever. Rejected: a
 // functorch-style DynamicLayer front/back key pair. Those keys belong to functorch and its
 // interpreter stack; borrowing them would entangle us with torch.func transforms.
+
+// Note [Layer: TorchScript fusion groups read data pointers]
+// A torch.jit.script function is profiled on its first calls and then optimized: its pointwise
+// ops become fusion groups (the tensor-expression fuser, or with that one off the legacy fuser),
+// kernels generated for CUDA that take their arguments' data_ptr() outside the dispatcher. A
+// wrapper's storage holds no memory: its data pointer is null (and must stay readable, since torch
+// code compares data pointers, e.g. nn.RNN.flatten_parameters), so a fusion group built inside f
+// read and wrote from address 0 on the GPU: an illegal memory access that poisons the process's
+// CUDA context (the first GPU run of test_autograd's warmed-up script function; switching off
+// the tensor-expression fuser alone handed the same graphs to the legacy fuser, with the same
+// crash). So while a layer is active the thread runs TorchScript unoptimized (TorchScript's own
+// setting for that is thread-local): a script function first called inside f runs the plan every
+// op of which dispatches, to our kernel, and is optimized on its first calls outside f as usual.
+// Not covered: a function whose optimized plan was made before f ran keeps it inside f (torch
+// returns a made plan before reading the setting), so its fusion groups would see wrappers.
+// Rejected: a storage whose data pointer throws (it breaks the RNN check above) and the
+// process-wide fuser switches (another thread's script functions would lose their fusion).
 
 namespace {
 // One thread_local object rather than two: in a dlopen'ed library every access to a distinct
@@ -224,11 +241,12 @@ LayerGuard::LayerGuard(bool reapply_views) {
   std::lock_guard<std::mutex> lock(active_layers_mutex);
   active_layers.push_back({&layer_, layer_.id, active_recorder()});
   // See Note [Layer: TorchScript fusion groups read data pointers].
-  enter_fusion_free_region();
+  layer_.script_optimization_on_entry = torch::jit::getGraphExecutorOptimize();
+  torch::jit::setGraphExecutorOptimize(false);
 }
 
 LayerGuard::~LayerGuard() {
-  leave_fusion_free_region();
+  torch::jit::setGraphExecutorOptimize(layer_.script_optimization_on_entry);
   c10::impl::_force_tls_local_dispatch_key_set(layer_.entry_tls);
   // Transforms user code pushed are popped by their own scopes; what is left is ours to restore.
   if (layer_.functorch) swap_functorch_stack(*layer_.functorch);

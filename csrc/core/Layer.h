@@ -40,6 +40,9 @@ struct Layer {
   // A dispatch mode (make_fx's tracer) was active on entry: inner calls made while user code
   // set it aside are not traced. See Note [Graphs: views taken with the tracer set aside].
   bool entered_under_modes = false;
+  // TorchScript's thread-local optimization setting before entry, restored on exit
+  // (Note [Layer: TorchScript fusion groups read data pointers]).
+  bool script_optimization_on_entry = true;
   // make_fx's tracer (the PROXY infra mode) on entry, or null: another one active later was
   // started by user code inside the layer. See Note [Layer: tracers started inside].
   const void* tracer_on_entry = nullptr;

@@ -643,31 +643,33 @@ def test_warmed_up_torchscript_function_differentiates_as_in_eager(remove):
     _assert_call_and_graphs_match_eager(f, (x, w), (other, w), remove)
 
 
-def test_torchscript_fuser_is_off_inside_f_and_restored_after_a_raise():
+def test_torchscript_runs_unoptimized_inside_f_and_as_before_after_a_raise():
     # On CUDA a fusion group of a script function optimized inside f read the wrappers' null data
     # pointers: an illegal memory access that poisoned the process (first GPU run of the warmed-up
     # test above). See Note [Layer: TorchScript fusion groups read data pointers].
     seen = []
 
     def f(x):
-        seen.append(torch._C._jit_texpr_fuser_enabled())
-        return x + 1
+        seen.append(torch._C._get_graph_executor_optimize())
+        return _scripted(x, x) + 1
 
     def g(x):
-        seen.append(torch._C._jit_texpr_fuser_enabled())
+        seen.append(torch._C._get_graph_executor_optimize())
         raise ValueError("inside g")
 
-    before = torch._C._jit_texpr_fuser_enabled()
+    fuser = torch._C._jit_texpr_fuser_enabled()
     try:
         for setting in (True, False):
-            torch._C._jit_set_texpr_fuser_enabled(setting)
-            functionalize(f)(torch.ones(2))
+            torch._C._set_graph_executor_optimize(setting)
+            x = torch.randn(3)
+            torch.testing.assert_close(functionalize(f)(x), f(x))
             with pytest.raises(ValueError, match="inside g"):
-                functionalize(g)(torch.ones(2))
-            assert torch._C._jit_texpr_fuser_enabled() == setting
+                functionalize(g)(x)
+            assert torch._C._get_graph_executor_optimize() == setting
     finally:
-        torch._C._jit_set_texpr_fuser_enabled(before)
-    assert seen == [False] * 4
+        torch._C._set_graph_executor_optimize(True)
+    assert seen == [False, True, False, False, False, False]  # eager's own call of f saw True
+    assert torch._C._jit_texpr_fuser_enabled() == fuser
 
 
 # Hooks registered on a leaf made inside f before any op read it: its requires_grad_() had not

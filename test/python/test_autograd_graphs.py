@@ -165,7 +165,7 @@ def _hooked_gradient(hooks):
 
 
 def _hooked_inputs(seed):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     return torch.randn(3, 2, generator=g, requires_grad=True), torch.randn(4, 3, generator=g)
 
 
