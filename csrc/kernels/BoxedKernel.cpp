@@ -166,7 +166,11 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
   // See Note [Layer: tracers started inside].
   if (C10_UNLIKELY(tracer_started_inside(layer))) {
     PythonUnhiddenGuard unhidden;  // the tracer's dispatch needs the Python key enabled
-    return op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Python), stack);
+    // Through PythonTLSSnapshot, which records the TLS the Python key's fallback asserts on in
+    // torch 2.11 ("tls_on_entry.has_value()"), as every op reaching the Python key from below it.
+    return op.redispatchBoxed(
+        c10::DispatchKeySet({c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::Python}),
+        stack);
   }
   const int64_t layer_id = layer != nullptr ? layer->id : 0;
   if (C10_UNLIKELY(lifts_closures(layer) && !layer->substitutes.empty())) {

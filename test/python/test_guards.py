@@ -112,7 +112,10 @@ CASES = {
                      lambda: (torch.tensor([3.0, 1.0, 2.0]),)),
     "negative_zero": (negative_zero, lambda: (torch.tensor([0.0, -1.0]),),
                       lambda: (torch.tensor([-0.0, -1.0]),)),
-    "checked_input": (checked_input, lambda: (torch.ones(2),), lambda: (-torch.ones(2),)),
+    # CPU tensors on every device: on CUDA, _assert_async is a device-side assert that raises no
+    # error in the call (eager's neither) and poisons the process's CUDA context.
+    "checked_input": (checked_input, lambda: (torch.ones(2, device="cpu"),),
+                      lambda: (-torch.ones(2, device="cpu"),)),
     "inverse": (inverse, lambda: (torch.eye(2),), lambda: (torch.zeros(2, 2),)),
 }
 # The graph keeps the ops that exist to raise (Note [Capture: dead nodes]): eager's own error.
