@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import os
 import keyword
+import traceback
 import warnings
 import operator
 import re
@@ -113,6 +114,11 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
             raise
         # See Note [Capture: control flow]. The failed recording wrote no input.
         rng.restore()
+        # Code the error stopped half-way may hold thread state in its frames: torch 2.11's
+        # checkpoint keeps its saved-tensor hooks pushed inside a suspended generator, so the second
+        # run packed into the first run's frame and recomputed with the first run's wrappers
+        # ("escaped"). Clearing the frames closes such generators, which pops what they pushed.
+        traceback.clear_frames(error.__traceback__)
         warnings.warn(
             f"capture: {str(error).splitlines()[0]} Recorded with make_fx(functionalize(f)) "
             "instead, which ran f a second time: Python side effects of f outside its tensors "

@@ -195,6 +195,36 @@ def test_saved_tensor_hooks_with_a_new_tensor_returned_as_is_graph_replays(remov
     assert_trees_match(graph(*_hooked_inputs(2)), f(*_hooked_inputs(2)), "make_fx on other inputs")
 
 
+def _hooks_left_pushed_by_a_suspended_generator(x, w):
+    # torch 2.11's non-reentrant checkpoint pushes its saved-tensor hooks inside a generator that an
+    # exception leaves suspended. capture's first recording stops at the hook (its refusal), and
+    # the hooks of that run stayed pushed into the second one: the loss below, outside the region,
+    # was saved through the first run's hooks, whose unpack doubles (w.grad silently other).
+    def hooked():
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t * 2):
+            yield
+
+    w = w.clone().requires_grad_()
+    region = hooked()
+    next(region)
+    h = (x * w).sin()
+    next(region, None)
+    loss = (h * w).sum()
+    loss.backward()
+    return loss.detach(), w.grad
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_capture_after_a_recording_stopped_inside_a_hook_region_matches_eager(remove):
+    x, w = torch.randn(3), torch.randn(3)
+    with pytest.warns(UserWarning, match="saved-tensor hooks are active"):
+        graph = torch_functionalize.capture(_hooks_left_pushed_by_a_suspended_generator, x, w,
+                                            remove=remove)
+    expected = _hooks_left_pushed_by_a_suspended_generator(x, w)
+    assert_trees_match(graph(x, w), expected, "capture")
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
 def _mutation_allowed_on_saved(x):
     # torch.autograd.graph.allow_mutation_on_saved_tensors: a TorchDispatchMode of torch's own
     # that clones a saved tensor before an in-place op overwrites it.
