@@ -238,7 +238,13 @@ _WHOLE_WITH_BACKWARD = {"ctc_loss": _ctc_step, "max_pool1d": _max_pool1d_step,
 
 @pytest.mark.parametrize("remove", ["mutations", "mutations_and_views"])
 @pytest.mark.parametrize("name", sorted(_WHOLE_WITH_BACKWARD))
-def test_capture_of_a_backward_through_an_op_taken_whole_replays_other_inputs(name, remove):
+def test_capture_of_a_backward_through_an_op_taken_whole_replays_other_inputs(name, remove,
+                                                                              request):
+    if name == "quantile" and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 12):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "torch 2.11's quantile decomposition reads a value under make_fx (aten.equal; plain "
+            "make_fx of this function fails the same way), and capture records it through "
+            "make_fx: refused by name")))
     f = _WHOLE_WITH_BACKWARD[name]
     gen = torch.Generator(torch.get_default_device()).manual_seed(4)
     traced_on, other = torch.randn(6, 2, 5, generator=gen), torch.randn(6, 2, 5, generator=gen)
