@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 
 from . import _C, rng_state
 from ._alias_analysis import InputLayout
+from ._copy_derivative import has_copy, with_copy_derivative
 from ._fx import placeholders, run_without_grad
 from ._tree import Flat, call_with
 from .api import Remove, _is_wrapper_subclass, check_remove
@@ -578,14 +579,27 @@ class _CapturedModule(_LazyGraphModule):
 
     _tfz_restores_grad = False
     _tfz_inputs: _InputCheck | None = None
+    _tfz_has_copy: bool | None = None  # None: not looked for yet
+    _tfz_differentiable: fx.GraphModule | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._tfz_inputs is not None:
             self._tfz_inputs.check(args, kwargs)
+        run = super().__call__
+        # See Note [Graphs: copy's derivative when a graph runs under autograd]: the graph is read
+        # for aten.copy once, and its twin made on the first call that needs it.
+        if torch.is_grad_enabled():
+            if self._tfz_has_copy is None:
+                object.__setattr__(self, "_tfz_has_copy", has_copy(self))
+            if self._tfz_has_copy and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                          for t in pytree.tree_leaves((args, kwargs))):
+                if self._tfz_differentiable is None:  # not a submodule: no state of the graph's
+                    object.__setattr__(self, "_tfz_differentiable", with_copy_derivative(self))
+                run = self._tfz_differentiable
         if self._tfz_restores_grad:
             with torch.set_grad_enabled(torch.is_grad_enabled()):
-                return super().__call__(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
+                return run(*args, **kwargs)
+        return run(*args, **kwargs)
 
 
 # Note [Capture: grad mode]

@@ -7,7 +7,6 @@ functional graph to a compiler of the user's instead of running it. A thin adapt
 """
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Any, Callable, Mapping, Optional, Sequence, cast
 
@@ -16,6 +15,7 @@ import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ._fx import concrete, example_value, placeholders, run_without_grad, sizes_and_strides
+from ._copy_derivative import with_copy_derivative
 from .api import Remove, check_remove
 from .graph import _fetch_attr, functionalize_graph
 
@@ -84,7 +84,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
     fake_inputs = [_example_value(n) for n in placeholders(gm.graph)]
     functional = functionalize_graph(gm, *fake_inputs, remove=remove)
     _leaf_writes_without_grad(functional, example_inputs)
-    compiled = _with_copy_derivative(functional) if compiler is None \
+    # See Note [Graphs: copy's derivative when a graph runs under autograd].
+    compiled = with_copy_derivative(functional) if compiler is None \
         else compiler(functional, example_inputs)
     run = _saving_written_inputs(compiled, *_written_inputs(functional))
     aliases = _output_aliases(gm, fake_inputs)
@@ -138,59 +139,6 @@ def _leaf_writes_without_grad(functional: torch.fx.GraphModule, example_inputs: 
         run_without_grad(functional.graph, node, node)
     if writes:
         functional.recompile()
-
-
-# Note [Dynamo: copy's derivative when the backend runs the graph]
-# A write that replaces values (h[:, 0] = h[:, 1] * 2, h.copy_(y)) is aten.copy in the
-# functional graph, and torch gives aten.copy no derivative, so a .backward() through a compiled
-# region that made one raised "derivative for aten::copy is not implemented" (eager's copy_
-# records CopyBackwards, and eager functionalize gives its result that node, as
-# Note [Kernel: copy's derivative] says). Where the backend runs the graph itself (no compiler
-# of the user's), each
-# aten.copy node calls a function with eager's derivative instead: src's gradient summed to
-# src's shape in src's dtype and device (its real part for a real src), none for dst, whose
-# values the copy replaces. A compiler of the user's gets the graph of ATen ops, with
-# aten.copy; AOTAutograd (what torch's compilers run) traces its own joint graph and needs no
-# derivative of it. Rejected: a composite of differentiable ops in the graph (expand, _to_copy
-# and a restride: the values are the same, but graphs and the reinplace passes read aten.copy),
-# and registering an autograd kernel for aten::copy (a process-wide change to torch).
-class _CopyWithDerivative(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, dst: torch.Tensor, src: torch.Tensor,  # type: ignore[override]
-                non_blocking: bool = False) -> torch.Tensor:
-        ctx.src = (src.shape, src.dtype, src.device, src.is_complex())
-        return torch.ops.aten.copy.default(dst, src, non_blocking)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor, None]:  # type: ignore[override]
-        shape, dtype, device, is_complex = ctx.src
-        if grad.is_complex() and not is_complex:
-            grad = grad.real
-        if grad.shape != shape:
-            grad = grad.sum_to_size(shape)
-        return None, grad.to(dtype=dtype, device=device), None
-
-
-def _copy_with_derivative(dst: torch.Tensor, src: torch.Tensor,
-                          non_blocking: bool = False) -> torch.Tensor:
-    if not torch.is_grad_enabled() or not src.requires_grad:
-        return torch.ops.aten.copy.default(dst, src, non_blocking)
-    return cast(torch.Tensor, _CopyWithDerivative.apply(dst, src, non_blocking))
-
-
-def _with_copy_derivative(functional: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """The graph the backend runs: aten.copy nodes call _copy_with_derivative (Note [Dynamo:
-    copy's derivative when the backend runs the graph])."""
-    nodes = [n for n in functional.graph.nodes
-             if n.op == "call_function" and n.target is torch.ops.aten.copy.default]
-    if not nodes:
-        return functional
-    runnable = torch.fx.GraphModule(functional, copy.deepcopy(functional.graph))
-    for node in runnable.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.copy.default:
-            node.target = _copy_with_derivative
-    runnable.recompile()
-    return runnable
 
 
 # Note [Dynamo: saved inputs the epilogue overwrites]

@@ -565,3 +565,24 @@ def test_dynamic_capture_keeps_checks_on_data_dependent_sizes():
         f(torch.tensor([1.0, 0.0, 0.0]))
     with pytest.raises(RuntimeError, match="u0 >= 2"):
         gm(torch.tensor([1.0, 0.0, 0.0]))
+
+
+def _replaces_values(w, y):
+    h = w * 2
+    h[:, 0] = h[:, 1] * 3
+    h2 = h.clone()
+    h2.copy_(y)
+    return (h.sin() + h2 * w).sum()
+
+
+def test_backward_through_a_captured_graph_that_replaces_values_matches_eager(remove):
+    # Note [Graphs: copy's derivative when a graph runs under autograd]: the graph's aten.copy has
+    # no derivative in torch ("derivative for aten::copy is not implemented", before); called with
+    # inputs that require grad, a twin with eager's derivative runs, and the graph keeps aten.copy.
+    w, y = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+    graph = capture(_replaces_values, w, y, remove=remove)
+    assert "aten.copy.default" in call_targets(graph)
+    expected = torch.autograd.grad(_replaces_values(w, y), (w, y))
+    assert_trees_match(torch.autograd.grad(graph(w, y), (w, y)), expected, "gradients")
+    with torch.no_grad():
+        assert_trees_match(graph(w, y), _replaces_values(w, y), "output without grad")

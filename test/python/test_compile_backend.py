@@ -340,7 +340,7 @@ def _step_with_value_writes(w, b, x):
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
 def test_backward_through_a_compiled_write_that_replaces_values(remove):
-    # Note [Dynamo: copy's derivative when the backend runs the graph]: before, backward raised
+    # Note [Graphs: copy's derivative when a graph runs under autograd]: before, backward raised
     # "derivative for aten::copy is not implemented".
     def inputs():
         torch.manual_seed(0)
