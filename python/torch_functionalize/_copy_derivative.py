@@ -16,12 +16,13 @@ import torch.fx
 # A write that replaces values (h[:, 0] = h[:, 1] * 2, h.copy_(y)) is aten.copy in the
 # functional graph, and torch gives aten.copy no derivative, so a .backward() through such a
 # graph raised "derivative for aten::copy is not implemented" (eager's copy_ records
-# CopyBackwards, and eager functionalize gives its result that node, as Note [Kernel: copy's
-# derivative] says). Where we run the graph ourselves under autograd (the tfz torch.compile
-# backend without a compiler of the user's; a graph of capture called in grad mode with an input
-# that requires grad), a twin of the graph runs whose aten.copy nodes call a function with eager's
-# derivative: src's gradient summed to src's shape in src's dtype and device (its real part for a
-# real src), none for dst, whose values the copy replaces. The graph itself keeps aten.copy: a
+# CopyBackwards, and eager functionalize gives its result that node, as
+# Note [Kernel: copy's derivative] says). Where we run the graph ourselves under autograd (the
+# tfz torch.compile backend without a compiler of the user's; a graph of capture called in grad
+# mode with an input that requires grad), a twin of the graph runs whose aten.copy nodes call a
+# function with eager's derivative: src's gradient summed to src's shape in src's dtype and
+# device (its real part for a real src), none for dst, whose values the copy replaces. The graph
+# itself keeps aten.copy: a
 # compiler of the user's and the reinplace passes read it, and AOTAutograd (what torch's
 # compilers run) traces its own joint graph and needs no derivative of it. Rejected: a composite
 # of differentiable ops in the graph (expand, _to_copy and a restride: the values are the same,
