@@ -34,20 +34,19 @@ namespace tfz::detail {
 
 // Note [Layer: TorchScript fusion groups read data pointers]
 // A torch.jit.script function is profiled on its first calls and then optimized: its pointwise
-// ops become fusion groups (the tensor-expression fuser, or with that one off the legacy fuser),
-// kernels generated for CUDA that take their arguments' data_ptr() outside the dispatcher. A
-// wrapper's storage holds no memory: its data pointer is null (and must stay readable, since torch
-// code compares data pointers, e.g. nn.RNN.flatten_parameters), so a fusion group built inside f
-// read and wrote from address 0 on the GPU: an illegal memory access that poisons the process's
-// CUDA context (the first GPU run of test_autograd's warmed-up script function; switching off
-// the tensor-expression fuser alone handed the same graphs to the legacy fuser, with the same
-// crash). So while a layer is active the thread runs TorchScript unoptimized (TorchScript's own
-// setting for that is thread-local): a script function first called inside f runs the plan every
-// op of which dispatches, to our kernel, and is optimized on its first calls outside f as usual.
-// Not covered: a function whose optimized plan was made before f ran keeps it inside f (torch
-// returns a made plan before reading the setting), so its fusion groups would see wrappers.
-// Rejected: a storage whose data pointer throws (it breaks the RNN check above) and the
-// process-wide fuser switches (another thread's script functions would lose their fusion).
+// ops become fusion groups, kernels TorchScript generates (for CUDA by default) that take their
+// arguments' data_ptr() outside the dispatcher. A wrapper's storage holds no memory, so its data
+// pointer is null (and must stay readable: torch code compares data pointers, e.g.
+// nn.RNN.flatten_parameters), and a fusion group built inside f reads and writes address 0 on the
+// GPU: an illegal memory access, which poisons the process's CUDA context. So while a layer is
+// active the thread runs TorchScript unoptimized (TorchScript's own setting for that is
+// thread-local): a script function first called inside f runs the plan every op of which
+// dispatches, to our kernel, and is optimized on its first calls outside f as usual. Not covered:
+// a function whose optimized plan was made before f ran keeps it inside f (torch returns a made
+// plan before it reads the setting), so its fusion groups would see wrappers.
+// Rejected: switching off the tensor-expression fuser alone (the profiling executor then hands
+// the same graphs to the legacy fuser, whose kernels read data pointers too, and the switch is
+// process-wide), and a storage whose data pointer throws (it breaks the RNN check above).
 
 namespace {
 // One thread_local object rather than two: in a dlopen'ed library every access to a distinct

@@ -19,10 +19,10 @@ namespace tfz::detail {
 // scaled_dot_product_attention (a composite) hands the memory-efficient CUDA kernel its mask as a
 // view: a mask whose row stride is not a multiple of 8 elements is padded to one and sliced back
 // (torch's pad_bias), so the kernel reads aligned rows. Without views the slice is a slice_copy,
-// a compact tensor whose rows are again unaligned, and the kernel refused it ("attn_bias is not
-// correctly aligned"): every CUDA model with a padding or causal mask over a sequence length not
-// a multiple of 8 (Hugging Face's Mistral, BERT) failed under remove="mutations_and_views". Here
-// the keys, the values and the bias get 8-aligned rows of their own: the sequence of keys is padded
+// a compact tensor whose rows are again unaligned, which the kernel refuses ("attn_bias is not
+// correctly aligned") for any mask over a number of keys that is not a multiple of 8 (padding
+// and causal masks of Hugging Face models). So the keys, the values and the bias get 8-aligned
+// rows of their own: the sequence of keys is padded
 // with zero keys whose bias is -inf, so each query's softmax gives them weight exactly 0 and the
 // output and log-sum-exp are eager's; the backward pads the same way and slices the key, value and
 // bias gradients back (slice_copy). With dropout the kernel draws its mask over the padded keys,

@@ -122,6 +122,14 @@ bool set_onto_functional_tensor(const OpInfo& info, Stack* stack) {
 }  // namespace
 
 namespace {
+// A tensor made inside f with no other alias (no view of it alive, not an input, its storage of
+// its own making): what both set_ onto a storage may replace.
+bool alone_in_its_storage(const FunctionalTensorImpl* impl) {
+  return impl != nullptr && impl->storage().use_count() == 1 &&
+         !impl->alias_storage().has_caller_storage() && !impl->alias_storage().flat() &&
+         !impl->alias_storage().bytes();
+}
+
 // Note [Kernel: set_ onto a functional tensor's storage]
 // The same cuDNN check (Note [Kernel: set_ onto a storage from outside the function]) with the
 // weights passed into f (torch.func.functional_call of an LSTM or GRU on CUDA): the storage is a
@@ -147,10 +155,8 @@ bool set_onto_functional_storage(const OpInfo& info, const c10::OperatorHandle& 
   const at::Tensor self = first->toTensor();
   auto* impl = maybe_get_impl(self);
   TORCH_CHECK_NOT_IMPLEMENTED(
-      impl != nullptr && impl->storage().use_count() == 1 &&
-          !impl->alias_storage().has_caller_storage() && !impl->alias_storage().flat() &&
-          !impl->alias_storage().bytes() && !impl->has_metadata_mutation(),
-      "functionalize: ", info.name, ": ", kSetRefusal,
+      alone_in_its_storage(impl) && !impl->has_metadata_mutation(), "functionalize: ", info.name,
+      ": ", kSetRefusal,
       " (supported onto the storage of a tensor of the function: a tensor made inside the "
       "function, with no view of it alive).");
   source->apply_updates();
@@ -208,10 +214,8 @@ void set_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
       num_args > 1 && (first + 1)->isStorage() &&
       dynamic_cast<const AliasStorage*>((first + 1)->toStorage().unsafeGetStorageImpl()) == nullptr;
   TORCH_CHECK_NOT_IMPLEMENTED(
-      impl != nullptr && outside && self.device().type() != c10::DeviceType::CPU &&
-          !ops_are_recorded() && impl->storage().use_count() == 1 &&
-          !impl->alias_storage().has_caller_storage() && !impl->alias_storage().flat() &&
-          !impl->alias_storage().bytes(),
+      outside && self.device().type() != c10::DeviceType::CPU && !ops_are_recorded() &&
+          alone_in_its_storage(impl),
       "functionalize: ", info.name, ": ", kSetRefusal,
       " (supported: a tensor made inside the function, with no view of it alive, set_ onto the "
       "storage of a tensor from outside the function, outside tracers, on devices other than the "
