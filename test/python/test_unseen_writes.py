@@ -7,6 +7,7 @@ import torch
 import torch.nn.utils.parametrize
 import torch.nn.utils.prune
 
+from torch_functionalize import functionalize
 from torch_functionalize.testing._internal.reference import (
     REMOVE_MODES, assert_client_matches_eager,
 )
@@ -277,3 +278,34 @@ def test_conv_weight_converted_to_channels_last_trains_as_eager(remove):
 
     assert_client_matches_eager(f, lambda: (torch.randn(3, 2, 2, 2), torch.randn(1, 2, 4, 4)),
                                 remove=remove)
+
+
+def _data_write_of_a_view_input(b):
+    b.data.add_(1)
+    return b * 2
+
+
+def _data_write_of_aliased_inputs(a, b):
+    a.data.mul_(2)
+    return a + b
+
+
+_FLAT_STORAGE_INPUTS = {
+    "view_input": (_data_write_of_a_view_input, lambda: (torch.randn(3, 3)[1:],)),
+    "aliased_inputs": (_data_write_of_aliased_inputs,
+                       lambda: (lambda x: (x[:4], x[2:]))(torch.randn(6))),
+}
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "open bug: a write through .data (eager bumps no version) of an input whose storage is "
+    "flat (a view of a larger tensor, or inputs that alias each other) is written back through a "
+    "view of the caller's tensor, whose copy_ bumps its version once: values right, _version 1 "
+    "where eager's is 0 (write_data takes .data for a lone input; the flat-storage writes do not)"))
+@pytest.mark.parametrize("name", sorted(_FLAT_STORAGE_INPUTS))
+def test_data_write_of_an_input_with_a_flat_storage_keeps_eager_versions(name, remove):
+    f, make_inputs = _FLAT_STORAGE_INPUTS[name]
+    expected, actual = make_inputs(), make_inputs()
+    f(*expected)
+    functionalize(f, remove=remove)(*actual)
+    assert [t._version for t in actual] == [t._version for t in expected]
