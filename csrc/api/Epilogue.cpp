@@ -141,6 +141,25 @@ bool epilogue_is_recorded() {
          c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks);
 }
 
+// `t`'s .data, through which a write bumps no version, where the write records no history and
+// .data exists: the wrapper counted eager's writes already (Note [Inputs: version counters]). A
+// sparse tensor's shallow copy holds its own indices and values, an inference tensor keeps eager's
+// error, a torch.func or subclass wrapper has no .data to give, and a recorded epilogue speaks of
+// the placeholder itself: those are written as they are.
+at::Tensor unversioned(const at::Tensor& t) {
+  static const auto wrapped_keys =
+      c10::python_ks | c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
+                                            c10::DispatchKey::FuncTorchGradWrapper});
+  const bool through_data = !epilogue_is_recorded() && t.layout() == c10::kStrided &&
+                            !t.is_inference() && !t.key_set().has_any(wrapped_keys);
+  return through_data ? t.variable_data() : t;
+}
+
+// A write of `value` into input `original` records no history: neither requires grad.
+bool without_history(const at::Tensor& original, const at::Tensor& value) {
+  return !original.requires_grad() && !value.requires_grad();
+}
+
 // Note [Inputs: writes before a metadata change]
 // x.add_(1); x.resize_(2) (or torch.neg(y, out=x) with a smaller result, or a write through a view
 // of x after it shrank): eager wrote every element of x's storage that x covered on entry, and x
@@ -190,12 +209,13 @@ bool write_entry_elements(const at::Tensor& original, const at::Tensor& wrapper)
     const auto needed = static_cast<int64_t>(at::detail::computeStorageNbytes(
         original.sizes(), original.strides(), 1, original.storage_offset()));
     if (needed > base.numel()) return false;
-    original.copy_(
-        at::as_strided_copy(base, original.sizes(), original.strides(), original.storage_offset()));
+    (without_history(original, base) ? unversioned(original) : original)
+        .copy_(at::as_strided_copy(base, original.sizes(), original.strides(),
+                                   original.storage_offset()));
     return covers_final;
   }
   if (base.sizes() != original.sizes()) return false;
-  original.copy_(base);
+  (without_history(original, base) ? unversioned(original) : original).copy_(base);
   return covers_final;
 }
 
@@ -242,7 +262,9 @@ void write_grown_storage(const at::Tensor& original, const FunctionalTensorImpl&
       "functionalize: an input's storage grew (resize_ or an out= resize), was written, and the "
       "input then covers fewer elements; a graph without views (remove=\"mutations_and_views\" "
       "under a tracer) cannot write the others back. Use remove=\"mutations\".");
-  at::Tensor whole = written_unseen(original, base) ? original.detach() : original;
+  at::Tensor whole = without_history(original, base)  ? unversioned(original)
+                     : written_unseen(original, base) ? original.detach()
+                                                      : original;
   whole.as_strided({base.numel()}, {1}, *start).copy_(base);
 }
 
@@ -271,15 +293,7 @@ void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
     // eager's writes, and a write through x.data counts none (Note [Inputs: version counters]).
     // Grad mode changes only where it matters, so a graph switches it only for such inputs.
     at::AutoGradMode no_grad(!unseen && c10::GradMode::is_enabled());
-    // (A sparse tensor's shallow copy holds its own indices and values, an inference tensor
-    // keeps eager's error, and a torch.func or subclass wrapper has no .data to give: those are
-    // written as they are.)
-    static const auto wrapped_keys =
-        c10::python_ks | c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
-                                              c10::DispatchKey::FuncTorchGradWrapper});
-    const bool through_data = !epilogue_is_recorded() && original.layout() == c10::kStrided &&
-                              !original.is_inference() && !original.key_set().has_any(wrapped_keys);
-    (through_data ? original.variable_data() : original).copy_(value);
+    unversioned(original).copy_(value);
     return;
   }
   original.copy_(value);
@@ -328,6 +342,10 @@ bool write_whole_storage(const std::vector<at::Tensor>& originals, c10::ArrayRef
     return false;
   }
   at::Tensor whole = through->as_strided({base.numel()}, {1}, 0);
+  if (without_history(*through, base)) {
+    unversioned(*through).as_strided({base.numel()}, {1}, 0).copy_(base);
+    return true;
+  }
   if (written_unseen(*through, base)) {
     at::AutoGradMode no_grad(false);  // as write_data: eager wrote it under no_grad
     whole = through->detach().as_strided({base.numel()}, {1}, 0);

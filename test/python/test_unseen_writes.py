@@ -297,11 +297,10 @@ _FLAT_STORAGE_INPUTS = {
 }
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "open bug: a write through .data (eager bumps no version) of an input whose storage is "
-    "flat (a view of a larger tensor, or inputs that alias each other) is written back through a "
-    "view of the caller's tensor, whose copy_ bumps its version once: values right, _version 1 "
-    "where eager's is 0 (write_data takes .data for a lone input; the flat-storage writes do not)"))
+# A write through .data (eager bumps no version) of an input whose storage is flat (a view of a
+# larger tensor, inputs that alias each other): the write-back went through a view of the
+# caller's tensor, whose copy_ bumped its version once (values right, _version 1 where eager's is
+# 0); it goes through the caller's .data now where it records no history, as a lone input's does.
 @pytest.mark.parametrize("name", sorted(_FLAT_STORAGE_INPUTS))
 def test_data_write_of_an_input_with_a_flat_storage_keeps_eager_versions(name, remove):
     f, make_inputs = _FLAT_STORAGE_INPUTS[name]
