@@ -120,15 +120,16 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
         # run packed into the first run's frame and recomputed with the first run's wrappers
         # ("escaped"). Clearing the frames closes such generators, which pops what they pushed.
         traceback.clear_frames(error.__traceback__)
+        reason = str(error).splitlines()[0].removeprefix("capture: ")
         warnings.warn(
-            f"capture: {str(error).splitlines()[0]} Recorded with make_fx(functionalize(f)) "
+            f"capture: {reason} Recorded with make_fx(functionalize(f)) "
             "instead, which ran f a second time: Python side effects of f outside its tensors "
             "(an optimizer or scheduler made outside f) happened twice.", stacklevel=2)
         try:
             return _capture_traced(func, args, kwargs, arguments, remove, "real")
         except Exception as traced_error:
             raise NotImplementedError(
-                f"capture: {str(error).splitlines()[0]} make_fx(functionalize(f)), which capture "
+                f"capture: {reason} make_fx(functionalize(f)), which capture "
                 f"used instead, failed too: {type(traced_error).__name__}: "
                 f"{str(traced_error).splitlines()[0] if str(traced_error) else ''}"
             ) from traced_error

@@ -9,12 +9,14 @@ namespace tfz::detail {
 
 // Note [Kernel: copy_ onto itself]
 // x.copy_(x), or a copy_ between two views of the same elements with the same dtype and bits,
-// returns at once in eager: nothing is read or written. The functional `copy` would still convert
-// the values on the way: x.view(torch.bool).copy_ of itself, or v.transpose(0, 0).copy_(v) of a
-// bool view of int64 bytes, would turn the bytes into 0 or 1
-// (Note [Kernel: bool views of other bytes]). So the row returns self unchanged when self and src
-// are one tensor, or wrappers of one alias storage with the same offset, sizes, strides, dtype,
-// conjugate and negative bits; both modes report eager's geometry, so the test reads the wrappers.
+// returns at once in eager: nothing is read or written, but the version counts a write (eager's
+// ADInplaceOrView kernel bumps it before the device kernel returns; `acc[i] += v` ends in such a
+// copy_, so it counts two writes). The functional `copy` would still convert the values on the
+// way: x.view(torch.bool).copy_ of itself, or v.transpose(0, 0).copy_(v) of a bool view of int64
+// bytes, would turn the bytes into 0 or 1 (Note [Kernel: bool views of other bytes]). So the row
+// bumps self's version and returns self unchanged when self and src are one tensor, or wrappers
+// of one alias storage with the same offset, sizes, strides, dtype, conjugate and negative bits;
+// both modes report eager's geometry, so the test reads the wrappers.
 // Without views a wrapper's bits are those of its *_copy value, so eager's are the parity of the
 // bit-flipping steps in its view chain (x.conj().copy_(x) writes). Any other copy_ goes the
 // mutation path (kernels/MutationKernels.cpp), and copy_'s other details live where their rules
@@ -51,6 +53,8 @@ void copy_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
   const c10::IValue& src = *(stack->end() - static_cast<std::ptrdiff_t>(num_args) + 1);
   if (self.isTensor() && src.isTensor() && copies_onto_itself(self.toTensor(), src.toTensor())) {
     const c10::IValue result = self;
+    auto* impl = self.toTensor().unsafeGetTensorImpl();
+    if (impl->version_counter().enabled()) impl->bump_version();
     torch::jit::drop(*stack, num_args);
     torch::jit::push(*stack, result);
     return;

@@ -1,0 +1,201 @@
+"""Library code beyond optimizers and modules inside the functionalized function: probability
+distributions, signal transforms, losses, learning-rate schedulers that read the loss, sequential
+checkpointing, forward hooks that write buffers, and loops whose trip count or writes depend on
+values read out of tensors (`int(...)`, `tolist()`, `masked_select`, `unique`). Each against eager
+(reference.assert_client_matches_eager) in both remove modes, eagerly and replayed as graphs; a
+program that reads values is replayed as a capture only (make_fx refuses the read, as for
+torch.func's functionalize), and on inputs that give other values its capture must raise the
+guard's error (Note [Capture: guards on values read])."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.func import functional_call
+from torch.utils.checkpoint import checkpoint_sequential
+
+from torch_functionalize.testing._internal.reference import (
+    REMOVE_MODES, assert_client_matches_eager,
+)
+
+torch.manual_seed(5)
+LINEAR = nn.Linear(4, 4)
+STACK = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh())
+HOOKED = nn.Linear(3, 3)
+HOOKED.register_buffer("seen", torch.zeros(3))
+HOOKED.register_forward_hook(lambda mod, args, out: mod.seen.add_(out.detach().mean(0)))
+ONE_OUT = nn.Linear(3, 1)
+
+
+def leaves_of(module):
+    return {k: v.detach().clone().requires_grad_() for k, v in module.named_parameters()}
+
+
+def regression_inputs():
+    return leaves_of(ONE_OUT), torch.randn(5, 3), torch.randn(5, 1)
+
+
+def reparametrized_normal(p, x):
+    # Normal validates its scale with a value read (`.all()`), rsample draws noise.
+    mu, log_scale = functional_call(LINEAR, p, (x,)).chunk(2, -1)
+    d = torch.distributions.Normal(mu, log_scale.exp())
+    z = d.rsample()
+    log_prob = d.log_prob(z).sum()
+    kl = torch.distributions.kl_divergence(d, torch.distributions.Normal(0.0, 1.0)).sum()
+    (log_prob + kl).backward()
+    return z, log_prob, kl
+
+
+def ctc(log_probs, targets):
+    loss = F.ctc_loss(log_probs.log_softmax(-1), targets, torch.tensor([6, 6]),
+                      torch.tensor([3, 2]))
+    loss.backward()
+    return loss
+
+
+def stft_round_trip(x):
+    # istft checks its window's overlap-add with a value read.
+    window = torch.hann_window(16)
+    spec = torch.stft(x, 16, hop_length=4, window=window, return_complex=True)
+    spec.mul_(0.5)
+    x.add_(torch.istft(spec, 16, hop_length=4, window=window, length=x.shape[-1]))
+    return spec.abs()
+
+
+def plateau_schedule(p, x, y):
+    opt = torch.optim.SGD(list(p.values()), lr=0.1)
+    schedule = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = ((functional_call(ONE_OUT, p, (x,)) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        schedule.step(torch.tensor(1.0))
+        losses.append(loss.detach())
+    return losses
+
+
+def one_cycle_schedule(p, x, y):
+    opt = torch.optim.AdamW(list(p.values()), lr=0.1)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=5)
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = ((functional_call(ONE_OUT, p, (x,)) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        schedule.step()
+        losses.append(loss.detach())
+    return losses
+
+
+def swa_schedule(p, x, y):
+    opt = torch.optim.SGD(list(p.values()), lr=0.1)
+    schedule = torch.optim.swa_utils.SWALR(opt, swa_lr=0.05, anneal_epochs=2)
+    for _ in range(3):
+        opt.zero_grad()
+        ((functional_call(ONE_OUT, p, (x,)) - y) ** 2).mean().backward()
+        opt.step()
+        schedule.step()
+    return torch.tensor(opt.param_groups[0]["lr"])
+
+
+def sequential_checkpoint(p, x):
+    with torch.nn.utils.stateless._reparametrize_module(STACK, p):
+        y = checkpoint_sequential(STACK, 2, x, use_reentrant=False)
+    y.sum().backward()
+    return y
+
+
+def hook_writes_a_buffer(state, x):
+    return functional_call(HOOKED, state, (functional_call(HOOKED, state, (x,)),))
+
+
+def hooked_state():
+    params = {k: v.detach().clone() for k, v in HOOKED.named_parameters()}
+    return {**params, "seen": torch.zeros(3)}, torch.randn(2, 3)
+
+
+def accumulate_while_positive(x, acc):
+    # `acc[i] += v` ends in a copy_ of acc[i] onto itself: a second version bump in eager
+    # (Note [Kernel: copy_ onto itself]).
+    for i in range(int((x > 0).sum())):
+        acc[i % acc.shape[0]] += x[i]
+    return acc * 2
+
+
+def scale_rows_by_list(x, y):
+    for i, v in enumerate(x.tolist()):
+        if v > 0:
+            y[i].mul_(v)
+    return y.clone()
+
+
+def masked_round_trip(x, mask):
+    values = x.masked_select(mask)
+    x.masked_scatter_(mask, values * 2)
+    return values.sum()
+
+
+def unique_counts(x, totals):
+    values, counts = torch.unique(x, return_counts=True)
+    totals.index_add_(0, values, counts.float())
+    return values
+
+
+def index_reductions(x, index, src):
+    x.index_reduce_(0, index, src, "amax", include_self=False)
+    x.scatter_reduce_(1, index.view(-1, 1).expand(-1, 3).remainder(3), src, "mean")
+    return x.sum()
+
+
+CASES = {
+    "reparametrized_normal": (reparametrized_normal, lambda: (leaves_of(LINEAR),
+                                                              torch.randn(3, 4))),
+    "ctc": (ctc, lambda: (torch.randn(6, 2, 5).requires_grad_(),
+                          torch.tensor([[1, 2, 3], [2, 4, 0]]))),
+    "stft_round_trip": (stft_round_trip, lambda: (torch.randn(2, 64),)),
+    "plateau_schedule": (plateau_schedule, regression_inputs),
+    "one_cycle_schedule": (one_cycle_schedule, regression_inputs),
+    "swa_schedule": (swa_schedule, regression_inputs),
+    "sequential_checkpoint": (sequential_checkpoint, lambda: (
+        leaves_of(STACK), torch.randn(3, 4, requires_grad=True))),
+    "hook_writes_a_buffer": (hook_writes_a_buffer, hooked_state),
+    "accumulate_while_positive": (accumulate_while_positive, lambda: (torch.randn(6),
+                                                                      torch.zeros(3))),
+    "scale_rows_by_list": (scale_rows_by_list, lambda: (torch.randn(4), torch.randn(4, 2))),
+    "masked_round_trip": (masked_round_trip, lambda: (torch.randn(4, 4),
+                                                      torch.randn(4, 4) > 0)),
+    "unique_counts": (unique_counts, lambda: (torch.randint(0, 5, (10,)), torch.zeros(5))),
+    "index_reductions": (index_reductions, lambda: (
+        torch.randn(4, 3), torch.tensor([0, 2, 2, 1]), torch.randn(4, 3))),
+}
+# Programs that read values out of tensors: make_fx refuses them (as torch.func's does).
+READS_VALUES = {"reparametrized_normal", "stft_round_trip", "accumulate_while_positive",
+                "scale_rows_by_list", "masked_round_trip", "unique_counts"}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_library_code_matches_eager(name, remove):
+    f, make_inputs = CASES[name]
+    graphs = ("capture",) if name in READS_VALUES else ("make_fx", "capture")
+    assert_client_matches_eager(f, make_inputs, remove=remove, graphs=graphs)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_copy_onto_itself_counts_a_write(remove):
+    from torch_functionalize import functionalize
+
+    def f(x, acc):
+        acc[0] += x[0]
+        acc.copy_(acc)
+        acc[1] = acc[1]
+        return acc
+
+    counts = []
+    for fn in (f, functionalize(f, remove=remove)):
+        acc = torch.zeros(3)
+        fn(torch.randn(3), acc)
+        counts.append(acc._version)
+    assert counts[1] == counts[0] == 4
