@@ -170,3 +170,86 @@ def test_hf_two_adamw_training_steps_match_eager(make_model, remove):
         return torch.stack(losses)
 
     assert_client_matches_eager(f, make_inputs, remove=remove, graphs=("capture",))
+
+
+# Other families, one backward each through functional_call, against eager and as make_fx and
+# capture graphs: Mixtral's expert routing (top-k, index_add_ of the routed tokens), Mamba's
+# selective scan (its slow path on the CPU writes the state in place), Gemma2's soft-capped
+# attention, ViT, and Whisper's encoder-decoder.
+_SMALL = dict(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+              num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+
+
+def _token_batch():
+    return {"input_ids": torch.randint(0, 40, (2, 7)), "labels": torch.randint(0, 40, (2, 7))}
+
+
+_FAMILIES = {
+    "mixtral": (lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        **_SMALL, num_local_experts=4, num_experts_per_tok=2)), _token_batch),
+    "mamba": (lambda: transformers.MambaForCausalLM(transformers.MambaConfig(
+        vocab_size=40, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
+        conv_kernel=3)), _token_batch),
+    "gemma2": (lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        **_SMALL, head_dim=8)), _token_batch),
+    "vit": (lambda: transformers.ViTForImageClassification(transformers.ViTConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        image_size=8, patch_size=4, num_labels=3, hidden_dropout_prob=0.0)),
+        lambda: {"pixel_values": torch.randn(2, 3, 8, 8), "labels": torch.randint(0, 3, (2,))}),
+    "whisper": (lambda: transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(
+        vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_mel_bins=8,
+        max_source_positions=8, max_target_positions=16, pad_token_id=0,
+        decoder_start_token_id=1)),
+        lambda: {"input_features": torch.randn(2, 8, 16), "labels": torch.randint(2, 40, (2, 5))}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(_FAMILIES))
+def test_hf_family_backward_matches_eager_and_graphs_replay(family, remove):
+    from torch.func import functional_call
+
+    from torch_functionalize.testing._internal.reference import assert_client_matches_eager
+
+    torch.manual_seed(0)
+    make_model, make_batch = _FAMILIES[family]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = make_model().train()
+
+    def make_inputs():
+        return ({k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()},
+                make_batch())
+
+    def f(params, batch):
+        loss = functional_call(model, params, (), batch).loss
+        loss.backward()
+        return loss.detach()
+
+    assert_client_matches_eager(f, make_inputs, remove=remove)
+
+
+# generate() inside f: greedy with the dynamic cache (torch.cat) and the static cache (index_copy_
+# into buffers generate makes), and top-k/top-p sampling. Its stopping criteria read values
+# (`unfinished_sequences.max() == 0`), so make_fx refuses it and the graph checked is capture's,
+# which guards those reads (Note [Capture: guards on values read]).
+@pytest.mark.parametrize("options", [
+    dict(do_sample=False), dict(do_sample=False, cache_implementation="static"),
+    dict(do_sample=True, top_k=5, top_p=0.9)], ids=["greedy", "greedy_static_cache", "sampled"])
+def test_hf_generate_matches_eager_and_capture_replays(options, remove):
+    from torch_functionalize.testing._internal.reference import assert_client_matches_eager
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**_SMALL)).eval()
+
+    def make_inputs():
+        return ({k: v.detach().clone() for k, v in model.named_parameters()},
+                torch.randint(1, 40, (2, 5)))
+
+    def f(params, ids):
+        with torch.nn.utils.stateless._reparametrize_module(model, params):
+            return model.generate(ids, max_new_tokens=4, pad_token_id=0, **options)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_client_matches_eager(f, make_inputs, remove=remove, graphs=("capture",))
