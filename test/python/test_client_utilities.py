@@ -149,6 +149,67 @@ def index_reductions(x, index, src):
     return x.sum()
 
 
+def observers_then_fake_quantize(x):
+    from torch.ao.quantization import MovingAverageMinMaxObserver, PerChannelMinMaxObserver
+
+    moving = MovingAverageMinMaxObserver(averaging_constant=0.1)
+    per_channel = PerChannelMinMaxObserver(ch_axis=1)
+    for i in range(3):
+        moving(x * (i + 1))
+        per_channel(x + i)
+    scale, zero = moving.calculate_qparams()
+    channel_scales, channel_zeros = per_channel.calculate_qparams()
+    return (torch.fake_quantize_per_tensor_affine(x, scale.item(), int(zero.item()), 0, 255),
+            channel_scales, channel_zeros)
+
+
+def learnable_fake_quantize(x, scale, zero):
+    y = torch._fake_quantize_learnable_per_tensor_affine(x, scale, zero, 0, 255, 1.0)
+    y.sum().backward()
+    return y
+
+
+def lbfgs_with_a_closure(p, x, y):
+    opt = torch.optim.LBFGS(list(p.values()), lr=0.5, max_iter=3)
+
+    def closure():
+        opt.zero_grad()
+        loss = ((functional_call(ONE_OUT, p, (x,)) - y) ** 2).mean()
+        loss.backward()
+        return loss
+
+    return opt.step(closure)
+
+
+def state_dict_loaded_inside(w, b, x):
+    m = nn.Linear(3, 2)
+    m.load_state_dict({"weight": w, "bias": b})
+    y = m(x)
+    y.sum().backward()
+    with torch.no_grad():
+        m.weight -= 0.1 * m.weight.grad
+    return y, m.weight.detach().clone()
+
+
+def rotary_in_place(q, cos, sin):
+    q1, q2 = q.chunk(2, -1)
+    q.mul_(cos).add_(torch.cat((-q2, q1), -1) * sin)
+    return q.sum(-1)
+
+
+def complex_writes_through_real_views(x):
+    c = torch.view_as_complex(x)
+    c.mul_(1j)
+    torch.view_as_real(c)[..., 0].add_(1)
+    return c.abs()
+
+
+def kv_cache_loop(cache, ks):
+    for t in range(ks.shape[1]):
+        cache.index_copy_(1, torch.tensor([t]), ks[:, t:t + 1])
+    return cache[:, :ks.shape[1]].sum()
+
+
 CASES = {
     "reparametrized_normal": (reparametrized_normal, lambda: (leaves_of(LINEAR),
                                                               torch.randn(3, 4))),
@@ -169,10 +230,24 @@ CASES = {
     "unique_counts": (unique_counts, lambda: (torch.randint(0, 5, (10,)), torch.zeros(5))),
     "index_reductions": (index_reductions, lambda: (
         torch.randn(4, 3), torch.tensor([0, 2, 2, 1]), torch.randn(4, 3))),
+    "observers_then_fake_quantize": (observers_then_fake_quantize, lambda: (torch.randn(4, 3),)),
+    "learnable_fake_quantize": (learnable_fake_quantize, lambda: (
+        torch.randn(5, requires_grad=True), torch.tensor([0.05], requires_grad=True),
+        torch.tensor([128.0], requires_grad=True))),
+    "lbfgs_with_a_closure": (lbfgs_with_a_closure, lambda: (
+        leaves_of(ONE_OUT), torch.randn(6, 3), torch.randn(6, 1))),
+    "state_dict_loaded_inside": (state_dict_loaded_inside, lambda: (
+        torch.randn(2, 3), torch.randn(2), torch.randn(4, 3))),
+    "rotary_in_place": (rotary_in_place, lambda: (torch.randn(2, 4, 8), torch.randn(4, 8),
+                                                  torch.randn(4, 8))),
+    "complex_writes_through_real_views": (complex_writes_through_real_views,
+                                          lambda: (torch.randn(4, 2),)),
+    "kv_cache_loop": (kv_cache_loop, lambda: (torch.zeros(2, 8, 4), torch.randn(2, 3, 4))),
 }
 # Programs that read values out of tensors: make_fx refuses them (as torch.func's does).
 READS_VALUES = {"reparametrized_normal", "stft_round_trip", "accumulate_while_positive",
-                "scale_rows_by_list", "masked_round_trip", "unique_counts"}
+                "scale_rows_by_list", "masked_round_trip", "unique_counts",
+                "observers_then_fake_quantize", "lbfgs_with_a_closure"}
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
