@@ -1,11 +1,11 @@
 """Library code beyond optimizers and modules inside the functionalized function: probability
 distributions, signal transforms, losses, learning-rate schedulers that read the loss, sequential
-checkpointing, forward hooks that write buffers, and loops whose trip count or writes depend on
-values read out of tensors (`int(...)`, `tolist()`, `masked_select`, `unique`), quantization
-observers and learnable fake quantization, LBFGS with its closure, and in-place idioms of model
-code (rotary embeddings, complex values written through real views, a KV-cache loop). Each
-against eager (reference.assert_client_matches_eager) in both remove modes, eagerly and
-replayed as graphs; a program that reads values is replayed as a capture only (make_fx refuses the read, as for
+checkpointing, forward hooks that write buffers, loops whose trip count or writes depend on values
+read out of tensors (`int(...)`, `tolist()`, `masked_select`, `unique`), quantization observers
+and learnable fake quantization, LBFGS with its closure, and in-place idioms of model code (rotary
+embeddings, complex values written through real views, a KV-cache loop). Each against eager
+(reference.assert_client_matches_eager) in both remove modes, eagerly and replayed as graphs; a
+program that reads values is replayed as a capture only (make_fx refuses the read, as for
 torch.func's functionalize), and on inputs that give other values its capture must raise the
 guard's error (Note [Capture: guards on values read])."""
 import pytest
