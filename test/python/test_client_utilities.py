@@ -63,43 +63,36 @@ def stft_round_trip(x):
     return spec.abs()
 
 
-def plateau_schedule(p, x, y):
-    opt = torch.optim.SGD(list(p.values()), lr=0.1)
-    schedule = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+def scheduled_steps(p, x, y, opt, schedule_step):
+    """Three regression steps of `opt`, each followed by `schedule_step(loss)`."""
     losses = []
     for _ in range(3):
         opt.zero_grad()
         loss = ((functional_call(ONE_OUT, p, (x,)) - y) ** 2).mean()
         loss.backward()
         opt.step()
-        schedule.step(torch.tensor(1.0))
+        schedule_step(loss)
         losses.append(loss.detach())
-    return losses
+    return losses, torch.tensor(opt.param_groups[0]["lr"])
+
+
+def plateau_schedule(p, x, y):
+    # Reads the loss it is given (a plateau of 1.0: every step halves the rate).
+    opt = torch.optim.SGD(list(p.values()), lr=0.1)
+    schedule = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+    return scheduled_steps(p, x, y, opt, lambda loss: schedule.step(torch.tensor(1.0)))
 
 
 def one_cycle_schedule(p, x, y):
     opt = torch.optim.AdamW(list(p.values()), lr=0.1)
     schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=5)
-    losses = []
-    for _ in range(3):
-        opt.zero_grad()
-        loss = ((functional_call(ONE_OUT, p, (x,)) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        schedule.step()
-        losses.append(loss.detach())
-    return losses
+    return scheduled_steps(p, x, y, opt, lambda loss: schedule.step())
 
 
 def swa_schedule(p, x, y):
     opt = torch.optim.SGD(list(p.values()), lr=0.1)
     schedule = torch.optim.swa_utils.SWALR(opt, swa_lr=0.05, anneal_epochs=2)
-    for _ in range(3):
-        opt.zero_grad()
-        ((functional_call(ONE_OUT, p, (x,)) - y) ** 2).mean().backward()
-        opt.step()
-        schedule.step()
-    return torch.tensor(opt.param_groups[0]["lr"])
+    return scheduled_steps(p, x, y, opt, lambda loss: schedule.step())
 
 
 def sequential_checkpoint(p, x):
