@@ -93,7 +93,10 @@ void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensor
       m.op.callBoxed(stack);
     }
   };
-  if (original.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+  // An input of static sizes may end with symbolic ones (an empty out= resized to a result of
+  // symbolic sizes): the probe would make the symbols concrete, the graph then specialized.
+  if (original.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      impl.has_symbolic_sizes_strides()) {
     apply_symbolic_metadata_mutations(original, impl, replay_on);
     return;
   }

@@ -127,6 +127,7 @@ void out_results_in_eager_strides(const OpInfo& info, const c10::OperatorHandle&
     const auto& v = fstack[w.functional_return];
     resizes |= w.is_out && args[w.index].isTensor() && v.isTensor() &&
                !args[w.index].toTensor().unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+               !v.toTensor().unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
                args[w.index].toTensor().sizes() != v.toTensor().sizes();
   }
   if (!resizes) return;

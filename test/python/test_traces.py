@@ -216,6 +216,39 @@ def test_symbolic_trace_of_an_in_place_view_of_an_input_is_functional(remove):
     assert (x.shape, x.stride()) == (expected_x.shape, expected_x.stride())
 
 
+OUT_OF_SYMBOLIC_SIZES = {
+    "add": lambda x, out: torch.add(x, 1, out=out),
+    "sin": lambda x, out: torch.sin(x, out=out),
+    "cat": lambda x, out: torch.cat([x, x], out=out),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(OUT_OF_SYMBOLIC_SIZES))
+def test_symbolic_trace_of_an_empty_out_resizes_it_to_symbolic_sizes(name, remove):
+    # An empty out= resized to a result of symbolic sizes: the epilogue's resize_ takes the
+    # result's symbolic sizes (it took the traced ones, 5 and 10: a replay on another size raised;
+    # torch.func's trace fails with torch's "Expected IntList but got GenericList").
+    f = OUT_OF_SYMBOLIC_SIZES[name]
+    gm = make_fx(tfz.functionalize(f, remove=remove),
+                 tracing_mode="symbolic")(torch.randn(5, 2), torch.empty(0))
+    assert_functional_graph(gm, remove)
+    for rows in (5, 7):
+        x = torch.randn(rows, 2)
+        out, expected_out = torch.empty(0), torch.empty(0)
+        expected = f(x, expected_out)
+        assert_trees_match(gm(x, out), expected, "output")
+        assert_trees_match(out, expected_out, "out")
+
+
+def test_resize_to_symbolic_sizes_is_refused_by_name():
+    def f(x, out):
+        return out.resize_(x.shape).copy_(x + 1)
+
+    with pytest.raises(NotImplementedError, match="aten::resize_: resizing to symbolic sizes"):
+        make_fx(tfz.functionalize(f), tracing_mode="symbolic")(torch.randn(5, 2), torch.empty(0))
+
+
 def _restrided_then_written(x):
     x.as_strided_((2, 2), (1, 2), 1)
     x.add_(1)

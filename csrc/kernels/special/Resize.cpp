@@ -59,8 +59,16 @@ void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit
   std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
   const at::Tensor self = args[0].toTensor();
   const bool is_resize_as = op.schema().name() == "aten::resize_as_";
-  const std::vector<int64_t> size =
-      is_resize_as ? args[1].toTensor().sizes().vec() : args[1].toIntVector();
+  // Sizes traced as symbols (make_fx's symbolic mode, capture(dynamic=True)) arrive as SymInts.
+  const std::vector<c10::SymInt> sym_size =
+      is_resize_as ? args[1].toTensor().sym_sizes().vec() : args[1].toSymIntVector();
+  std::vector<int64_t> size;
+  for (const auto& s : sym_size) {
+    TORCH_CHECK_NOT_IMPLEMENTED(s.maybe_as_int().has_value(), "functionalize: ", info.name,
+                                ": resizing to symbolic sizes is not supported. Trace with "
+                                "static sizes, or make a new tensor of those sizes instead.");
+    size.push_back(*s.maybe_as_int());
+  }
   resize_functional(info.name, self, size, args[2], layer);
   torch::jit::drop(*stack, num_args);
   torch::jit::push(*stack, self);
