@@ -249,6 +249,21 @@ def test_resize_to_symbolic_sizes_is_refused_by_name():
         make_fx(tfz.functionalize(f), tracing_mode="symbolic")(torch.randn(5, 2), torch.empty(0))
 
 
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_symbolic_trace_of_resize_as_to_the_same_sizes_changes_nothing(remove):
+    # resize_as_ of a tensor of the same symbolic sizes: eager changes nothing (a guard between
+    # the two inputs' sizes, not a refusal).
+    def f(x, y):
+        return y.resize_as_(x).copy_(x) * 2
+
+    gm = make_fx(tfz.functionalize(f, remove=remove),
+                 tracing_mode="symbolic")(torch.randn(5, 2), torch.empty(5, 2))
+    assert_functional_graph(gm, remove)
+    x, y, expected_y = torch.randn(7, 2), torch.empty(7, 2), torch.empty(7, 2)
+    assert_trees_match(gm(x, y), f(x, expected_y), "output")
+    assert_trees_match(y, expected_y, "y")
+
+
 def _restrided_then_written(x):
     x.as_strided_((2, 2), (1, 2), 1)
     x.add_(1)

@@ -62,6 +62,14 @@ void resize_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit
   // Sizes traced as symbols (make_fx's symbolic mode, capture(dynamic=True)) arrive as SymInts.
   const std::vector<c10::SymInt> sym_size =
       is_resize_as ? args[1].toTensor().sym_sizes().vec() : args[1].toSymIntVector();
+  const auto self_size = self.sym_sizes();
+  if (args[2].isNone() && self_size.size() == sym_size.size() &&
+      std::equal(sym_size.begin(), sym_size.end(), self_size.begin())) {
+    // The same sizes (a guard between symbols, as eager's comparison): eager changes nothing.
+    torch::jit::drop(*stack, num_args);
+    torch::jit::push(*stack, self);
+    return;
+  }
   std::vector<int64_t> size;
   for (const auto& s : sym_size) {
     TORCH_CHECK_NOT_IMPLEMENTED(s.maybe_as_int().has_value(), "functionalize: ", info.name,
