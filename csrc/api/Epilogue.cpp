@@ -223,12 +223,13 @@ bool write_entry_elements(const at::Tensor& original, const at::Tensor& wrapper)
 }
 
 // Whether `value`, the final value of input `original`, was written only where autograd does not
-// see: it kept the input's own gradient edge, or it is a leaf's value with none (in grad mode
-// eager raises on writing such a leaf). Its write-back then records no history either, so the
-// input keeps its grad_fn or stays a leaf (Note [Autograd: writes autograd does not see]).
+// see: it kept the input's own gradient edge, or it is a leaf's value with no history (in grad
+// mode eager raises on writing such a leaf, so it was written under no_grad, through .data, or
+// while f had turned its requires_grad off). Its write-back then records no history either, so
+// the input keeps its grad_fn or stays a leaf (Note [Autograd: writes autograd does not see]).
 bool written_unseen(const at::Tensor& original, const at::Tensor& value) {
   return has_history_of(value, original) ||
-         (original.requires_grad() && original.is_leaf() && !value.requires_grad());
+         (original.requires_grad() && original.is_leaf() && value.grad_fn() == nullptr);
 }
 
 // Note [Inputs: writes to a grown storage]
@@ -291,12 +292,20 @@ void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
   // See written_unseen. Every other write-back records the copy, so gradients flow through
   // written inputs as through eager's in-place op.
   const bool unseen = written_unseen(original, value);
-  if (unseen || (!original.requires_grad() && !value.requires_grad())) {
+  // A leaf value over an input that does not require grad: a write with no history (below).
+  if (unseen ||
+      (!original.requires_grad() && (!value.requires_grad() || value.grad_fn() == nullptr))) {
     // No history to record. Eagerly through x.data, which bumps no version: the wrapper counted
     // eager's writes, and a write through x.data counts none (Note [Inputs: version counters]).
     // Grad mode changes only where it matters, so a graph switches it only for such inputs.
     at::AutoGradMode no_grad(!unseen && c10::GradMode::is_enabled());
     unversioned(original).copy_(value);
+    // A leaf value that requires grad over an input that does not: f wrote the input, then
+    // called requires_grad_() on it, and eager's input ends a leaf that requires grad (a graph's
+    // caller sets that flag itself: no op records it).
+    if (!original.requires_grad() && value.requires_grad() && !epilogue_is_recorded()) {
+      original.requires_grad_(true);
+    }
     return;
   }
   original.copy_(value);

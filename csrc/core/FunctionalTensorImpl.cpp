@@ -369,7 +369,12 @@ void FunctionalTensorImpl::freeze_leaf_() {
   at::Tensor frozen;
   {
     InnerCallGuard guard;
-    frozen = value_.detach();
+    if (views_kept_()) {
+      frozen = value_.detach();
+    } else {  // no view in graphs without views: Note [View: detach without views]
+      at::AutoGradMode no_grad(false);
+      frozen = at::detach_copy(value_);
+    }
   }
   if (base) storage.set_base_(frozen);
   set_value_(frozen);  // the value requires no grad: the wrapper's metadata goes
