@@ -206,3 +206,43 @@ def test_sparse_gradient_without_views_is_refused_by_name():
     with pytest.raises(NotImplementedError,
                        match=r"aten::_indices of a Sparse tensor: remove=\"mutations_and_views\""):
         functionalize(f, remove="mutations_and_views")(*_sparse_inputs())
+
+
+def _grouped_steps(make_optimizer):
+    def f(w1, b1, w2, x, y):
+        opt = make_optimizer([w1, b1, w2])
+        losses = []
+        for step in range(3):
+            opt.zero_grad()
+            loss = _loss(w1, b1, w2, x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            if step == 0 and len(opt.param_groups) == 1:
+                # A group added after the first step (fine-tuning unfreezes a layer).
+                opt.param_groups[0]["params"] = opt.param_groups[0]["params"][:2]
+                opt.add_param_group({"params": [w2], "lr": 0.01})
+        state = opt.state_dict()
+        opt.load_state_dict(state)
+        return losses, state["state"]
+
+    return f
+
+
+PARAM_GROUPS = {
+    "adam_groups_amsgrad_maximize": lambda ps: torch.optim.Adam(
+        [{"params": ps[:2], "lr": 0.01, "amsgrad": True},
+         {"params": ps[2:], "lr": 0.1, "maximize": True, "weight_decay": 0.1}], foreach=False),
+    "sgd_nesterov_group_added": lambda ps: torch.optim.SGD(
+        ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-2, foreach=True),
+    "rmsprop_centered_momentum": lambda ps: torch.optim.RMSprop(
+        ps, lr=0.01, centered=True, momentum=0.5, foreach=True),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(PARAM_GROUPS))
+def test_param_groups_and_state_dict_round_trip_match_eager(name, remove):
+    # Parameter groups with their own options, a group added between steps, and the optimizer's
+    # state_dict saved and loaded inside f.
+    assert_client_matches_eager(_grouped_steps(PARAM_GROUPS[name]), _make_inputs, remove=remove)
