@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from torch_functionalize.testing._internal.reference import (
-    REMOVE_MODES, assert_functional_graph, assert_trees_match,
+    REMOVE_MODES, assert_call_and_graphs_match_eager, assert_functional_graph, assert_trees_match,
 )
 import torch_functionalize
 from torch_functionalize import functionalize
@@ -607,103 +607,7 @@ def test_gradient_through_complex_views_of_intermediates_matches_eager(name, rem
 
     x, other = torch.tensor([1.0, 2.0, 3.0, 4.0, -1.0, 0.5]), torch.randn(6)
     freqs = torch.polar(torch.ones(2, 3), torch.randn(2, 3))
-    _assert_call_and_graphs_match_eager(f, (x, freqs), (other, freqs), remove)
-
-
-def _assert_call_and_graphs_match_eager(f, traced_on, other, remove):
-    """The eager call on `other`, and make_fx and capture graphs traced on `traced_on` and
-    replayed on `other`, against eager on `other`."""
-    expected = f(*other)
-    assert_trees_match(functionalize(f, remove=remove)(*other), expected, "eager call")
-    graph = make_fx(functionalize(f, remove=remove))(*traced_on)
-    assert_functional_graph(graph, remove)
-    assert_trees_match(graph(*other), expected, "make_fx on other inputs")
-    captured = torch_functionalize.capture(f, *traced_on, remove=remove)
-    assert_trees_match(captured(*other), expected, "capture on other inputs")
-
-
-@torch.jit.script
-def _scripted(x, w):
-    return torch.relu(x * w)
-
-
-# A torch.jit.script function warmed up by the profiling executor runs as a DifferentiableGraph,
-# which sets its backward node on the wrapper it returns: the leaf got no gradient, silently
-# (Note [Wrapper: history set on a wrapper]).
-@pytest.mark.parametrize("remove", REMOVE_MODES)
-def test_warmed_up_torchscript_function_differentiates_as_in_eager(remove):
-    def f(x, w):
-        w = w.clone().requires_grad_()
-        for _ in range(4):  # the third call onwards runs the optimized graph
-            y = _scripted(x, w)
-        y.sum().backward()
-        return w.grad
-
-    x, w, other = torch.tensor([[1.0, -2.0, 3.0]]), torch.ones(3), torch.tensor([[-1.0, 2.0, 0.5]])
-    _assert_call_and_graphs_match_eager(f, (x, w), (other, w), remove)
-
-
-def test_torchscript_runs_unoptimized_inside_f_and_as_before_after_a_raise():
-    # On CUDA a fusion group of a script function optimized inside f read the wrappers' null data
-    # pointers: an illegal memory access that poisoned the process (first GPU run of the warmed-up
-    # test above). See Note [Layer: TorchScript fusion groups read data pointers].
-    seen = []
-
-    def f(x):
-        seen.append(torch._C._get_graph_executor_optimize())
-        return _scripted(x, x) + 1
-
-    def g(x):
-        seen.append(torch._C._get_graph_executor_optimize())
-        raise ValueError("inside g")
-
-    fuser = torch._C._jit_texpr_fuser_enabled()
-    try:
-        for setting in (True, False):
-            torch._C._set_graph_executor_optimize(setting)
-            x = torch.randn(3)
-            torch.testing.assert_close(functionalize(f)(x), f(x))
-            with pytest.raises(ValueError, match="inside g"):
-                functionalize(g)(x)
-            assert torch._C._get_graph_executor_optimize() == setting
-    finally:
-        torch._C._set_graph_executor_optimize(True)
-    assert seen == [False, True, False, False, False, False]  # eager's own call of f saw True
-    assert torch._C._jit_texpr_fuser_enabled() == fuser
-
-
-_OPTIMIZED_BEFORE_F = """
-import torch
-from torch_functionalize import functionalize
-torch._C._jit_override_can_fuse_on_cpu(True)  # CUDA fuses by default; the CPU needs this
-
-@torch.jit.script
-def g(x, y):
-    return (x * y + 1).sigmoid() * 2
-
-x, y = torch.randn(64), torch.randn(64)
-for _ in range(5):
-    g(x, y)  # optimized before f: the plan holds a fusion group
-
-def f(a, b):
-    a.add_(1)
-    return g(a, b)
-
-torch.testing.assert_close(functionalize(f)(x.clone(), y), f(x.clone(), y))
-"""
-
-
-@pytest.mark.xfail(strict=True, reason="a TorchScript function optimized before f keeps its fusion "
-                   "group, whose kernel reads the wrappers' null data pointers inside f: a "
-                   "segmentation fault (torch returns a made plan before reading the setting of "
-                   "Note [Layer: TorchScript fusion groups read data pointers])")
-def test_torchscript_fusion_group_optimized_before_f_runs_inside_f():
-    import subprocess
-    import sys
-
-    result = subprocess.run([sys.executable, "-c", _OPTIMIZED_BEFORE_F], capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert_call_and_graphs_match_eager(f, (x, freqs), (other, freqs), remove)
 
 
 # Hooks registered on a leaf made inside f before any op read it: its requires_grad_() had not

@@ -275,6 +275,21 @@ def _autograd_state(t):
     return (t.requires_grad, t.is_leaf, type(t.grad_fn).__name__, grad)
 
 
+def assert_call_and_graphs_match_eager(f, traced_on, other, remove):
+    """The eager call on `other`, and make_fx and capture graphs traced on `traced_on` and
+    replayed on `other`, against eager on `other`."""
+    import torch_functionalize
+
+    expected = f(*other)
+    assert_trees_match(torch_functionalize.functionalize(f, remove=remove)(*other), expected,
+                       "eager call")
+    graph = make_fx(torch_functionalize.functionalize(f, remove=remove))(*traced_on)
+    assert_functional_graph(graph, remove)
+    assert_trees_match(graph(*other), expected, "make_fx on other inputs")
+    captured = torch_functionalize.capture(f, *traced_on, remove=remove)
+    assert_trees_match(captured(*other), expected, "capture on other inputs")
+
+
 def assert_client_matches_eager(f, make_inputs, *, remove, graphs=("make_fx", "capture"),
                                 check_version=True):
     """Client code (torch.optim steps, nn modules, training loops) against eager: the same inputs
