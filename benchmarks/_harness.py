@@ -27,6 +27,7 @@ DEVICE = os.environ.get("TFZ_BENCH_DEVICE", "cpu")
 if DEVICE != "cpu":
     torch.set_default_device(DEVICE)
 from torch_functionalize.testing._internal import workloads  # noqa: E402
+from torch_functionalize.testing._internal.stress import CountOps  # noqa: E402
 
 RESULT_TAG = "@@BENCH-RESULT@@ "
 
@@ -118,20 +119,10 @@ def run_and_check(impl: str, w: workloads.Workload, reference: tuple[Any, Any]) 
     return "mutated input " + bad if bad else None
 
 
-class _OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def count_aten_ops(w: workloads.Workload) -> int:
     """ATen ops an eager run dispatches (after CompositeImplicitAutograd decomposition)."""
     inputs = w.make_inputs()
-    with _OpCounter() as counter:
+    with CountOps() as counter:
         w.fn(*inputs)
     return counter.count
 

@@ -116,7 +116,10 @@ def programs() -> list[Program]:
     return mix
 
 
-class _CountOps(TorchDispatchMode):
+class CountOps(TorchDispatchMode):
+    """Counts the ATen ops dispatched while it is active (after CompositeImplicitAutograd
+    decomposition); the benchmarks count with it too."""
+
     def __init__(self):
         super().__init__()
         self.count = 0
@@ -128,7 +131,7 @@ class _CountOps(TorchDispatchMode):
 
 def ops_per_call(program: Program) -> int:
     """ATen ops one eager call of the program runs (what functionalize intercepts)."""
-    with _CountOps() as counter:
+    with CountOps() as counter:
         program.fn(*program.make_inputs())
     return max(counter.count, 1)
 
