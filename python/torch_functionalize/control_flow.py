@@ -73,6 +73,18 @@ def _hop_compile_and_call(fn: Callable[..., Any], args: tuple,
 # Rejected: patching torch.compile only for the with block (another thread compiling meanwhile
 # would race on the module attribute), and patching cond & co. one by one (the reason in the
 # Note above).
+# Note [Control flow: flex_attention's eager entry]
+# flex_attention called outside torch.compile compiles its operator call the way torch 2.11's
+# operators do (setup_compilation_env, then torch.compile of a wrapper), through the name it
+# imported into torch.nn.attention.flex_attention, which no shared entry replaces: dynamo met our
+# wrappers ("you set no_dispatch() before calling into this function"). That module's name is
+# pointed at the same bypass, so inside a layer the operator runs directly and its dense kernel
+# (the scores materialized, as torch's unfused eager path) runs on the wrappers like the branches
+# of Note [Control flow: higher-order operators]. Under make_fx and capture that kernel's ops are
+# recorded as they run (score_mod and mask_mod are applied with vmap, the same ops for every
+# input), so the graph holds attention as ops rather than the operator: right on any input, with
+# no subgraph a backend must know. Rejected: keeping the operator under make_fx (its subgraphs
+# are traced by dynamo's machinery, which meets our wrappers as in the eager failure).
 _bypass = threading.local()
 _original_setup_env: Callable[..., Any] | None = None
 _original_compile: Callable[..., Any] | None = None
@@ -109,9 +121,17 @@ def _wrap_compile() -> None:
     torch.compile = compile  # type: ignore[assignment]
 
 
+# Operators whose dense kernel is a fixed program of ops, the same for every input (no branch,
+# no loop whose trip count depends on values): traced or captured, they are recorded as those
+# ops, a graph right on any input. See Note [Control flow: flex_attention's eager entry].
+_RECORDED_AS_OPS = frozenset({"flex_attention", "flex_attention_backward"})
+
+
 def _kernel(op: Any, dense: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(dense)
     def run(*args: Any, **kwargs: Any) -> Any:
+        if op.name() in _RECORDED_AS_OPS:
+            return dense(*args, **kwargs)
         if torch._C._len_torch_dispatch_stack() > 0:
             return _traced(op, args, kwargs)
         if _C._ops_are_recorded():
@@ -293,15 +313,22 @@ def install() -> None:
     from torch._higher_order_ops import utils
     from torch._ops import _higher_order_ops
 
-    if _original_compile_and_call is not None or _original_setup_env is not None:
+    if _original_setup_env is not None:
         return
     original = getattr(utils, "_hop_compile_and_call", None)
+    _original_setup_env = utils.setup_compilation_env
     if original is not None:
         _original_compile_and_call = original
         utils._hop_compile_and_call = _hop_compile_and_call
     else:  # Note [Control flow: torch 2.11's eager entry]
-        _original_setup_env = utils.setup_compilation_env
         utils.setup_compilation_env = _setup_compilation_env
+    # See Note [Control flow: flex_attention's eager entry].
+    try:
+        from torch.nn.attention import flex_attention as flex
+    except ImportError:
+        flex = None
+    if flex is not None and getattr(flex, "setup_compilation_env", None) is _original_setup_env:
+        flex.setup_compilation_env = _setup_compilation_env
     for op in list(_higher_order_ops.values()):
         dense = op.py_kernels.get(DispatchKey.CompositeExplicitAutograd)
         if dense is None:

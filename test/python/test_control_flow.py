@@ -2,7 +2,8 @@
 higher-order operators]): torch.cond, while_loop, scan, map and associative_scan run eagerly on
 the wrappers, whatever their branches mutate; make_fx keeps cond, while_loop, map and
 associative_scan with functional subgraphs, closures lifted into operands and cond's writes
-returned; what is not supported under a tracer is refused by name."""
+returned; what is not supported under a tracer is refused by name. flex_attention runs its dense
+kernel inside f, and graphs record that kernel's ops."""
 import pytest
 import torch
 from torch._higher_order_ops import associative_scan, scan, while_loop
@@ -340,3 +341,50 @@ def test_torch_cond_outside_functionalize_is_torch_s_own():
     # The eager entry is ours only while a layer runs user code on the thread.
     out = torch.cond(torch.tensor(True), lambda a: a + 1, lambda a: a - 1, (torch.ones(2),))
     assert_trees_match(out, torch.full((2,), 2.0), "output")
+
+
+# flex_attention outside torch.compile compiles its operator call through its own import of
+# setup_compilation_env: inside f dynamo met the wrappers and stopped with its internal assertion
+# (Note [Control flow: flex_attention's eager entry]). It now runs its dense kernel on the
+# wrappers, and graphs record that kernel's ops (no operator left for a backend to implement).
+def _flex_with_score_and_block_mask(q, k, v, bias):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def add_head_bias(score, b, h, q_idx, kv_idx):
+        return score + bias[h]
+
+    mask = create_block_mask(causal, None, None, q.shape[2], k.shape[2], device=q.device)
+    out = flex_attention(q, k, v, score_mod=add_head_bias, block_mask=mask)
+    v.add_(1)
+    return out
+
+
+def _flex_gqa_with_lse(q, k, v):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    out, lse = flex_attention(q, k, v, return_lse=True, enable_gqa=True)
+    k.mul_(0.5)
+    return out, lse
+
+
+FLEX_PROGRAMS = {
+    "score_and_block_mask": (_flex_with_score_and_block_mask, lambda: (
+        torch.randn(1, 2, 128, 8), torch.randn(1, 2, 128, 8), torch.randn(1, 2, 128, 8),
+        torch.randn(2))),
+    "gqa_with_lse": (_flex_gqa_with_lse, lambda: (
+        torch.randn(1, 4, 16, 8), torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8))),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(FLEX_PROGRAMS))
+def test_flex_attention_runs_inside_f_and_graphs_record_its_ops(name, remove):
+    from torch_functionalize.testing._internal.reference import assert_client_matches_eager
+
+    f, make_inputs = FLEX_PROGRAMS[name]
+    assert_client_matches_eager(f, make_inputs, remove=remove)
+    gm = make_fx(functionalize(f, remove=remove))(*make_inputs())
+    assert "flex_attention" not in gm.code
