@@ -13,7 +13,7 @@ import torch.utils.checkpoint
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import _C
+from . import _C, compiled_callables
 from ._fx import run_without_grad
 from ._tree import Arguments, Flat, call_with, tensor_leaves
 
@@ -117,6 +117,7 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
         alias = remove == "mutations" and tracer is None
         last_node: Any = tracer.graph._root.prev if tracer is not None else None
         grad_leaves = _leaves_requiring_grad(tracer, inputs) if tracer is not None else set()
+        compiled_callables.install_if_dynamo_loaded()
         if tracer is None:
             outputs = _C._call(inputs, remove, alias, run)
         else:  # See Note [Autograd: saved outputs under a tracer], the checkpoint case.

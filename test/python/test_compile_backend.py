@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch._dynamo
 import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_functionalize
 from torch_functionalize.testing._internal.reference import (
@@ -354,3 +355,42 @@ def test_backward_through_a_compiled_write_that_replaces_values(remove):
         actual = compiled(*comp_in)
         assert_trees_match(actual, expected, f"loss of step {step}")
         assert_trees_match(comp_in[:2], eager_in[:2], f"parameters after step {step}")
+
+
+# A torch.compile'd module or function called inside f runs the code it compiles, on the
+# wrappers (Note [API: torch.compile'd code called inside the function]); before: dynamo's
+# internal assertion ("you set no_dispatch() before calling into this function").
+_COMPILED_MLP = torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+
+
+@torch.compile
+def _compiled_sin(x):
+    return x.sin() * 2
+
+
+def _step_through_compiled_code(params, x, buf):
+    out = torch.func.functional_call(_COMPILED_MLP, params, (x,))
+    out.add_(1)
+    loss = _compiled_sin(out).pow(2).mean()
+    loss.backward()
+    buf.add_(out.detach().mean(0))
+    return loss.detach()
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_compiled_callables_called_inside_f_run_their_code(remove):
+    from torch_functionalize.testing._internal.reference import assert_client_matches_eager
+
+    def make_inputs():
+        params = {k: v.detach().clone().requires_grad_()
+                  for k, v in _COMPILED_MLP.named_parameters()}
+        return params, torch.randn(3, 4), torch.zeros(4)
+
+    # make_fx refuses to trace into a compiled callable (dynamo's "using FX to symbolically
+    # trace a dynamo-optimized function", plain make_fx(f) too): the graph checked is capture's.
+    assert_client_matches_eager(_step_through_compiled_code, make_inputs, remove=remove,
+                                graphs=("capture",))
+    for traced in (_step_through_compiled_code,
+                   functionalize(_step_through_compiled_code, remove=remove)):
+        with pytest.raises(RuntimeError, match="symbolically trace a dynamo-optimized function"):
+            make_fx(traced)(*make_inputs())
