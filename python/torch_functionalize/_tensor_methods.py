@@ -1,8 +1,8 @@
 """Tensor methods that torch implements outside the dispatcher and that cannot work on our
 wrappers as they are: replaced, for wrappers only, by their dispatcher-level equivalents.
 See Note [API: Tensor.new_tensor on wrappers] (Tensor.new too),
-Note [API: Tensor.tolist on wrappers], Note [API: Tensor.numpy on wrappers] and
-Note [Autograd: hooks on leaf wrappers]."""
+Note [API: Tensor.tolist on wrappers], Note [API: Tensor.numpy on wrappers],
+Note [API: pickling wrappers] and Note [Autograd: hooks on leaf wrappers]."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
@@ -142,6 +142,28 @@ def _numpy(self: torch.Tensor, *, force: bool = False) -> numpy.ndarray:
 _numpy.__doc__ = _torch_numpy.__doc__
 
 
+# Note [API: pickling wrappers]
+# torch.save (and pickle) of a tensor reduces it to its storage, read by data pointer, which a
+# wrapper does not have: a checkpoint saved inside the training function failed with "Attempted
+# to access the data pointer on an invalid python storage". For a wrapper the reduction is its
+# value's, synced: the same values, geometry and requires_grad, and with views kept a view's
+# value lies in its base's storage, so tensors saved together that alias each other load as
+# aliases, as eager's (without views each loads with memory of its own). Inside a traced or
+# captured function the bytes written are a value no graph records: refused by name, as
+# Tensor.numpy() is (Note [API: Tensor.numpy on wrappers]).
+_torch_reduce_ex = torch.Tensor.__reduce_ex__
+
+
+def _reduce_ex(self: torch.Tensor, proto: Any) -> Any:
+    if not _C._is_functional(self):
+        return _torch_reduce_ex(self, proto)
+    if _C._ops_are_recorded() or torch._C._len_torch_dispatch_stack() > 0:
+        raise NotImplementedError(
+            "functionalize: pickling a tensor (torch.save) inside a traced or captured function "
+            "writes values no graph records. Save after the call, or return the tensors.")
+    return _torch_reduce_ex(_C._from_functional(self), proto)
+
+
 # copy.deepcopy of a tensor copies its storage (Tensor.__deepcopy__ reads the typed storage),
 # which a wrapper does not have: it failed with "Attempted to call copy_() on an invalid python
 # storage" (a training loop's `best = copy.deepcopy(params)`). For a wrapper the copy is a clone
@@ -235,6 +257,7 @@ def install() -> None:
     torch.Tensor.new_tensor = _new_tensor  # type: ignore[method-assign, assignment]
     torch.Tensor.new = _new  # type: ignore[method-assign, assignment]
     torch.Tensor.__deepcopy__ = _deepcopy  # type: ignore[method-assign]
+    torch.Tensor.__reduce_ex__ = _reduce_ex  # type: ignore[method-assign, assignment]
     torch.Tensor.tolist = _tolist  # type: ignore[method-assign, assignment]
     torch.Tensor.numpy = _numpy  # type: ignore[method-assign, assignment]
     torch.Tensor.__dlpack__ = _dlpack  # type: ignore[method-assign]

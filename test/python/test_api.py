@@ -335,3 +335,36 @@ def test_dlpack_export_of_a_wrapper_is_refused_by_name():
     with pytest.raises(NotImplementedError, match="DLPack export of a tensor inside"):
         tfz.functionalize(lambda x: torch.utils.dlpack.to_dlpack(x))(torch.ones(3))
     assert torch.equal(export(torch.ones(3)), torch.ones(3))
+
+
+def _save_inside(x, w, buf):
+    x.add_(1)
+    p = torch.nn.Parameter(w * 2)
+    torch.save({"x": x, "y": x[1:], "p": p, "t": x.t()}, buf)
+    return x * 2
+
+
+def test_torch_save_inside_f_writes_eager_checkpoint(remove):
+    # torch.save of wrappers (a checkpoint saved inside the training function) failed with
+    # "Attempted to access the data pointer on an invalid python storage"
+    # (Note [API: pickling wrappers]). Loaded after the call: eager's values, strides, types and
+    # requires_grad; with views kept, tensors that alias load as aliases, as eager's.
+    import io
+
+    x, w = torch.arange(6.0).reshape(2, 3), torch.randn(3)
+    eager_buf, our_buf = io.BytesIO(), io.BytesIO()
+    expected_x, our_x = x.clone(), x.clone()
+    expected = _save_inside(expected_x, w, eager_buf)
+    assert torch.equal(tfz.functionalize(_save_inside, remove=remove)(our_x, w, our_buf), expected)
+    assert torch.equal(our_x, expected_x)
+    eager_buf.seek(0)
+    our_buf.seek(0)
+    saved, ours = torch.load(eager_buf), torch.load(our_buf)
+    for k in saved:
+        assert type(ours[k]) is type(saved[k]), k
+        assert torch.equal(ours[k], saved[k]) and ours[k].stride() == saved[k].stride(), k
+        assert ours[k].requires_grad == saved[k].requires_grad, k
+    if remove == "mutations":
+        assert ours["y"].untyped_storage().data_ptr() == ours["x"].untyped_storage().data_ptr()
+    with pytest.raises(NotImplementedError, match="pickling a tensor"):
+        make_fx(tfz.functionalize(_save_inside, remove=remove))(x.clone(), w, io.BytesIO())
