@@ -11,20 +11,19 @@ from typing import Any, Callable
 from . import _C
 
 # Note [API: torch.compile'd code called inside the function]
-# `model = torch.compile(model)` (or an @torch.compile function) called inside f: dynamo starts on
-# our wrappers, cannot make fake copies of them, and stopped with its internal assertion ("you set
-# no_dispatch() before calling into this function"); torch.func's functionalize fails in the
-# compiler too. Compilation is an optimization of the code it wraps, so inside a layer the
-# compiled callable runs that code as written, on the wrappers, on this thread (what
-# torch.compiler.set_stance("force_eager") does, for the layer's thread only): its mutations are
-# functionalized like any others, and make_fx and capture record its ops. Every compiled region
+# `model = torch.compile(model)` (or an @torch.compile function) called inside f: dynamo cannot
+# make fake copies of our wrappers (it stops with its internal assertion, "you set no_dispatch()
+# before calling into this function"). Compilation is an optimization of the code it wraps, so
+# inside a layer the compiled callable runs that code as written, on the wrappers, on this thread
+# (what torch.compiler.set_stance("force_eager") does, for the layer's thread only): its
+# mutations are functionalized like any others and capture records its ops. Every compiled region
 # enters through dynamo's eval_frame._callback_from_stance, which picks the frame callback it
 # installs; inside a layer it installs none. Code compiled around the functionalized call (a
 # torch.compile of f itself, the "tfz" backend) entered its region before the layer and is not
 # affected. make_fx still refuses to trace into a compiled callable, as it does without
-# functionalize (dynamo checks for an FX trace first); capture records its ops. Rejected: torch.compiler.set_stance around the call (process-wide: another thread's
-# compiled code would run eagerly meanwhile), and a named refusal (the program has a meaning,
-# eager's).
+# functionalize (dynamo checks for an FX trace first).
+# Rejected: torch.compiler.set_stance around the call (process-wide: another thread's compiled
+# code would run eagerly meanwhile), and a named refusal (the program has a meaning, eager's).
 _original_callback_from_stance: Callable[[Any], Any] | None = None
 
 

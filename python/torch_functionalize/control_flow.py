@@ -130,8 +130,6 @@ _RECORDED_AS_OPS = frozenset({"flex_attention", "flex_attention_backward"})
 def _kernel(op: Any, dense: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(dense)
     def run(*args: Any, **kwargs: Any) -> Any:
-        if op.name() in _RECORDED_AS_OPS:
-            return dense(*args, **kwargs)
         if torch._C._len_torch_dispatch_stack() > 0:
             return _traced(op, args, kwargs)
         if _C._ops_are_recorded():
@@ -335,4 +333,4 @@ def install() -> None:
             continue
         for key in _OUR_KEYS:
             if key not in op.py_kernels:
-                op.py_impl(key)(_kernel(op, dense))
+                op.py_impl(key)(dense if op.name() in _RECORDED_AS_OPS else _kernel(op, dense))
