@@ -48,6 +48,37 @@ AliasStorage::AliasStorage(const at::Tensor& base)
                        /*resizable=*/false),
       base_(base) {}
 
+// Note [Alias: captured bases written in place]
+// A storage lifted from a captured tensor (Note [Kernel: views of captured tensors]) has that
+// plain tensor itself as its base, and its views are *_copy values taken from it. An op on plain
+// tensors only (G.add_(1)), or a training-mode batch norm writing a captured module's running
+// stats, writes that tensor in place, behind the storage's back: a view taken before the write
+// would keep the old values, where eager's view sees the new ones. So the storage remembers the
+// base's version when lifted, and a wrapper counts as stale when it moved (or when the batch-norm
+// row, whose write bumps no version, says so): the next read regenerates the view from the base.
+// Rejected: regenerating views of captured tensors on every read (a *_copy per read, also in
+// every traced graph, for a write that almost never happens).
+void AliasStorage::mark_captured() {
+  captured_ = true;
+  if (!base_.is_inference()) {
+    captured_version_ = base_.unsafeGetTensorImpl()->version_counter().current_version();
+  }
+}
+
+bool AliasStorage::captured_version_changed_() const {
+  return captured_version_.has_value() &&
+         base_.unsafeGetTensorImpl()->version_counter().current_version() != *captured_version_;
+}
+
+void AliasStorage::refresh_captured_base() {
+  if (!captured_base_written()) return;
+  captured_written_ = false;
+  if (captured_version_.has_value()) {
+    captured_version_ = base_.unsafeGetTensorImpl()->version_counter().current_version();
+  }
+  ++generation_;
+}
+
 void AliasStorage::add_update(const at::Tensor& value, const ViewChain& chain, bool visible) {
   if (flat_ && !written_outside_members_) {
     const auto steps = chain.steps();  // flat storages only: aliased inputs, O(chain) per write

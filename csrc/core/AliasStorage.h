@@ -42,8 +42,18 @@ class AliasStorage : public c10::StorageImpl {
 
   /// A storage lifted from a tensor captured from outside the function, only to view it without
   /// views (Note [Kernel: views of captured tensors]); writes to it are refused.
-  void mark_captured() { captured_ = true; }
+  void mark_captured();
   bool captured() const { return captured_; }
+  /// The captured base was written since its views were last regenerated: in place by an op on
+  /// plain tensors (its version moved), or unseen (mark_captured_base_written).
+  /// See Note [Alias: captured bases written in place].
+  bool captured_base_written() const {
+    return C10_UNLIKELY(captured_) && (captured_written_ || captured_version_changed_());
+  }
+  void mark_captured_base_written() { captured_written_ = true; }
+  /// Makes every view of a written captured base stale (bumps the generation) and notes the
+  /// base's version as seen.
+  void refresh_captured_base();
 
   /// A storage whose base is the flat storage of aliased inputs (Note [Inputs: aliased inputs]):
   /// element i of the base is element i of eager's storage.
@@ -134,6 +144,9 @@ class AliasStorage : public c10::StorageImpl {
   std::vector<Update> updates_;
   uint64_t generation_ = 0;
   bool captured_ = false;
+  bool captured_written_ = false;
+  std::optional<uint32_t> captured_version_;  // none for inference tensors (no counter)
+  bool captured_version_changed_() const;
   bool flat_ = false;
   bool bytes_ = false;
   bool flat_views_kept_ = false;

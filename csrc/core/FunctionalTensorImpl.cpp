@@ -387,6 +387,7 @@ void FunctionalTensorImpl::sync_() {
   if (is_up_to_date()) return;
   InnerCallGuard guard;
   auto& storage = alias_storage();
+  storage.refresh_captured_base();
   storage.apply_updates();
   at::Tensor value = storage.base();
   if (!chain_.empty()) {

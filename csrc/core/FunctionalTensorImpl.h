@@ -50,7 +50,9 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   AliasStorage& alias_storage() const {
     return *static_cast<AliasStorage*>(storage_.unsafeGetStorageImpl());
   }
-  bool is_up_to_date() const { return generation_ == alias_storage().generation(); }
+  bool is_up_to_date() const {
+    return generation_ == alias_storage().generation() && !alias_storage().captured_base_written();
+  }
   bool has_metadata_mutation() const { return !metadata_mutations_.empty(); }
   /// Whether `x.data = y` gave this wrapper another tensor's data (shallow_copy_from): see
   /// Note [Inputs: an input given other data].

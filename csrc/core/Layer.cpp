@@ -2,6 +2,7 @@
 // See Note [Layer: TLS scheme].
 #include "core/Layer.h"
 
+#include "core/AliasStorage.h"
 #include "core/DispatchKey.h"
 #include "core/ModeStash.h"
 #include "core/Recorder.h"
@@ -311,6 +312,33 @@ MetaComputeGuard::MetaComputeGuard()
 MetaComputeGuard::~MetaComputeGuard() {
   c10::impl::_force_tls_local_dispatch_key_set(saved_tls_);
   tls_state.layer = saved_layer_;
+}
+
+void remember_captured_storage(Layer& layer, const c10::Storage& storage) {
+  auto& storages = layer.captured_storages;
+  // Pruned of dead storages whenever the count reaches a power of two (a loop inside the function
+  // lifts the same parameters on every step).
+  if (storages.size() >= 64 && (storages.size() & (storages.size() - 1)) == 0) {
+    storages.erase(std::remove_if(storages.begin(), storages.end(),
+                                  [](const auto& weak) { return weak.expired(); }),
+                   storages.end());
+  }
+  storages.emplace_back(storage.getWeakStorageImpl());
+}
+
+void note_unseen_write_of_captured(Layer& layer, const at::Tensor& plain) {
+  if (!plain.unsafeGetTensorImpl()->has_storage()) return;
+  const c10::StorageImpl* written = plain.storage().unsafeGetStorageImpl();
+  for (const auto& weak : layer.captured_storages) {
+    auto storage = weak.lock();
+    if (!storage) continue;
+    auto* alias = static_cast<AliasStorage*>(storage.get());
+    const at::Tensor& base = alias->base();
+    if (base.unsafeGetTensorImpl()->has_storage() &&
+        base.storage().unsafeGetStorageImpl() == written) {
+      alias->mark_captured_base_written();
+    }
+  }
 }
 
 }  // namespace tfz::detail

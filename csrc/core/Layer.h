@@ -46,11 +46,20 @@ struct Layer {
   // make_fx's tracer (the PROXY infra mode) on entry, or null: another one active later was
   // started by user code inside the layer. See Note [Layer: tracers started inside].
   const void* tracer_on_entry = nullptr;
+  // Storages lifted from captured tensors without views, told when an op writes their plain base
+  // unseen. See Note [Alias: captured bases written in place].
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> captured_storages;
 };
 
 /// Whether user code started a make_fx tracer inside `layer` that is still active: it must see
 /// the program's ops on wrappers. See Note [Layer: tracers started inside].
 bool tracer_started_inside(const Layer* layer);
+
+// Note [Alias: captured bases written in place]: a storage lifted from a captured tensor, and an
+// op that wrote captured plain tensors without bumping their versions (every view of them is
+// regenerated at its next read).
+void remember_captured_storage(Layer& layer, const c10::Storage& storage);
+void note_unseen_write_of_captured(Layer& layer, const at::Tensor& plain);
 
 /// The wrapper of `layer` that stands for `foreign` (a wrapper of an enclosing layer a branch
 /// closes over), or nullptr.

@@ -116,11 +116,11 @@ void report_foreign_wrapper(std::string_view op_name, const FunctionalTensorImpl
 // rather than lost. Rejected: running the *_copy op and returning a plain tensor (simplest, but
 // a later in-place op on it would silently not reach w); writing captured tensors back at the
 // end like inputs (a side effect on the module that no graph input or output carries).
-void lift_captured_self(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                        const Layer& layer) {
+void lift_captured_self(const c10::OperatorHandle& op, torch::jit::Stack* stack, Layer& layer) {
   auto& self = *(stack->end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size()));
   at::Tensor lifted = make_fresh_wrapper(self.toTensor(), layer.id);
   unsafe_get_impl(lifted)->alias_storage().mark_captured();
+  remember_captured_storage(layer, lifted.storage());
   self = std::move(lifted);
 }
 

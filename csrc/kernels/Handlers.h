@@ -98,6 +98,11 @@ void check_eager_rules(std::string_view op_name, const at::Tensor& written, cons
 /// in a way eager's kernel order would observe (Note [Kernel: writes that read their own memory]).
 void check_read_of_written(const c10::OperatorName& op, const at::Tensor& written,
                            int written_index, const at::Tensor& read, int read_index);
+/// A write of the function's values into captured plain tensors, run eagerly as eager runs it;
+/// false (nothing done) under a tracer or a capture, or when a written tensor is a wrapper.
+/// See Note [Kernel: writes into captured tensors].
+bool write_captured_eagerly(const OpInfo& info, const c10::OperatorHandle& op,
+                            torch::jit::Stack* stack, const Layer& layer);
 /// `t`, passed as written argument `arg_name`, must be a wrapper without internal overlap.
 void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t);
 /// The written wrapper now holds `value`: replace, commit to its alias storage, sync. An out=

@@ -341,6 +341,8 @@ void mutable_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* st
                     const Layer& layer) {
   // See Note [Undo: writes into the caller's memory].
   if (write_into_caller_memory(info, op, stack, layer)) return;
+  // See Note [Kernel: writes into captured tensors].
+  if (C10_UNLIKELY(write_captured_eagerly(info, op, stack, layer))) return;
   // See Note [Kernel: out= of another dtype], case "composites in graphs". (The schema test first:
   // in-place ops, the common case, skip the TLS reads.)
   if (info.written.size() == 1 && info.written[0].is_out && C10_UNLIKELY(ops_are_recorded())) {

@@ -26,8 +26,8 @@ namespace tfz::detail {
 // `sigmoid(input) - target` from what it saved and multiplies the incoming gradient into it with
 // mul_ (a wrapper written into a plain tensor, which check_writable refuses for a tensor f closes
 // over). Rule: while a backward runs, an in-place op whose one written argument is a plain
-// temporary (no view, no other tensor on its storage, so nothing else can see the write; a tensor
-// f closes over is written as written, as torch.func does, or refused if the value is functional)
+// temporary (no view, no other tensor on its storage, so nothing else can see the write; for a
+// tensor f closes over, see Note [Kernel: writes into captured tensors])
 // runs on the values (also a view of such a temporary, the two alone on their storage: eigh's and
 // svd's backward fill the diagonal of one; under a tracer its base then stands for the functional
 // as_strided_scatter of the new values):

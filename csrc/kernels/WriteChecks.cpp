@@ -122,8 +122,10 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
               ": cannot write functional values into the plain tensor passed as '", arg_name,
               "' (a tensor created outside the function, e.g. a global, or computed from such "
               "tensors alone, like global.clone(): an op on plain tensors only gives a plain "
-              "tensor). Pass it to the function as an input, or copy it into a tensor made inside "
-              "the function: torch.zeros(t.shape, dtype=t.dtype).copy_(t).");
+              "tensor) under a tracer or a capture, or together with tensors of the function "
+              "(Note [Kernel: writes into captured tensors]). Pass it to the function as an "
+              "input, or copy it into a tensor made inside the function: "
+              "torch.zeros(t.shape, dtype=t.dtype).copy_(t).");
   if (C10_UNLIKELY(impl->alias_storage().captured())) {
     // A backward formula writing through a view of a temporary of its own (householder_product's
     // backward): the temporary is plain, so without views its view was lifted like a capture.

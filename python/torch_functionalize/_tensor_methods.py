@@ -172,16 +172,56 @@ def _reduce_ex(self: torch.Tensor, proto: Any) -> Any:
 # Python attributes, deep-copied through the memo. Non-leaves get torch's own error first.
 _torch_deepcopy = torch.Tensor.__deepcopy__
 
+# Note [API: deep copies of plain tensors inside the function]
+# copy.deepcopy of a tensor from outside the function (AveragedModel(model) inside a training
+# step deep-copies the model's buffers, which swa_utils.update_bn then updates through a
+# training-mode batch norm of the function's inputs) is a tensor the function made: it is the
+# clone of the plain tensor (a constant in a graph), wrapped like a factory's result, so later
+# writes of functional values into it are functionalized as eager runs them. Copies of tensors
+# that shared memory would each get memory of their own: refused by name, as are writes into
+# plain copies. Sparse, quantized and subclass tensors keep torch's copy (plain).
+# Rejected: torch's own copy (its storage copy and set_), which left a plain tensor that later
+# writes of functional values refused, and which capture recorded as a set_ onto a storage
+# constant that no FX graph can print; wrapping every all-plain op's result inside the function
+# (Note [Kernel: factories]).
 
-def _deepcopy(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
-    if not _C._is_functional(self) and _C._layer_active():
-        # A plain tensor (a buffer of a module from outside f): torch's copy, below our key, so
-        # its new_empty stays plain for the set_ that follows (it was refused by set_'s name).
-        scope = _C._InnerCall()
+
+def _deepcopy_plain(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
+    # See Note [API: deep copies of plain tensors inside the function].
+    if id(self) in memo:
+        return memo[id(self)]
+    if type(self) is not torch.Tensor or self.layout != torch.strided or self.is_quantized:
+        scope = _C._InnerCall()  # torch's copy below our key (its new_empty + set_ stay plain)
         try:
             return _torch_deepcopy(self, memo)
         finally:
             scope.close()
+    if not self.is_leaf:
+        return _torch_deepcopy(self, memo)  # torch's error
+    copied_storages = memo.setdefault("tfz", {})
+    storage = self.untyped_storage()._cdata
+    if storage in copied_storages:
+        raise NotImplementedError(
+            "functionalize: copy.deepcopy inside the function of two tensors from outside it that "
+            "share memory (a module whose buffers are views of one tensor): the copies would not "
+            "share it. Deep-copy the module before the call and pass its tensors in.")
+    import copy
+
+    with torch.no_grad():
+        new = _C._to_functional(self.clone(memory_format=torch.preserve_format))
+        if self.requires_grad:
+            new.requires_grad_()
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+    new.__dict__ = copy.deepcopy(self.__dict__, memo)
+    copied_storages[storage] = new
+    memo[id(self)] = new
+    return new
+
+
+def _deepcopy(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
+    if not _C._is_functional(self) and _C._layer_active():
+        return _deepcopy_plain(self, memo)
     if not _C._is_functional(self) or not self.is_leaf or type(self) is not torch.Tensor:
         return _torch_deepcopy(self, memo)
     if id(self) in memo:
@@ -200,6 +240,26 @@ def _deepcopy(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
 
 
 _deepcopy.__doc__ = _torch_deepcopy.__doc__
+
+# A Parameter's copy is a Parameter of its data's clone (torch's Parameter.__deepcopy__); of a
+# plain Parameter inside the function, that clone is wrapped as above.
+_torch_parameter_deepcopy = torch.nn.Parameter.__deepcopy__
+
+
+def _parameter_deepcopy(self: torch.nn.Parameter, memo: dict[int, Any]) -> torch.nn.Parameter:
+    if (type(self) is not torch.nn.Parameter or _C._is_functional(self)
+            or not _C._layer_active() or self.layout != torch.strided):
+        return _torch_parameter_deepcopy(self, memo)
+    if id(self) in memo:
+        return memo[id(self)]
+    with torch.no_grad():
+        data = _C._to_functional(self.data.clone(memory_format=torch.preserve_format))
+    result = torch.nn.Parameter(data, self.requires_grad)
+    memo[id(self)] = result
+    return result
+
+
+_parameter_deepcopy.__doc__ = _torch_parameter_deepcopy.__doc__
 
 
 # DLPack hands out the data pointer too, and a consumer of a wrapper's crashed the process when it
@@ -257,6 +317,7 @@ def install() -> None:
     torch.Tensor.new_tensor = _new_tensor  # type: ignore[method-assign, assignment]
     torch.Tensor.new = _new  # type: ignore[method-assign, assignment]
     torch.Tensor.__deepcopy__ = _deepcopy  # type: ignore[method-assign]
+    torch.nn.Parameter.__deepcopy__ = _parameter_deepcopy  # type: ignore[method-assign]
     torch.Tensor.__reduce_ex__ = _reduce_ex  # type: ignore[method-assign, assignment]
     torch.Tensor.tolist = _tolist  # type: ignore[method-assign, assignment]
     torch.Tensor.numpy = _numpy  # type: ignore[method-assign, assignment]

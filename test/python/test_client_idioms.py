@@ -575,36 +575,65 @@ def test_grad_scaler_matches_eager_as_a_capture(remove):
         make_fx(functionalize(grad_scaler, remove=remove))(*mlp_inputs())
 
 
-def test_writing_a_copy_of_an_outside_module_is_refused_by_name():
-    # copy.deepcopy of a module that lives outside f clones its parameters with ops on plain
-    # tensors, which pass through (as in torch.func): the copies stay plain tensors, and writing
-    # functional values into them is refused by name, as writing the originals is.
-    def f(p, x, y):
-        averaged = torch.optim.swa_utils.AveragedModel(copy.deepcopy(MLP))
-        mse(functional_call(MLP, p, (x,)), y).backward()
-        with torch.no_grad():
-            for (k, v) in averaged.module.named_parameters():
-                v.copy_(p[k])
-        return x
-
-    with pytest.raises(RuntimeError, match="cannot write functional values into the plain"):
-        functionalize(f)(*mlp_inputs())
+def _averaged_copy_of_an_outside_module(p, x, y):
+    # copy.deepcopy of a module that lives outside f (Note [API: deep copies of plain tensors
+    # inside the function]): its copies are tensors f made, written with f's values.
+    averaged = torch.optim.swa_utils.AveragedModel(copy.deepcopy(MLP))
+    mse(functional_call(MLP, p, (x,)), y).backward()
+    with torch.no_grad():
+        for (k, v) in averaged.module.named_parameters():
+            v.copy_(p[k])
+    averaged.update_parameters(averaged.module)
+    return averaged(x), [t.detach().clone() for t in averaged.parameters()]
 
 
-def test_deep_copy_of_an_outside_module_with_buffers_stays_plain():
-    # Its buffers (plain tensors) are copied by torch's Tensor.__deepcopy__ below our key: the
-    # copies are plain, as its parameters' are (before: refused by set_'s name); running the copy
-    # in training mode then meets batch norm's named refusal for plain running stats.
+def _update_bn_of_an_outside_module(x):
+    # swa_utils.update_bn over an AveragedModel of a module from outside f: the copy's buffers
+    # are reset and then written by training-mode batch norms of f's inputs.
+    averaged = torch.optim.swa_utils.AveragedModel(NORMED)
+    averaged.update_parameters(NORMED)
+    torch.optim.swa_utils.update_bn([x[:5], x[5:]], averaged)
+    return averaged(x), [b.clone() for b in averaged.module.buffers()]
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_averaged_copy_of_an_outside_module_matches_eager(remove):
+    assert_client_matches_eager(_averaged_copy_of_an_outside_module, mlp_inputs, remove=remove,
+                                graphs=("make_fx", "capture"))
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_update_bn_of_an_outside_module_matches_eager(remove):
+    # AveragedModel counts its updates in a buffer read with bool(): capture guards it, make_fx
+    # refuses it (as plain make_fx does).
+    assert_client_matches_eager(_update_bn_of_an_outside_module, lambda: (torch.randn(10, 4),),
+                                remove=remove, graphs=("capture",))
+
+
+def test_deep_copy_of_an_outside_module_gives_tensors_of_the_function():
     def f(x):
         model = copy.deepcopy(NORMED)
         copies = list(model.state_dict().values())
-        assert not any(is_functional(t) for t in copies)
+        assert all(is_functional(t) for t in copies)
         assert all(torch.equal(a, b) for a, b in zip(copies, NORMED.state_dict().values()))
-        model(x)
+        assert all(type(p) is nn.Parameter and p.is_leaf and p.requires_grad
+                   for p in model.parameters())
+        return model(x)
 
-    with pytest.raises(RuntimeError, match="native_batch_norm: training-mode batch norm updates"):
-        functionalize(f)(torch.randn(5, 4))
+    before = dict(copy.deepcopy(NORMED.state_dict()))
+    functionalize(f)(torch.randn(5, 4))
+    assert_trees_match(dict(NORMED.state_dict()), before, "the original is untouched")
 
+
+def test_deep_copy_of_outside_tensors_that_share_memory_is_refused_by_name():
+    # Eager's copies would share memory as the originals do; ours would not: refused.
+    shared = torch.arange(6.)
+
+    def f(x):
+        return copy.deepcopy([shared, shared[2:]])
+
+    with pytest.raises(NotImplementedError, match="deepcopy inside the function of two tensors"):
+        functionalize(f)(torch.ones(1))
 
 
 def _parameter_of_an_intermediate(x):

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_functionalize as tfz
 
@@ -65,21 +66,28 @@ def test_escaped_wrapper_used_after_call_raises(use):
         use(leaked[0])
 
 
-def test_plain_tensor_mutated_with_functional_tensor_raises():
-    # A global plain tensor mutated in place with a functional tensor names the op.
+def test_plain_tensor_mutated_with_functional_tensor_raises_in_graphs():
+    # A global plain tensor mutated in place with a functional tensor: eager's write when run
+    # eagerly (Note [Kernel: writes into captured tensors]); a traced or captured graph cannot
+    # write it, and the error names the op.
     g = torch.zeros(3)
 
     def f(x):
         g.add_(x)
         return x
 
+    x = torch.randn(3)
     with pytest.raises(RuntimeError, match=r"^functionalize: aten::add_\.Tensor"):
-        tfz.functionalize(f)(torch.randn(3))
+        tfz.capture(f, x)
+    with pytest.raises(RuntimeError, match=r"^functionalize: aten::add_\.Tensor"):
+        make_fx(tfz.functionalize(f))(x)
     torch.testing.assert_close(g, torch.zeros(3))
+    tfz.functionalize(f)(x)
+    torch.testing.assert_close(g, x)
 
 
-def test_plain_tensor_copied_from_functional_tensor_raises():
-    # copy_ of a functional tensor into a plain tensor names aten::copy_.
+def test_plain_tensor_copied_from_functional_tensor_raises_in_graphs():
+    # copy_ of a functional tensor into a plain tensor names aten::copy_ under a capture.
     g = torch.zeros(3)
 
     def f(x):
@@ -87,7 +95,7 @@ def test_plain_tensor_copied_from_functional_tensor_raises():
         return x
 
     with pytest.raises(RuntimeError, match=r"^functionalize: aten::copy_"):
-        tfz.functionalize(f)(torch.randn(3))
+        tfz.capture(f, torch.randn(3))
     torch.testing.assert_close(g, torch.zeros(3))
 
 
@@ -212,8 +220,11 @@ def test_write_into_a_clone_of_a_global_names_what_works():
         return z
 
     x = torch.randn(3)
+    # Eagerly the clone is written in place, as in eager (Note [Kernel: writes into captured
+    # tensors]); a capture cannot write it, and the error names the form that works.
+    assert torch.equal(tfz.functionalize(clone_of_global)(x), clone_of_global(x))
     with pytest.raises(RuntimeError, match=r"like global\.clone\(\).*torch\.zeros\(t\.shape"):
-        tfz.functionalize(clone_of_global)(x)
+        tfz.capture(clone_of_global, x)
     assert torch.equal(tfz.functionalize(copied_into_a_tensor_of_f)(x), copied_into_a_tensor_of_f(x))
     assert torch.equal(tfz.capture(copied_into_a_tensor_of_f, x)(x), copied_into_a_tensor_of_f(x))
 

@@ -13,11 +13,13 @@ import sys
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from torch_functionalize.testing._internal.reference import (
-    TEST_DEVICE, assert_functional_graph, assert_matches_eager, call_targets, trace,
+    REMOVE_MODES, TEST_DEVICE, assert_functional_graph, assert_matches_eager,
+    assert_trees_match, call_targets, trace,
 )
-from torch_functionalize import _C, functionalize, is_functional
+from torch_functionalize import _C, capture, functionalize, is_functional
 from torch_functionalize.testing._internal import hidden_writes
 
 # Each op the search finds on CPU over every OpInfo entry (docs/reports/hidden_writes.md),
@@ -140,15 +142,58 @@ def test_backend_batch_norm_eval_mode_calls_the_backend(backend, remove):
     assert any(backend in t for t in call_targets(trace(f, *_bn_inputs(backend), remove=remove)))
 
 
-def test_backend_batch_norm_training_with_plain_stats_is_refused():
-    # Stats created outside the function and captured: their update cannot reach a graph.
-    x, w, b, mean, var = _bn_inputs("cudnn")
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("backend", ["native", *BACKENDS])
+def test_batch_norm_training_with_captured_stats_writes_them_as_eager(backend, remove):
+    # Stats created outside the function and captured (a module called in training mode): run
+    # eagerly, the op writes them in place as eager does (Note [Kernel: native_batch_norm]).
+    op = BACKENDS.get(backend, torch.ops.aten.native_batch_norm.default)
+    x, w, b, mean, var = _bn_inputs("cudnn" if backend == "native" else backend)
+    x.requires_grad_(backend == "native")  # the stand-ins have no derivative formula
 
     def f(x):
-        return torch.ops.aten.cudnn_batch_norm(x, w, b, mean, var, True, 0.1, 1e-5)[0]
+        return op(x, w, b, mean, var, True, 0.1, 1e-5)[0].sin()
 
-    with pytest.raises(RuntimeError, match="cudnn_batch_norm.*running stats"):
-        functionalize(f)(x)
+    e_mean, e_var = mean.clone(), var.clone()
+    expected = op(x, w, b, e_mean, e_var, True, 0.1, 1e-5)[0].sin()
+    versions = mean._version, var._version
+    out = functionalize(f, remove=remove)(x)
+    assert not is_functional(out)
+    assert_trees_match((out, mean, var), (expected, e_mean, e_var), "output and stats")
+    if x.requires_grad:
+        assert_trees_match(torch.autograd.grad(out.sum(), x), torch.autograd.grad(expected.sum(), x),
+                           "gradient")
+    assert (mean._version, var._version) == versions  # eager's write is hidden too
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_batch_norm_training_with_captured_stats_is_refused_in_graphs(remove):
+    # No graph can write tensors it does not take: refused by name under a tracer and a capture.
+    bn = torch.nn.BatchNorm1d(3)
+    x = torch.randn(4, 3)
+    with pytest.raises(RuntimeError, match="native_batch_norm.*traced or captured graph"):
+        make_fx(functionalize(bn, remove=remove))(x)
+    with pytest.raises(RuntimeError, match="native_batch_norm.*traced or captured graph"):
+        capture(bn, x)
+    assert torch.equal(bn.running_mean, torch.zeros(3))
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_views_of_captured_stats_see_the_batch_norm_write(remove):
+    # Without views, views of a captured tensor are lifted copies (Note [Kernel: views of captured
+    # tensors]); the batch norm's write bumps no version, and the views taken before it still see
+    # it (Note [Alias: captured bases written in place]).
+    def f(bn, x):
+        before = bn.running_mean[:2], bn.running_var.view(3)
+        y = bn(x)
+        return y, before[0] * 1, before[1] + 0, bn.running_mean.clone()
+
+    x = torch.randn(4, 3)
+    torch.manual_seed(0)
+    expected = f(torch.nn.BatchNorm1d(3), x)
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm1d(3)
+    assert_trees_match(functionalize(lambda x: f(bn, x), remove=remove)(x), expected, "outputs")
 
 
 def test_backend_batch_norm_rows_in_the_special_table():

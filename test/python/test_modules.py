@@ -121,3 +121,95 @@ def test_write_through_view_of_captured_tensor_keeps_eager_semantics_with_views(
     f(w, torch.randn(3))
     e.t()[0].add_(1)
     assert torch.equal(w, e)
+
+
+@pytest.mark.parametrize("remove", ["mutations", "mutations_and_views"])
+def test_views_of_captured_tensor_see_a_later_write_of_it_by_plain_ops(remove):
+    # A view of a captured tensor taken before an op on plain tensors writes that tensor in place
+    # reads the new values, as in eager (Note [Alias: captured bases written in place]); a view
+    # of a view, and one read before the write, too.
+    def f(g, x):
+        first = g[:2]
+        last = g.view(2, 2)[1]
+        read = first * 1
+        g.add_(1)
+        g.mul_(2)
+        return read, first * 1, last + x, first.t() * 2
+
+    expected = f(torch.zeros(4), torch.ones(2))
+    g = torch.zeros(4)
+    actual = tfz.functionalize(lambda x: f(g, x), remove=remove)(torch.ones(2))
+    for a, e in zip(actual, expected):
+        assert torch.equal(a, e), (actual, expected)
+    assert torch.equal(g, torch.full((4,), 2.))
+
+
+def _captured_writes_cases():
+    torch.manual_seed(0)
+    embedding = nn.Embedding(10, 4, max_norm=0.5)
+    spectral = nn.utils.parametrizations.spectral_norm(nn.Linear(4, 4))
+    normed = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, momentum=None), nn.ReLU())
+
+    class EmaNormalizer(nn.Module):  # a captured buffer written with f's values
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("ema", torch.zeros(4))
+
+        def forward(self, x):
+            self.ema.mul_(0.9).add_(x.mean(0), alpha=0.1)
+            return x * self.ema
+
+    return {
+        "embedding_max_norm": (embedding, lambda: torch.tensor([1, 2, 3, 1]), ["mutations"]),
+        "spectral_norm": (spectral, lambda: torch.randn(5, 4), ["mutations_and_views"]),
+        "batch_norm_cumulative": (normed, lambda: torch.randn(5, 4), REMOVES),
+        "ema_buffer": (EmaNormalizer(), lambda: torch.randn(5, 4), REMOVES),
+    }
+
+
+REMOVES = ["mutations", "mutations_and_views"]
+
+
+@pytest.mark.parametrize("case", ["embedding_max_norm", "spectral_norm", "batch_norm_cumulative",
+                                  "ema_buffer"])
+def test_captured_tensors_written_with_values_of_the_function_as_eager(case):
+    # Note [Kernel: writes into captured tensors]: run eagerly, the writes reach the captured
+    # tensors as in eager; the outputs, the module's state and its gradients are eager's.
+    import copy
+
+    module, make_input, removes = _captured_writes_cases()[case]
+    for remove in removes:
+        expected_module, actual_module = copy.deepcopy(module), copy.deepcopy(module)
+        x = make_input()
+
+        def step(m):
+            def f(x):
+                out = m(x)
+                if out.requires_grad:
+                    out.pow(2).sum().backward()
+                return out.detach()
+            return f
+
+        torch.manual_seed(1)
+        expected = step(expected_module)(x)
+        torch.manual_seed(1)
+        actual = tfz.functionalize(step(actual_module), remove=remove)(x)
+        assert torch.allclose(actual, expected), (case, remove)
+        state = actual_module.state_dict()
+        for k, v in expected_module.state_dict().items():
+            assert torch.allclose(state[k].double(), v.double()), (case, remove, k)
+        for p, q in zip(actual_module.parameters(), expected_module.parameters()):
+            assert (p.grad is None) == (q.grad is None) and (
+                p.grad is None or torch.allclose(p.grad, q.grad)), (case, remove)
+
+
+def test_captured_tensor_written_with_values_of_the_function_is_refused_in_graphs():
+    buffer = torch.zeros(3)
+
+    def f(x):
+        buffer.add_(x)
+        return x + 1
+
+    with pytest.raises(RuntimeError, match="cannot write functional values into the plain"):
+        tfz.capture(f, torch.ones(3))
+    assert torch.equal(buffer, torch.zeros(3))

@@ -7,11 +7,13 @@
 #include "core/Conversions.h"
 #include "core/Layout.h"
 #include "core/Recorder.h"
+#include "core/Recording.h"
 #include "core/ViewInverses.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 
@@ -40,6 +42,12 @@ namespace tfz::detail {
 // check (eager never bumps them: its write is hidden). So in that case only, the node gets clones
 // of the stats; a forward-only trace stays clone-free. Rejected: running it generically, as
 // torch.func.functionalize does (the hole above).
+// Running stats that are plain tensors (a module from outside the function, called in training
+// mode) are not values of the function: eagerly, the op runs on them as eager runs it, writing
+// them in place (the function's own tensors are unwrapped, its outputs wrapped). No graph can
+// write a tensor it does not take, so under a tracer or a capture such a call is refused by name.
+// Rejected: refusing it eagerly too (functionalize(model)(x) of a BatchNorm model in training
+// mode failed, where eager and torch.func update the module's stats).
 
 // Note [Kernel: cudnn_batch_norm and miopen_batch_norm]
 // On CUDA (ROCm) tensors, batch_norm dispatches to cudnn_batch_norm (miopen_batch_norm) instead of
@@ -71,6 +79,41 @@ void plan_batch_norm(const c10::OperatorHandle& /*op*/, OpInfo& info) {
                         "aten::_native_batch_norm_legit_functional is not registered");
 }
 
+namespace {
+
+// A tracer or a capture would record the call: it must not write tensors the graph does not take.
+bool batch_norm_is_recorded(const at::Tensor& mean, const at::Tensor& var) {
+  return ops_are_recorded() || c10::impl::TorchDispatchModeTLS::any_modes_set() ||
+         c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks) ||
+         mean.key_set().has_any(c10::python_ks) || var.key_set().has_any(c10::python_ks);
+}
+
+// Eager's call on the function's values, writing the plain running stats in place.
+void batch_norm_on_plain_stats(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                               const Layer& layer) {
+  constexpr size_t kRunningMean = 3, kRunningVar = 4;
+  const size_t num_args = op.schema().arguments().size();
+  Layer* current = current_layer();
+  const at::Tensor mean = torch::jit::peek(*stack, kRunningMean, num_args).toTensor();
+  const at::Tensor var = torch::jit::peek(*stack, kRunningVar, num_args).toTensor();
+  InnerCallGuard guard;
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end(); ++it) {
+    transform_tensors(*it, sync_and_unwrap);
+  }
+  op.callBoxed(*stack);
+  if (current != nullptr) {  // the write bumps no version
+    note_unseen_write_of_captured(*current, mean);
+    note_unseen_write_of_captured(*current, var);
+  }
+  const size_t num_returns = op.schema().returns().size();
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end();
+       ++it) {
+    transform_tensors(*it, [&](const at::Tensor& t) { return make_fresh_wrapper(t, layer.id); });
+  }
+}
+
+}  // namespace
+
 void batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                        const Layer& layer) {
   constexpr size_t kNumArgs = 8, kRunningMean = 3, kRunningVar = 4, kTraining = 5;
@@ -81,12 +124,16 @@ void batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch:
   const bool has_stats =
       mean.isTensor() && mean.toTensor().defined() && var.isTensor() && var.toTensor().defined();
   if (!training || !has_stats) return functional_kernel(info, op, stack, layer);
-  for (const auto* stat : {&mean, &var}) {
-    TORCH_CHECK(maybe_get_impl(stat->toTensor()) != nullptr, "functionalize: ", info.name,
-                ": training-mode batch norm updates its running stats in place, and they are "
-                "plain tensors (created outside the function). Pass them to the function as "
-                "inputs (e.g. functionalize the module call with its buffers as arguments).");
+  const bool plain_mean = maybe_get_impl(mean.toTensor()) == nullptr;
+  const bool plain_var = maybe_get_impl(var.toTensor()) == nullptr;
+  if (plain_mean && plain_var && !batch_norm_is_recorded(mean.toTensor(), var.toTensor())) {
+    return batch_norm_on_plain_stats(op, stack, layer);
   }
+  TORCH_CHECK(!plain_mean && !plain_var, "functionalize: ", info.name,
+              ": training-mode batch norm updates its running stats in place, and they are "
+              "plain tensors (created outside the function), which a traced or captured graph "
+              "cannot write. Pass them to the function as inputs (e.g. functionalize the module "
+              "call with its buffers as arguments: torch.func.functional_call).");
   std::vector<c10::IValue> inner(args.begin(), args.end());
   const at::Tensor mean_wrapper = mean.toTensor(), var_wrapper = var.toTensor();
   torch::jit::drop(*stack, kNumArgs);
