@@ -576,8 +576,8 @@ def test_grad_scaler_matches_eager_as_a_capture(remove):
 
 
 def _averaged_copy_of_an_outside_module(p, x, y):
-    # copy.deepcopy of a module that lives outside f (Note [API: deep copies of plain tensors
-    # inside the function]): its copies are tensors f made, written with f's values.
+    # copy.deepcopy of a module that lives outside f: its copies are tensors f made, written with
+    # f's values (Note [API: deep copies of plain tensors inside the function]).
     averaged = torch.optim.swa_utils.AveragedModel(copy.deepcopy(MLP))
     mse(functional_call(MLP, p, (x,)), y).backward()
     with torch.no_grad():

@@ -220,8 +220,9 @@ def test_write_into_a_clone_of_a_global_names_what_works():
         return z
 
     x = torch.randn(3)
-    # Eagerly the clone is written in place, as in eager (Note [Kernel: writes into captured
-    # tensors]); a capture cannot write it, and the error names the form that works.
+    # Eagerly the clone is written in place, as in eager
+    # (Note [Kernel: writes into captured tensors]); a capture cannot write it, and the error
+    # names the form that works.
     assert torch.equal(tfz.functionalize(clone_of_global)(x), clone_of_global(x))
     with pytest.raises(RuntimeError, match=r"like global\.clone\(\).*torch\.zeros\(t\.shape"):
         tfz.capture(clone_of_global, x)

@@ -180,9 +180,9 @@ def test_batch_norm_training_with_captured_stats_is_refused_in_graphs(remove):
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
 def test_views_of_captured_stats_see_the_batch_norm_write(remove):
-    # Without views, views of a captured tensor are lifted copies (Note [Kernel: views of captured
-    # tensors]); the batch norm's write bumps no version, and the views taken before it still see
-    # it (Note [Alias: captured bases written in place]).
+    # Without views, views of a captured tensor are lifted copies
+    # (Note [Kernel: views of captured tensors]); the batch norm's write bumps no version, and the
+    # views taken before it still see it (Note [Alias: captured bases written in place]).
     def f(bn, x):
         before = bn.running_mean[:2], bn.running_var.view(3)
         y = bn(x)
