@@ -14,8 +14,6 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/grad_mode.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
@@ -138,12 +136,6 @@ void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensor
   replay_detach(original, impl);
 }
 
-// A tracer or a capture records the epilogue: it must speak the graph's vocabulary.
-bool epilogue_is_recorded() {
-  return c10::impl::TorchDispatchModeTLS::any_modes_set() || ops_are_recorded() ||
-         c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks);
-}
-
 // `t`'s .data, through which a write bumps no version, where the write records no history and
 // .data exists: the wrapper counted eager's writes already (Note [Inputs: version counters]). A
 // sparse tensor's shallow copy holds its own indices and values, an inference tensor keeps eager's
@@ -153,7 +145,7 @@ at::Tensor unversioned(const at::Tensor& t) {
   static const auto wrapped_keys =
       c10::python_ks | c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
                                             c10::DispatchKey::FuncTorchGradWrapper});
-  const bool through_data = !epilogue_is_recorded() && t.layout() == c10::kStrided &&
+  const bool through_data = !calls_may_be_traced() && t.layout() == c10::kStrided &&
                             !t.is_inference() && !t.key_set().has_any(wrapped_keys);
   return through_data ? t.variable_data() : t;
 }
@@ -201,7 +193,7 @@ bool write_entry_elements(const at::Tensor& original, const at::Tensor& wrapper)
     // cannot hold after metadata ops), else refused by name.
     if (at::has_internal_overlap(original) == at::MemOverlap::Yes) {
       TORCH_CHECK_NOT_IMPLEMENTED(
-          !epilogue_is_recorded() || storage.flat_views_kept(),
+          !calls_may_be_traced() || storage.flat_views_kept(),
           "functionalize: an input whose elements share memory (expand, as_strided with a zero "
           "stride) was written and then given other sizes or strides (as_strided_, resize_); a "
           "graph without views (remove=\"mutations_and_views\" under a tracer) cannot write "
@@ -259,7 +251,7 @@ void write_grown_storage(const at::Tensor& original, const FunctionalTensorImpl&
     return;  // the final copy_ writes every grown element
   }
   if (grown.end > static_cast<int64_t>(original.storage().nbytes())) return;
-  const bool recorded = epilogue_is_recorded();
+  const bool recorded = calls_may_be_traced();
   const bool views_kept = !impl.chain().empty() && impl.chain().back()->reapply;
   TORCH_CHECK_NOT_IMPLEMENTED(
       !recorded || views_kept,
@@ -303,7 +295,7 @@ void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
     // A leaf value that requires grad over an input that does not: f wrote the input, then
     // called requires_grad_() on it, and eager's input ends a leaf that requires grad (a graph's
     // caller sets that flag itself: no op records it).
-    if (!original.requires_grad() && value.requires_grad() && !epilogue_is_recorded()) {
+    if (!original.requires_grad() && value.requires_grad() && !calls_may_be_traced()) {
       original.requires_grad_(true);
     }
     return;
@@ -336,7 +328,7 @@ void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
 bool write_whole_storage(const std::vector<at::Tensor>& originals, c10::ArrayRef<size_t> members,
                          const AliasStorage& storage) {
   // A graph of remove="mutations_and_views" must not hold the view this write goes through.
-  const bool recorded = epilogue_is_recorded();
+  const bool recorded = calls_may_be_traced();
   if (!storage.flat_views_kept() && recorded) return false;
   const at::Tensor& base = storage.base();
   const at::Tensor* through = nullptr;
@@ -378,7 +370,7 @@ bool write_whole_storage(const std::vector<at::Tensor>& originals, c10::ArrayRef
 // See Note [Inputs: writes outside every input's elements].
 bool write_whole_bytes(const std::vector<at::Tensor>& originals, c10::ArrayRef<size_t> members,
                        const AliasStorage& storage) {
-  if (!storage.bytes() || (!storage.flat_views_kept() && epilogue_is_recorded())) return false;
+  if (!storage.bytes() || (!storage.flat_views_kept() && calls_may_be_traced())) return false;
   const at::Tensor& base = storage.base();
   if (base.dim() != 1 || base.scalar_type() != c10::kByte || base.is_conj() || base.is_neg()) {
     return false;
@@ -409,7 +401,7 @@ void check_outside_writes_expressible(const std::vector<at::Tensor>& originals,
   // (which wrote the storage whole before them where it could), what write_whole_storage could
   // not do (a storage grown past the caller's) is left to the per-input writes.
   if (!storage.flat() || !storage.written_outside_members() ||
-      (any_metadata && (!epilogue_is_recorded() || storage.flat_views_kept()))) {
+      (any_metadata && (!calls_may_be_traced() || storage.flat_views_kept()))) {
     return;
   }
   for (size_t i : members) {
@@ -506,7 +498,7 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
   // after them (Note [Inputs: writes outside every input's elements]); such a storage needs no
   // other write.
   std::unordered_set<const AliasStorage*> written_whole;
-  if (epilogue_is_recorded()) {
+  if (calls_may_be_traced()) {
     for (const auto* storage : order) {
       if (storage->generation() != 0 && has_metadata(storage) &&
           ((storage->flat() && write_whole_storage(originals, groups[storage], *storage)) ||
@@ -538,11 +530,11 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
     // before its metadata ops where it could, and here where it could not: a storage the
     // metadata ops just grew to the base's size (Note [Inputs: writes to a grown storage]).
     if (storage->flat() &&
-        (!any_metadata || !epilogue_is_recorded() || storage->flat_views_kept()) &&
+        (!any_metadata || !calls_may_be_traced() || storage->flat_views_kept()) &&
         write_whole_storage(originals, members, *storage)) {
       continue;
     }
-    if ((!any_metadata || !epilogue_is_recorded()) &&
+    if ((!any_metadata || !calls_may_be_traced()) &&
         write_whole_bytes(originals, members, *storage)) {
       continue;
     }

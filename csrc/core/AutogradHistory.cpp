@@ -6,7 +6,6 @@
 
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
-#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -50,9 +49,7 @@ bool same_edge(const torch::autograd::Edge& a, const torch::autograd::Edge& b) {
 }  // namespace
 
 bool may_be_tracked(const at::Tensor& value) {
-  return ops_are_recorded() || c10::impl::TorchDispatchModeTLS::any_modes_set() ||
-         c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks) ||
-         value.key_set().has_any(c10::python_ks) ||
+  return calls_may_be_traced() || value.key_set().has_any(c10::python_ks) ||
          value.key_set().has_any(c10::DispatchKeySet(
              {c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper}));
 }

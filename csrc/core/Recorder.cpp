@@ -47,6 +47,11 @@ bool ops_are_recorded() {
   return tls_recorder != nullptr || c10::impl::TorchDispatchModeTLS::stack_len() > 0;
 }
 
+bool calls_may_be_traced() {
+  return ops_are_recorded() || c10::impl::TorchDispatchModeTLS::any_modes_set() ||
+         c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks);
+}
+
 RecordingGuard::RecordingGuard(Recorder& recorder)
     : saved_tls_(c10::impl::tls_local_dispatch_key_set()) {
   TORCH_CHECK(tls_recorder == nullptr,

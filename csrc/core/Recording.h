@@ -9,4 +9,8 @@ namespace tfz::detail {
 /// set, or a capture is recording. Fast paths that mutate inner values in place are off then.
 bool ops_are_recorded();
 
+/// ops_are_recorded(), or any Python dispatch mode (an infra mode too) or Python key set on the
+/// thread: a graph may see the call, so it must not write memory the graph does not take.
+bool calls_may_be_traced();
+
 }  // namespace tfz::detail

@@ -7,8 +7,7 @@
 #include "core/Layer.h"
 #include "core/Recording.h"
 
-#include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <vector>
 
 namespace tfz::detail {
 
@@ -37,15 +36,18 @@ bool write_captured_eagerly(const OpInfo& info, const c10::OperatorHandle& op,
                   !t.key_set().has_any(c10::python_ks);
     });
   }
-  if (!any_written || !all_plain || ops_are_recorded() ||
-      c10::impl::TorchDispatchModeTLS::any_modes_set() ||
-      c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks)) {
-    return false;
-  }
+  if (!any_written || !all_plain || calls_may_be_traced()) return false;
   std::vector<at::Tensor> written;
   for (const auto& w : info.written) {
     for_each_tensor(args[w.index], [&](const at::Tensor& t) { written.push_back(t); });
   }
+  run_on_values_eagerly(op, stack, layer, written);
+  return true;
+}
+
+void run_on_values_eagerly(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                           const Layer& layer, const std::vector<at::Tensor>& written) {
+  const size_t num_args = op.schema().arguments().size();
   InnerCallGuard guard;
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end(); ++it) {
     transform_tensors(*it, sync_and_unwrap);
@@ -61,7 +63,6 @@ bool write_captured_eagerly(const OpInfo& info, const c10::OperatorHandle& op,
       return make_fresh_wrapper(t, layer.id);
     });
   }
-  return true;
 }
 
 }  // namespace tfz::detail

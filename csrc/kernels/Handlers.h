@@ -103,6 +103,10 @@ void check_read_of_written(const c10::OperatorName& op, const at::Tensor& writte
 /// See Note [Kernel: writes into captured tensors].
 bool write_captured_eagerly(const OpInfo& info, const c10::OperatorHandle& op,
                             torch::jit::Stack* stack, const Layer& layer);
+/// Eager's call of `op` on the arguments' values (our keys excluded); results are wrapped, except
+/// those that are one of `written` (plain tensors the op wrote and returns).
+void run_on_values_eagerly(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                           const Layer& layer, const std::vector<at::Tensor>& written);
 /// `t`, passed as written argument `arg_name`, must be a wrapper without internal overlap.
 void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t);
 /// The written wrapper now holds `value`: replace, commit to its alias storage, sync. An out=

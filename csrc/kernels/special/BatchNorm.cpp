@@ -13,8 +13,6 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -79,41 +77,6 @@ void plan_batch_norm(const c10::OperatorHandle& /*op*/, OpInfo& info) {
                         "aten::_native_batch_norm_legit_functional is not registered");
 }
 
-namespace {
-
-// A tracer or a capture would record the call: it must not write tensors the graph does not take.
-bool batch_norm_is_recorded(const at::Tensor& mean, const at::Tensor& var) {
-  return ops_are_recorded() || c10::impl::TorchDispatchModeTLS::any_modes_set() ||
-         c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks) ||
-         mean.key_set().has_any(c10::python_ks) || var.key_set().has_any(c10::python_ks);
-}
-
-// Eager's call on the function's values, writing the plain running stats in place.
-void batch_norm_on_plain_stats(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                               const Layer& layer) {
-  constexpr size_t kRunningMean = 3, kRunningVar = 4;
-  const size_t num_args = op.schema().arguments().size();
-  Layer* current = current_layer();
-  const at::Tensor mean = torch::jit::peek(*stack, kRunningMean, num_args).toTensor();
-  const at::Tensor var = torch::jit::peek(*stack, kRunningVar, num_args).toTensor();
-  InnerCallGuard guard;
-  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end(); ++it) {
-    transform_tensors(*it, sync_and_unwrap);
-  }
-  op.callBoxed(*stack);
-  if (current != nullptr) {  // the write bumps no version
-    note_unseen_write_of_captured(*current, mean);
-    note_unseen_write_of_captured(*current, var);
-  }
-  const size_t num_returns = op.schema().returns().size();
-  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end();
-       ++it) {
-    transform_tensors(*it, [&](const at::Tensor& t) { return make_fresh_wrapper(t, layer.id); });
-  }
-}
-
-}  // namespace
-
 void batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                        const Layer& layer) {
   constexpr size_t kNumArgs = 8, kRunningMean = 3, kRunningVar = 4, kTraining = 5;
@@ -126,8 +89,16 @@ void batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch:
   if (!training || !has_stats) return functional_kernel(info, op, stack, layer);
   const bool plain_mean = maybe_get_impl(mean.toTensor()) == nullptr;
   const bool plain_var = maybe_get_impl(var.toTensor()) == nullptr;
-  if (plain_mean && plain_var && !batch_norm_is_recorded(mean.toTensor(), var.toTensor())) {
-    return batch_norm_on_plain_stats(op, stack, layer);
+  if (plain_mean && plain_var && !calls_may_be_traced() &&
+      !mean.toTensor().key_set().has_any(c10::python_ks) &&
+      !var.toTensor().key_set().has_any(c10::python_ks)) {
+    const at::Tensor plain_stats[] = {mean.toTensor(), var.toTensor()};
+    run_on_values_eagerly(op, stack, layer, {});
+    // The write bumps no version: views of the stats regenerate when told.
+    if (Layer* current = current_layer()) {
+      for (const auto& stat : plain_stats) note_unseen_write_of_captured(*current, stat);
+    }
+    return;
   }
   TORCH_CHECK(!plain_mean && !plain_var, "functionalize: ", info.name,
               ": training-mode batch norm updates its running stats in place, and they are "
