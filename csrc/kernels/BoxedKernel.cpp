@@ -110,12 +110,13 @@ void report_foreign_wrapper(std::string_view op_name, const FunctionalTensorImpl
 // inside model(x): w.t() in linear, buffers, globals). Such a call has only plain arguments, so
 // it would pass through and leave aten.t on the parameter in the graph. Instead the viewed tensor
 // is lifted into a fresh wrapper for this call and the view runs as on any wrapper: the graph
-// gets t_copy(w), and the result reports eager's strides. Eager would let a write through that
-// view reach w; here nothing is written back to a captured tensor, so the lifted storage is
-// marked captured and a write through it is refused with an error naming the op (check_writable)
-// rather than lost. Rejected: running the *_copy op and returning a plain tensor (simplest, but
-// a later in-place op on it would silently not reach w); writing captured tensors back at the
-// end like inputs (a side effect on the module that no graph input or output carries).
+// gets t_copy(w), and the result reports eager's strides. Eager lets a write through that view
+// reach w: the lifted storage is marked captured, and a write through it is eager's write into w
+// when the call runs eagerly (Note [Kernel: writes into captured tensors]), refused with an error
+// naming the op (check_writable) under a tracer or a capture, never lost. Rejected: running the
+// *_copy op and returning a plain tensor (simplest, but a later in-place op on it would silently
+// not reach w); writing captured tensors back at the end like inputs (a side effect on the module
+// that no graph input or output carries).
 void lift_captured_self(const c10::OperatorHandle& op, torch::jit::Stack* stack, Layer& layer) {
   auto& self = *(stack->end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size()));
   at::Tensor lifted = make_fresh_wrapper(self.toTensor(), layer.id);

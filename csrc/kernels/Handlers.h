@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tfz::detail {
@@ -104,9 +105,11 @@ void check_read_of_written(const c10::OperatorName& op, const at::Tensor& writte
 bool write_captured_eagerly(const OpInfo& info, const c10::OperatorHandle& op,
                             torch::jit::Stack* stack, const Layer& layer);
 /// Eager's call of `op` on the arguments' values (our keys excluded); results are wrapped, except
-/// those that are one of `written` (plain tensors the op wrote and returns).
+/// a result that is the first of a pair of `returned_as` (a plain tensor the op wrote and
+/// returns), which comes back as its second.
 void run_on_values_eagerly(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                           const Layer& layer, const std::vector<at::Tensor>& written);
+                           const Layer& layer,
+                           const std::vector<std::pair<at::Tensor, at::Tensor>>& returned_as);
 /// `t`, passed as written argument `arg_name`, must be a wrapper without internal overlap.
 void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t);
 /// The written wrapper now holds `value`: replace, commit to its alias storage, sync. An out=

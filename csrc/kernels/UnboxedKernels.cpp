@@ -395,8 +395,10 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     if (C10_UNLIKELY(ks.has(c10::DispatchKey::ZeroTensor))) {
       return MutOp::redispatch(zero_tensor_keys(), args...);  // See run_boxed_kernel.
     }
-    if (C10_UNLIKELY(maybe_get_impl(written) == nullptr)) {
-      // The boxed kernel: Note [Autograd: formula temporaries written in place], or its refusal.
+    const auto* written_impl = maybe_get_impl(written);
+    if (C10_UNLIKELY(written_impl == nullptr || written_impl->alias_storage().captured())) {
+      // The boxed kernel: Note [Autograd: formula temporaries written in place],
+      // Note [Kernel: writes into captured tensors], or their refusal.
       run_on_boxed_kernel<MutOp>(ks, args...);
       return written;
     }

@@ -139,9 +139,10 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
               ": cannot write through '", arg_name,
               "', a view of a tensor captured from outside the function (a parameter, buffer "
               "or global) that the function does not own (a view of it with "
-              "remove=\"mutations_and_views\", or a tensor set_ onto its storage): the write "
-              "would not reach that tensor. Pass the tensor to the function as an input; for "
-              "views, remove=\"mutations\" also works.");
+              "remove=\"mutations_and_views\", or a tensor set_ onto its storage), under a "
+              "tracer or a capture, or together with tensors of the function: no graph can "
+              "write that tensor (Note [Kernel: writes into captured tensors]). Pass the tensor "
+              "to the function as an input.");
   // See Note [Alias: writes through an overlapping view]: without views the step-by-step
   // inverse of expand sums the copies of each element, so such a write would be wrong.
   if (!impl->chain().empty() && !impl->chain().back()->reapply && !is_empty_static(t)) {

@@ -93,18 +93,24 @@ def test_views_of_captured_parameters_become_copies():
     assert "aten.t_copy.default" in targets and "aten.t.default" not in targets, gm.code
 
 
-def test_write_through_view_of_captured_tensor_is_refused_without_views():
-    # Eager would write into w; nothing writes a captured tensor back, so this is an error
-    # naming the op rather than a lost write.
+def test_write_through_view_of_captured_tensor_without_views():
+    # Eager writes into w: run eagerly, so does the write through the lifted view
+    # (Note [Kernel: writes into captured tensors]); no graph can write a tensor it does not take,
+    # so under a tracer or a capture the write is refused, naming the op.
     w = torch.zeros(3, 3)
 
     def f(x):
         w.t()[0].add_(1)
-        return x + 1
+        return x + w.sum()
 
+    x = torch.randn(3)
     with pytest.raises(RuntimeError, match=r"aten::add_.*captured from outside the function"):
-        tfz.functionalize(f, remove="mutations_and_views")(torch.randn(3))
+        tfz.capture(f, x, remove="mutations_and_views")
     assert torch.equal(w, torch.zeros(3, 3))
+    out = tfz.functionalize(f, remove="mutations_and_views")(x)
+    expected_w = torch.zeros(3, 3)
+    expected_w.t()[0].add_(1)
+    assert torch.equal(w, expected_w) and torch.equal(out, x + 3)
 
 
 def test_write_through_view_of_captured_tensor_keeps_eager_semantics_with_views():
@@ -148,6 +154,7 @@ def _captured_writes_cases():
     torch.manual_seed(0)
     embedding = nn.Embedding(10, 4, max_norm=0.5)
     spectral = nn.utils.parametrizations.spectral_norm(nn.Linear(4, 4))
+    instance = nn.Sequential(nn.Conv1d(4, 3, 1), nn.InstanceNorm1d(3, track_running_stats=True))
     normed = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, momentum=None), nn.ReLU())
 
     class EmaNormalizer(nn.Module):  # a captured buffer written with f's values
@@ -160,7 +167,8 @@ def _captured_writes_cases():
             return x * self.ema
 
     return {
-        "embedding_max_norm": (embedding, lambda: torch.tensor([1, 2, 3, 1]), ["mutations"]),
+        "embedding_max_norm": (embedding, lambda: torch.tensor([1, 2, 3, 1]), REMOVES),
+        "instance_norm_stats": (instance, lambda: torch.randn(2, 4, 5), REMOVES),
         "spectral_norm": (spectral, lambda: torch.randn(5, 4), ["mutations_and_views"]),
         "batch_norm_cumulative": (normed, lambda: torch.randn(5, 4), REMOVES),
         "ema_buffer": (EmaNormalizer(), lambda: torch.randn(5, 4), REMOVES),
@@ -170,8 +178,8 @@ def _captured_writes_cases():
 REMOVES = ["mutations", "mutations_and_views"]
 
 
-@pytest.mark.parametrize("case", ["embedding_max_norm", "spectral_norm", "batch_norm_cumulative",
-                                  "ema_buffer"])
+@pytest.mark.parametrize("case", ["embedding_max_norm", "instance_norm_stats", "spectral_norm",
+                                  "batch_norm_cumulative", "ema_buffer"])
 def test_captured_tensors_written_with_values_of_the_function_as_eager(case):
     # Note [Kernel: writes into captured tensors]: run eagerly, the writes reach the captured
     # tensors as in eager; the outputs, the module's state and its gradients are eager's.

@@ -43,16 +43,14 @@ namespace tfz::detail {
 // (a parameter's, captured by the module) is eager's aliasing of memory that the function does not
 // own: the wrapper moves to a new alias storage whose base is an inner tensor set_ onto that
 // storage, marked captured, so reads see that memory as eager's do and a write through it is
-// refused by name (Note [Kernel: views of captured tensors]). The wrapper's data pointer is not the
-// parameter's, so cuDNN's check finds no flat buffer and copies the weights into one of its own,
-// with the same numbers. Under a tracer it stays refused: a Storage is no value a graph can hold.
-// On the CPU it stays refused too: there the same two calls are how torch.ByteTensor(storage) wraps
-// a Python buffer, which all_gather_object then sends through collectives whose results ours cannot
-// turn back into bytes (the error case of test_distributed.py), and no CPU kernel of torch makes
-// them.
-// Rejected: letting writes through that storage reach the memory, as eager's would: it belongs to
-// a tensor the function captured, so the write would be a side effect that no graph input or
-// output carries (the reason Note [Kernel: views of captured tensors] refuses such writes).
+// eager's write, run eagerly (Note [Kernel: writes into captured tensors]). The wrapper's data
+// pointer is not the parameter's, so cuDNN's check finds no flat buffer and copies the weights
+// into one of its own, with the same numbers. Under a tracer it stays refused: a Storage is no
+// value a graph can hold. On the CPU it stays refused too: there the same two calls are how
+// torch.ByteTensor(storage) wraps a Python buffer, which all_gather_object then sends through
+// collectives whose results ours cannot turn back into bytes (the error case of
+// test_distributed.py), and no CPU kernel of torch makes them. Rejected: a wrapper of a copy of
+// that memory (reads would miss the parameter's later writes, and writes would not reach it).
 bool is_set(const c10::OperatorHandle& op) {
   return op.operator_name().name == "aten::set_";
 }
