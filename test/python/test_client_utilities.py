@@ -3,7 +3,10 @@ distributions, signal transforms, losses, learning-rate schedulers that read the
 checkpointing, forward hooks that write buffers, loops whose trip count or writes depend on values
 read out of tensors (`int(...)`, `tolist()`, `masked_select`, `unique`), quantization observers
 and learnable fake quantization, LBFGS with its closure, and in-place idioms of model code (rotary
-embeddings, complex values written through real views, a KV-cache loop). Each against eager
+embeddings, complex values written through real views, a KV-cache loop), and model pieces
+(a whole nn.Transformer step, attention with a padding mask, graph message passing by index,
+grid sampling, an EMA with _foreach_lerp_, chained LR schedulers, GaussianNLLLoss, orthogonal
+parametrization). Each against eager
 (reference.assert_client_matches_eager) in both remove modes, eagerly and replayed as graphs; a
 program that reads values is replayed as a capture only (make_fx refuses the read, as for
 torch.func's functionalize), and on inputs that give other values its capture must raise the
@@ -205,6 +208,95 @@ def kv_cache_loop(cache, ks):
     return cache[:, :ks.shape[1]].sum()
 
 
+GAUSSIAN_HEAD = nn.Linear(3, 2)
+TRANSFORMER = nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                             dim_feedforward=16, dropout=0.1)
+ATTENTION = nn.MultiheadAttention(8, 2, batch_first=True, dropout=0.1)
+MESSAGE = nn.Linear(4, 4)
+CONV = nn.Conv2d(2, 2, 3, padding=1)
+
+
+def gaussian_nll(p, x, y):
+    # GaussianNLLLoss clamps a clone of the variance under no_grad and checks it (a value read).
+    mu, v = functional_call(GAUSSIAN_HEAD, p, (x,)).unbind(-1)
+    loss = nn.GaussianNLLLoss()(mu, y, v.abs() * 1e-3)
+    loss.backward()
+    return loss
+
+
+def orthogonal_training(x):
+    # parametrizations.orthogonal checks its initial weight with allclose (a value read).
+    lin = nn.Linear(3, 3)
+    nn.utils.parametrizations.orthogonal(lin)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        lin(x).sum().backward()
+        opt.step()
+    return lin.weight.detach()
+
+
+def ema_with_foreach_lerp(p, ema, x):
+    for _ in range(2):
+        loss = functional_call(LINEAR, p, (x,)).square().mean()
+        grads = torch.autograd.grad(loss, list(p.values()))
+        with torch.no_grad():
+            torch._foreach_add_(list(p.values()), grads, alpha=-0.1)
+            torch._foreach_lerp_(ema, list(p.values()), 0.1)
+    return loss.detach()
+
+
+def chained_schedulers(p, x, y):
+    opt = torch.optim.SGD(list(p.values()), lr=0.1, momentum=0.9)
+    warmup = torch.optim.lr_scheduler.LinearLR(opt, 0.5, total_iters=2)
+    restarts = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=2)
+    schedule = torch.optim.lr_scheduler.SequentialLR(opt, [warmup, restarts], milestones=[2])
+    losses = []
+    for _ in range(4):
+        opt.zero_grad()
+        loss = ((functional_call(ONE_OUT, p, (x,)) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        schedule.step()
+        losses.append(loss.detach())
+    return losses
+
+
+def transformer_step(p, src, tgt):
+    mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[0])
+    out = functional_call(TRANSFORMER, p, (src, tgt), {"tgt_mask": mask, "tgt_is_causal": True})
+    out.sum().backward()
+    return out
+
+
+def attention_with_padding(p, q, padding):
+    out, weights = functional_call(ATTENTION, p, (q, q, q), {
+        "key_padding_mask": padding, "need_weights": True, "average_attn_weights": False})
+    out.sum().backward()
+    return out, weights
+
+
+def message_passing(p, x, edges):
+    # A graph network layer: messages summed and maxed into nodes by index.
+    msg = functional_call(MESSAGE, p, (x[edges[0]],))
+    summed = torch.zeros_like(x).index_add_(0, edges[1], msg)
+    degree = torch.zeros(x.shape[0]).scatter_add_(0, edges[1], torch.ones(edges.shape[1]))
+    summed.div_(degree.clamp_(min=1).unsqueeze(-1))
+    index = edges[1].unsqueeze(-1).expand_as(msg)
+    maxed = torch.zeros_like(x).scatter_reduce_(0, index, msg, "amax", include_self=False)
+    (summed + maxed).sum().backward()
+    return summed, maxed
+
+
+def sampled_grid(p, x, theta):
+    grid = F.affine_grid(theta, x.shape, align_corners=False)
+    y = F.grid_sample(functional_call(CONV, p, (x,)), grid, align_corners=False)
+    y.relu_()
+    y.sum().backward()
+    return y
+
+
+
 CASES = {
     "reparametrized_normal": (reparametrized_normal, lambda: (leaves_of(LINEAR),
                                                               torch.randn(3, 4))),
@@ -238,11 +330,28 @@ CASES = {
     "complex_writes_through_real_views": (complex_writes_through_real_views,
                                           lambda: (torch.randn(4, 2),)),
     "kv_cache_loop": (kv_cache_loop, lambda: (torch.zeros(2, 8, 4), torch.randn(2, 3, 4))),
+    "gaussian_nll": (gaussian_nll, lambda: (leaves_of(GAUSSIAN_HEAD), torch.randn(5, 3),
+                                            torch.randn(5))),
+    "orthogonal_training": (orthogonal_training, lambda: (torch.randn(4, 3),)),
+    "ema_with_foreach_lerp": (ema_with_foreach_lerp, lambda: (
+        leaves_of(LINEAR), [t.detach().clone() for t in LINEAR.parameters()], torch.randn(4, 4))),
+    "chained_schedulers": (chained_schedulers, regression_inputs),
+    "transformer_step": (transformer_step, lambda: (
+        leaves_of(TRANSFORMER), torch.randn(5, 2, 8), torch.randn(4, 2, 8))),
+    "attention_with_padding": (attention_with_padding, lambda: (
+        leaves_of(ATTENTION), torch.randn(2, 4, 8),
+        torch.tensor([[False, False, True, True], [False, False, False, True]]))),
+    "message_passing": (message_passing, lambda: (
+        leaves_of(MESSAGE), torch.randn(5, 4),
+        torch.tensor([[0, 1, 2, 3, 4, 0], [1, 2, 3, 4, 0, 2]]))),
+    "sampled_grid": (sampled_grid, lambda: (leaves_of(CONV), torch.randn(2, 2, 5, 5),
+                                            torch.randn(2, 2, 3, requires_grad=True))),
 }
 # Programs that read values out of tensors: make_fx refuses them (as torch.func's does).
 READS_VALUES = {"reparametrized_normal", "stft_round_trip", "accumulate_while_positive",
                 "scale_rows_by_list", "masked_round_trip", "unique_counts",
-                "observers_then_fake_quantize", "lbfgs_with_a_closure"}
+                "observers_then_fake_quantize", "lbfgs_with_a_closure", "gaussian_nll",
+                "orthogonal_training"}
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
