@@ -161,8 +161,8 @@ def test_batch_norm_training_with_captured_stats_writes_them_as_eager(backend, r
     assert not is_functional(out)
     assert_trees_match((out, mean, var), (expected, e_mean, e_var), "output and stats")
     if x.requires_grad:
-        assert_trees_match(torch.autograd.grad(out.sum(), x), torch.autograd.grad(expected.sum(), x),
-                           "gradient")
+        assert_trees_match(torch.autograd.grad(out.sum(), x),
+                           torch.autograd.grad(expected.sum(), x), "gradient")
     assert (mean._version, var._version) == versions  # eager's write is hidden too
 
 
