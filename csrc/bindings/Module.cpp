@@ -254,6 +254,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_parse_remove", [](const std::string& r) { tfz::parse_remove(r); });
   m.def("_is_functional", &tfz::is_functional);
   m.def("_layer_active", [] { return tfz::detail::current_layer() != nullptr; });
+  m.def("_layer_id", [] {
+    const auto* layer = tfz::detail::current_layer();
+    return layer != nullptr ? layer->id : int64_t{0};
+  });
   // See Note [Control flow: closures].
   m.def("_lift_closures", &tfz::detail::lift_closures);
   m.def("_is_layer_wrapper", &tfz::detail::is_current_layer_wrapper);

@@ -42,9 +42,11 @@ namespace tfz::detail {
 // GPU: an illegal memory access, which poisons the process's CUDA context. So while a layer is
 // active the thread runs TorchScript unoptimized (TorchScript's own setting for that is
 // thread-local): a script function first called inside f runs the plan every op of which
-// dispatches, to our kernel, and is optimized on its first calls outside f as usual. Not covered:
-// a function whose optimized plan was made before f ran keeps it inside f (torch returns a made
-// plan before it reads the setting), so its fusion groups would see wrappers.
+// dispatches, to our kernel, and is optimized on its first calls outside f as usual. A function
+// (or a script module's method) whose optimized plan was made before f ran would keep it inside f
+// (torch returns a made plan before it reads the setting), so from Python its first call in each
+// layer drops its plans (torchscript_plans.py: _debug_flush_compilation_cache), and it makes the
+// unoptimized one; it optimizes again after f. C++ callers of torch::jit modules are not covered.
 // Rejected: switching off the tensor-expression fuser alone (the profiling executor then hands
 // the same graphs to the legacy fuser, whose kernels read data pointers too, and the switch is
 // process-wide), and a storage whose data pointer throws (it breaks the RNN check above).

@@ -13,7 +13,7 @@ import torch.utils.checkpoint
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import _C, compiled_callables
+from . import _C, compiled_callables, torchscript_plans
 from ._fx import run_without_grad
 from ._tree import Arguments, Flat, call_with, tensor_leaves
 
@@ -32,6 +32,7 @@ def check_remove(remove: str) -> None:
 @contextlib.contextmanager
 def enable(remove: Remove = "mutations") -> Iterator[None]:
     """Functionalize ops on wrappers made by ``to_functional`` inside this block (manual use)."""
+    torchscript_plans.install()
     guard = _C._Guard(remove)
     try:
         yield
@@ -118,6 +119,7 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
         last_node: Any = tracer.graph._root.prev if tracer is not None else None
         grad_leaves = _leaves_requiring_grad(tracer, inputs) if tracer is not None else set()
         compiled_callables.install_if_dynamo_loaded()
+        torchscript_plans.install()
         if tracer is None:
             outputs = _C._call(inputs, remove, alias, run)
         else:  # See Note [Autograd: saved outputs under a tracer], the checkpoint case.

@@ -21,7 +21,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.utils import _pytree as pytree
 
-from . import _C, compiled_callables, rng_state
+from . import _C, compiled_callables, rng_state, torchscript_plans
 from ._alias_analysis import InputLayout
 from ._copy_derivative import has_copy, with_copy_derivative
 from ._fx import placeholders, run_without_grad
@@ -110,6 +110,7 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
         # See Note [Autograd: saved outputs under a tracer], the checkpoint case.
         with torch.utils.checkpoint.set_checkpoint_early_stop(False):
             compiled_callables.install_if_dynamo_loaded()
+            torchscript_plans.install()
             captured = _C._capture(inputs, remove, run)
     except NotImplementedError as error:
         if not any(m in str(error) for m in _THROUGH_MAKE_FX):
