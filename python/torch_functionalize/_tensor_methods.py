@@ -186,50 +186,37 @@ _torch_deepcopy = torch.Tensor.__deepcopy__
 # (Note [Kernel: factories]).
 
 
-def _deepcopy_plain(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
-    # See Note [API: deep copies of plain tensors inside the function].
-    if id(self) in memo:
-        return memo[id(self)]
-    if type(self) is not torch.Tensor or self.layout != torch.strided or self.is_quantized:
+def _deepcopy(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
+    plain = not _C._is_functional(self)
+    if plain and not _C._layer_active():
+        return _torch_deepcopy(self, memo)
+    if plain and (type(self) is not torch.Tensor or self.layout != torch.strided
+                  or self.is_quantized):
         scope = _C._InnerCall()  # torch's copy below our key (its new_empty + set_ stay plain)
         try:
             return _torch_deepcopy(self, memo)
         finally:
             scope.close()
-    if not self.is_leaf:
-        return _torch_deepcopy(self, memo)  # torch's error
-    copied_storages = memo.setdefault("tfz", {})
-    storage = self.untyped_storage()._cdata
-    if storage in copied_storages:
-        raise NotImplementedError(
-            "functionalize: copy.deepcopy inside the function of two tensors from outside it that "
-            "share memory (a module whose buffers are views of one tensor): the copies would not "
-            "share it. Deep-copy the module before the call and pass its tensors in.")
-    import copy
-
-    with torch.no_grad():
-        new = _C._to_functional(self.clone(memory_format=torch.preserve_format))
-        if self.requires_grad:
-            new.requires_grad_()
-        if self.grad is not None:
-            new.grad = copy.deepcopy(self.grad, memo)
-    new.__dict__ = copy.deepcopy(self.__dict__, memo)
-    copied_storages[storage] = new
-    memo[id(self)] = new
-    return new
-
-
-def _deepcopy(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
-    if not _C._is_functional(self) and _C._layer_active():
-        return _deepcopy_plain(self, memo)
-    if not _C._is_functional(self) or not self.is_leaf or type(self) is not torch.Tensor:
-        return _torch_deepcopy(self, memo)
+    if not self.is_leaf or type(self) is not torch.Tensor:
+        return _torch_deepcopy(self, memo)  # torch's error, or a subclass's own copy
     if id(self) in memo:
         return memo[id(self)]
+    if plain:  # See Note [API: deep copies of plain tensors inside the function].
+        copied_storages = memo.setdefault("tfz", {})
+        storage = self.untyped_storage()._cdata
+        if storage in copied_storages:
+            raise NotImplementedError(
+                "functionalize: copy.deepcopy inside the function of two tensors from outside it "
+                "that share memory (a module whose buffers are views of one tensor): the copies "
+                "would not share it. Deep-copy the module before the call and pass its tensors "
+                "in.")
+        copied_storages[storage] = True
     import copy
 
     with torch.no_grad():
         new = self.clone(memory_format=torch.preserve_format)
+        if plain:
+            new = _C._to_functional(new)
         if self.requires_grad:
             new.requires_grad_()
         if self.grad is not None:
