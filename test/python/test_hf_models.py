@@ -2,7 +2,8 @@
 captured by closure as `model(ids)` does: eager's logits in both remove modes, the traced graph
 replays to eager's logits, and with remove="mutations_and_views" no view op is left alive in it
 (torch.func leaves t/view/_unsafe_view on the captured parameters: 3 live views on GPT-2, 45 on
-Llama). BERT, T5 and Mistral are trained two AdamW steps inside the function, against eager.
+Llama). BERT, T5 and Mistral are trained two AdamW steps inside the function, against eager; a
+ResNet with captured BatchNorms trains one step as eager does.
 Needs `transformers` (the `test` extra in pyproject.toml).
 """
 
@@ -253,3 +254,32 @@ def test_hf_generate_matches_eager_and_capture_replays(options, remove):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert_client_matches_eager(f, make_inputs, remove=remove, graphs=("capture",))
+
+
+def test_hf_resnet_with_captured_batch_norms_trains_as_eager(remove):
+    # A convolutional model called as model(x) in training mode: its BatchNorms' running stats are
+    # captured, written eagerly as eager writes them (Note [Kernel: native_batch_norm]); outputs,
+    # the module's state and its parameters' .grad are eager's.
+    import copy
+
+    from torch_functionalize import functionalize
+
+    torch.manual_seed(0)
+    model = transformers.ResNetModel(transformers.ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_channels=3)).train()
+    expected_model, actual_model = copy.deepcopy(model), copy.deepcopy(model)
+    x = torch.randn(2, 3, 32, 32)
+
+    def step(m):
+        def f(x):
+            out = m(x).last_hidden_state
+            out.pow(2).mean().backward()
+            return out.detach()
+        return f
+
+    expected = step(expected_model)(x)
+    actual = functionalize(step(actual_model), remove=remove)(x)
+    torch.testing.assert_close(actual, expected)
+    torch.testing.assert_close(actual_model.state_dict(), expected_model.state_dict())
+    for p, q in zip(actual_model.parameters(), expected_model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
