@@ -2,7 +2,8 @@
 writes them: every optimizer of the installed torch, for-loop, foreach and fused where it has
 them, k >= 2 steps of zero_grad, forward, backward() and step(). Against eager: losses,
 parameters, optimizer state and .grad, in both remove modes, eagerly, as a make_fx graph and as
-a capture (reference.assert_client_matches_eager)."""
+a capture (reference.assert_client_matches_eager); and a model whose parameters f captures,
+trained eagerly inside f."""
 import inspect
 
 import pytest
@@ -246,3 +247,37 @@ def test_param_groups_and_state_dict_round_trip_match_eager(name, remove):
     # Parameter groups with their own options, a group added between steps, and the optimizer's
     # state_dict saved and loaded inside f.
     assert_client_matches_eager(_grouped_steps(PARAM_GROUPS[name]), _make_inputs, remove=remove)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad"])
+def test_training_a_captured_model_matches_eager(name, remove):
+    # The model called as model(x) (parameters and BatchNorm buffers captured, not passed in) and
+    # trained two steps inside f: run eagerly, the optimizer's writes of f's values into the
+    # captured parameters are eager's (Note [Kernel: writes into captured tensors]); outputs,
+    # state and .grad are eager's. A graph cannot write them: capture refuses by name.
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.ReLU(),
+                                torch.nn.Linear(4, 2)).to(TEST_DEVICE)
+    expected_model, actual_model = copy.deepcopy(model), copy.deepcopy(model)
+    x = torch.randn(5, 3, device=TEST_DEVICE)
+
+    def step(m):
+        def f(x):
+            opt = getattr(torch.optim, name)(m.parameters(), lr=0.01)
+            for _ in range(2):
+                opt.zero_grad()
+                m(x).pow(2).mean().backward()
+                opt.step()
+            return m(x).detach()
+        return f
+
+    expected = step(expected_model)(x)
+    actual = functionalize(step(actual_model), remove=remove)(x)
+    torch.testing.assert_close(actual, expected)
+    torch.testing.assert_close(actual_model.state_dict(), expected_model.state_dict())
+    for p, q in zip(actual_model.parameters(), expected_model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    with pytest.raises(RuntimeError, match="traced or captured graph|under a tracer or a capture"):
+        capture(step(copy.deepcopy(model)), x, remove=remove)
