@@ -12,7 +12,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from torch_functionalize.testing._internal.reference import (
-    REMOVE_MODES, TEST_DEVICE, assert_client_matches_eager,
+    REMOVE_MODES, TEST_DEVICE, assert_captured_module_step_matches_eager,
+    assert_client_matches_eager,
 )
 from torch_functionalize import capture, functionalize
 
@@ -260,7 +261,6 @@ def test_training_a_captured_model_matches_eager(name, remove):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.ReLU(),
                                 torch.nn.Linear(4, 2)).to(TEST_DEVICE)
-    expected_model, actual_model = copy.deepcopy(model), copy.deepcopy(model)
     x = torch.randn(5, 3, device=TEST_DEVICE)
 
     def step(m):
@@ -273,11 +273,6 @@ def test_training_a_captured_model_matches_eager(name, remove):
             return m(x).detach()
         return f
 
-    expected = step(expected_model)(x)
-    actual = functionalize(step(actual_model), remove=remove)(x)
-    torch.testing.assert_close(actual, expected)
-    torch.testing.assert_close(actual_model.state_dict(), expected_model.state_dict())
-    for p, q in zip(actual_model.parameters(), expected_model.parameters()):
-        torch.testing.assert_close(p.grad, q.grad)
+    assert_captured_module_step_matches_eager(model, step, (x,), remove)
     with pytest.raises(RuntimeError, match="traced or captured graph|under a tracer or a capture"):
         capture(step(copy.deepcopy(model)), x, remove=remove)

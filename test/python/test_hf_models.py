@@ -260,15 +260,13 @@ def test_hf_resnet_with_captured_batch_norms_trains_as_eager(remove):
     # A convolutional model called as model(x) in training mode: its BatchNorms' running stats are
     # captured, written eagerly as eager writes them (Note [Kernel: native_batch_norm]); outputs,
     # the module's state and its parameters' .grad are eager's.
-    import copy
-
-    from torch_functionalize import functionalize
+    from torch_functionalize.testing._internal.reference import (
+        assert_captured_module_step_matches_eager,
+    )
 
     torch.manual_seed(0)
     model = transformers.ResNetModel(transformers.ResNetConfig(
         embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_channels=3)).train()
-    expected_model, actual_model = copy.deepcopy(model), copy.deepcopy(model)
-    x = torch.randn(2, 3, 32, 32)
 
     def step(m):
         def f(x):
@@ -277,9 +275,4 @@ def test_hf_resnet_with_captured_batch_norms_trains_as_eager(remove):
             return out.detach()
         return f
 
-    expected = step(expected_model)(x)
-    actual = functionalize(step(actual_model), remove=remove)(x)
-    torch.testing.assert_close(actual, expected)
-    torch.testing.assert_close(actual_model.state_dict(), expected_model.state_dict())
-    for p, q in zip(actual_model.parameters(), expected_model.parameters()):
-        torch.testing.assert_close(p.grad, q.grad)
+    assert_captured_module_step_matches_eager(model, step, (torch.randn(2, 3, 32, 32),), remove)

@@ -12,7 +12,8 @@ from torch.func import functional_call
 
 import torch_functionalize as tfz
 from torch_functionalize.testing._internal.reference import (
-    assert_functional_graph, assert_matches_eager, trace,
+    assert_captured_module_step_matches_eager, assert_functional_graph, assert_matches_eager,
+    trace,
 )
 
 
@@ -183,32 +184,19 @@ REMOVES = ["mutations", "mutations_and_views"]
 def test_captured_tensors_written_with_values_of_the_function_as_eager(case):
     # Note [Kernel: writes into captured tensors]: run eagerly, the writes reach the captured
     # tensors as in eager; the outputs, the module's state and its gradients are eager's.
-    import copy
-
     module, make_input, removes = _captured_writes_cases()[case]
+
+    def step(m):
+        def f(x):
+            out = m(x)
+            if out.requires_grad:
+                out.pow(2).sum().backward()
+            return out.detach()
+        return f
+
     for remove in removes:
-        expected_module, actual_module = copy.deepcopy(module), copy.deepcopy(module)
-        x = make_input()
-
-        def step(m):
-            def f(x):
-                out = m(x)
-                if out.requires_grad:
-                    out.pow(2).sum().backward()
-                return out.detach()
-            return f
-
-        torch.manual_seed(1)
-        expected = step(expected_module)(x)
-        torch.manual_seed(1)
-        actual = tfz.functionalize(step(actual_module), remove=remove)(x)
-        assert torch.allclose(actual, expected), (case, remove)
-        state = actual_module.state_dict()
-        for k, v in expected_module.state_dict().items():
-            assert torch.allclose(state[k].double(), v.double()), (case, remove, k)
-        for p, q in zip(actual_module.parameters(), expected_module.parameters()):
-            assert (p.grad is None) == (q.grad is None) and (
-                p.grad is None or torch.allclose(p.grad, q.grad)), (case, remove)
+        assert_captured_module_step_matches_eager(module, step, (make_input(),), remove,
+                                                  atol=1e-6, rtol=1e-5)
 
 
 def test_captured_tensor_written_with_values_of_the_function_is_refused_in_graphs():

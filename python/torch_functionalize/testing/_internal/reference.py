@@ -275,6 +275,32 @@ def _autograd_state(t):
     return (t.requires_grad, t.is_leaf, type(t.grad_fn).__name__, grad)
 
 
+def assert_captured_module_step_matches_eager(model, make_step, inputs, remove, atol=None,
+                                               rtol=None):
+    """A step over a module that f captures (model(x) inside f, not functional_call), run on two
+    deep copies of `model`: `make_step(m)` eagerly and functionalized, from the same seed. Their
+    outputs, the copies' state_dicts and their parameters' .grad must be eager's. Returns the
+    functionalized step's output. See Note [Kernel: writes into captured tensors]."""
+    import copy
+
+    import torch_functionalize
+
+    expected_model, actual_model = copy.deepcopy(model), copy.deepcopy(model)
+    torch.manual_seed(1)
+    expected = make_step(expected_model)(*inputs)
+    torch.manual_seed(1)
+    actual = torch_functionalize.functionalize(make_step(actual_model), remove=remove)(*inputs)
+    tolerances = {} if atol is None else {"atol": atol, "rtol": rtol}
+    torch.testing.assert_close(actual, expected, **tolerances)
+    torch.testing.assert_close(actual_model.state_dict(), expected_model.state_dict(),
+                               **tolerances)
+    for p, q in zip(actual_model.parameters(), expected_model.parameters()):
+        assert (p.grad is None) == (q.grad is None), "a .grad is set in one run only"
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, **tolerances)
+    return actual
+
+
 def assert_call_and_graphs_match_eager(f, traced_on, other, remove):
     """The eager call on `other`, and make_fx and capture graphs traced on `traced_on` and
     replayed on `other`, against eager on `other`."""
