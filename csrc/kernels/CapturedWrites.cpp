@@ -33,18 +33,20 @@ namespace tfz::detail {
 
 namespace {
 
-// What a write of `t` writes when run eagerly: a plain tensor itself, or for a wrapper lifted
-// from a captured tensor (without views, Note [Kernel: views of captured tensors]) the captured
-// tensor's own view along the wrapper's chain. Undefined for anything else (a wrapper of the
-// function's, a Python tensor).
-at::Tensor captured_target(const at::Tensor& t, const Layer& layer) {
-  if (!t.defined() || t.key_set().has_any(c10::python_ks)) return {};
+// Whether a write of `t` can run eagerly: a plain tensor (not a Python one), or a wrapper of this
+// layer lifted from a captured tensor (without views, Note [Kernel: views of captured tensors]).
+bool is_captured(const at::Tensor& t, const Layer& layer) {
+  if (!t.defined() || t.key_set().has_any(c10::python_ks)) return false;
+  const auto* impl = maybe_get_impl(t);
+  return impl == nullptr || (impl->alias_storage().captured() && impl->layer_id() == layer.id &&
+                             !impl->has_metadata_mutation());
+}
+
+// What a write of the captured `t` writes: a plain tensor itself, a lifted wrapper the captured
+// tensor's own view along the wrapper's chain.
+at::Tensor captured_target(const at::Tensor& t) {
   const auto* impl = maybe_get_impl(t);
   if (impl == nullptr) return t;
-  if (!impl->alias_storage().captured() || impl->layer_id() != layer.id ||
-      impl->has_metadata_mutation()) {
-    return {};
-  }
   InnerCallGuard guard;
   at::Tensor view = impl->alias_storage().base();
   for (const ViewMeta* step : impl->chain().steps()) view = step->forward_as_view(view);
@@ -60,29 +62,17 @@ bool write_captured_eagerly(const OpInfo& info, const c10::OperatorHandle& op,
   bool all_captured = true, any_written = false;
   for (const auto& w : info.written) {  // the common case, a wrapper of f's written, ends here
     for_each_tensor(args[w.index], [&](const at::Tensor& t) {
-      const auto* impl = maybe_get_impl(t);
       any_written = any_written || t.defined();
-      all_captured =
-          all_captured && t.defined() && (impl == nullptr || impl->alias_storage().captured());
+      all_captured = all_captured && is_captured(t, layer);
     });
   }
   if (!any_written || !all_captured || calls_may_be_traced()) return false;
   std::vector<std::pair<at::Tensor, at::Tensor>> targets;  // (what is written, what is returned)
   for (const auto& w : info.written) {
-    for_each_tensor(args[w.index], [&](const at::Tensor& t) {
-      targets.emplace_back(captured_target(t, layer), t);
-    });
-  }
-  for (const auto& [target, original] : targets) {
-    if (!target.defined()) return false;
-  }
-  for (const auto& w : info.written) {
     transform_tensors(*(stack->end() - static_cast<std::ptrdiff_t>(num_args) + w.index),
                       [&](const at::Tensor& t) {
-                        for (const auto& [target, original] : targets) {
-                          if (original.is_same(t)) return target;
-                        }
-                        return t;
+                        targets.emplace_back(captured_target(t), t);
+                        return targets.back().first;
                       });
   }
   run_on_values_eagerly(op, stack, layer, targets);
