@@ -6,10 +6,12 @@
 #include "core/DispatchKey.h"
 #include "core/Layout.h"
 #include "core/Recorder.h"
+#include "core/Recording.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -18,6 +20,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -70,8 +73,41 @@ constexpr const char* kInsideLargerStorage =
     "big buffer), and as_strided addresses that storage's elements, which the function does not "
     "see. Pass the whole buffer as the input";
 
-bool wants_flat_base(const at::Tensor& t) {
+// Note [Inputs: storage coordinates under a tracer]
+// The flat base reads the input's storage as it is at trace time: a graph holds
+// as_strided(x, [storage numel], [1], 0) and the input's offset as constants. Replayed on an
+// input at another offset (batch[3] traced on batch[0]) it reads the traced offset's elements,
+// silently, and on a smaller storage it fails inside as_strided. make_fx's graphs carry no input
+// guards, and torch's own tracers hand such inputs to us (scan traces its body on clone_input's
+// padded copies). So under a Python tracer (traced_without_guards()) only an input whose storage
+// coordinates follow from its sizes and strides (it spans its storage from byte 0 to the last,
+// as an expanded input does) gets the flat base; any other input alone in its storage keeps its
+// own base, marked offset_base like a slice of a large buffer: the graph reads the input itself
+// and is right on any input of its sizes, and what needs storage coordinates (as_strided on it,
+// resize_ past its end) is refused by name. The flat bases left (inputs that overlap themselves,
+// as an expanded one does, and inputs sharing a storage) are what the program means only on
+// inputs laid out the same way, so the graph starts with a tfz::_guard_layout node per member:
+// strides, offset, the storage's size it reads and the storage it shares, checked on each
+// replay. capture keeps the flat base for every input: its graphs check the offset and the
+// storage's size before each replay (Note [Capture: guards on inputs]).
+// Rejected: the flat base under make_fx with the storage's size and offset as constants and no
+// guard (right only on inputs laid out like the traced one, with nothing to say so); guards for
+// every input that does not span its storage (a graph traced on batch[0] would refuse batch[3]).
+constexpr const char* kTracedInsideStorage =
+    "the tensor is (a view of) an input that does not span its storage, and under make_fx (whose "
+    "graphs check nothing about their inputs) as_strided on it would put that storage's size and "
+    "the input's offset into the graph as constants, wrong on inputs laid out otherwise (Note "
+    "[Inputs: storage coordinates under a tracer]). Call the function without tracing, use "
+    "capture(f, ...), whose graphs check the storage's layout before each replay, pass the whole "
+    "buffer as the input";
+
+// The flat base suits `t` (Note [Inputs: inputs that do not start their storage]).
+bool flat_base_suits(const at::Tensor& t) {
   return plain_strided(t) && !is_whole_storage(t) && storage_is_small(t);
+}
+
+bool wants_flat_base(const at::Tensor& t) {
+  return flat_base_suits(t) && (spans_its_storage(t) || !traced_without_guards());
 }
 
 // An input with its own base whose storage coordinates are not its base's: one with elements
@@ -84,6 +120,11 @@ bool is_offset_input(const at::Tensor& t) {
   if (plain_strided(t)) return !is_whole_storage(t);
   return t.layout() == c10::kStrided && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
          t.has_storage() && t.storage().nbytes() > 0;
+}
+
+// Why as_strided is refused on an input with its own base that is_offset_input.
+const char* offset_reason(const at::Tensor& t) {
+  return flat_base_suits(t) ? kTracedInsideStorage : kInsideLargerStorage;
 }
 
 bool can_group(const std::vector<at::Tensor>& members) {
@@ -167,6 +208,24 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
   return wrapped;
 }
 
+// Under a Python tracer, a tfz::_guard_layout node per member of a flat base: the graph reads
+// them through their storage, so it holds only for inputs laid out as these are
+// (Note [Inputs: storage coordinates under a tracer]).
+void guard_layouts(const std::vector<at::Tensor>& members, c10::ArrayRef<size_t> indices) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("tfz::_guard_layout", "")
+                             .typed<void(const at::Tensor&, at::IntArrayRef, int64_t, int64_t,
+                                         const std::optional<at::Tensor>&, c10::string_view)>();
+  const auto nbytes = static_cast<int64_t>(members[0].storage().nbytes());
+  InnerCallGuard guard;
+  for (size_t k = 0; k < members.size(); ++k) {
+    const at::Tensor& m = members[k];
+    const std::string what = "input " + std::to_string(indices[k]);
+    op.call(m, m.strides(), m.storage_offset(), nbytes,
+            k == 0 ? std::nullopt : std::optional<at::Tensor>(members[0]), what);
+  }
+}
+
 }  // namespace
 
 // Note [Inputs: one tensor passed twice]
@@ -227,7 +286,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
       const size_t i = indices[0];
       out[i] = make_fresh_wrapper(inputs[i], layer.id);
       if (is_offset_input(inputs[i])) {
-        unsafe_get_impl(out[i])->alias_storage().mark_offset_base(kInsideLargerStorage);
+        unsafe_get_impl(out[i])->alias_storage().mark_offset_base(offset_reason(inputs[i]));
       }
       continue;
     }
@@ -243,11 +302,12 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
       for (size_t i : indices) {
         out[i] = make_fresh_wrapper(inputs[i], layer.id);
         if (is_offset_input(inputs[i])) {
-          unsafe_get_impl(out[i])->alias_storage().mark_offset_base(kInsideLargerStorage);
+          unsafe_get_impl(out[i])->alias_storage().mark_offset_base(offset_reason(inputs[i]));
         }
       }
       continue;
     }
+    if (traced_without_guards()) guard_layouts(members, indices);  // before the base reads them
     auto wrapped = wrap_group(members, layer);
     for (size_t k = 0; k < indices.size(); ++k) out[indices[k]] = wrapped[k];
   }

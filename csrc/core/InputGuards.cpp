@@ -1,8 +1,11 @@
 // Input guards of captured graphs: recording and checking. See core/InputGuards.h.
 #include "core/InputGuards.h"
 
+#include "core/Layout.h"
+
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <sstream>
 #include <unordered_map>
 
@@ -14,7 +17,9 @@ namespace tfz::detail {
 // epilogue follow which inputs shared memory when it was captured. Replayed on inputs that differ
 // in any of those, it ran and returned numbers of the captured shapes, silently wrong (a size-3
 // result for a size-5 input). So capture records each input's sizes, strides, storage offset,
-// dtype, device, requires_grad, conjugate/negative bits and alias group before the program runs,
+// dtype, device, requires_grad, conjugate/negative bits and alias group before the program runs
+// (and the storage's size where the graph reads the storage whole: an input that does not span
+// its small storage, or one sharing it, Note [Inputs: storage coordinates under a tracer]),
 // and every replay (the FX module capture returns, tfz::CapturedGraph) checks them first and
 // raises naming the input and both values. The device is not checked where either side is
 // meta: a graph captured on meta tensors (nothing computed) runs on any device, and a meta
@@ -79,6 +84,10 @@ std::vector<InputGuard> record_input_guards(const std::vector<at::Tensor>& input
       g.storage_offset = t.storage_offset();
     }
     g.alias_group = groups[i];
+    const bool shared = std::count(groups.begin(), groups.end(), groups[i]) > 1;
+    if (plain_strided(t) && (shared || (!spans_its_storage(t) && storage_is_small(t)))) {
+      g.storage_nbytes = static_cast<int64_t>(t.storage().nbytes());
+    }
   }
   return guards;
 }
@@ -102,12 +111,13 @@ void check_input_guards(const std::vector<InputGuard>& guards,
   const auto fail = [&](size_t i, const char* what, const std::string& then,
                         const std::string& now) {
     const std::string name = i < names.size() ? names[i] : "input " + std::to_string(i);
-    TORCH_CHECK(false, "capture: the graph was captured for ", name, " with ", what, " ", then,
-                " and is called with ", now,
-                ". A captured graph is specialized on its inputs' sizes, strides, dtype, device, "
-                "requires_grad and which inputs share memory (Note [Capture: guards on inputs]): "
-                "capture again for these inputs, or use make_fx(functionalize(f), "
-                "tracing_mode=\"symbolic\") for a graph of symbolic sizes.");
+    TORCH_CHECK(
+        false, "capture: the graph was captured for ", name, " with ", what, " ", then,
+        " and is called with ", now,
+        ". A captured graph is specialized on its inputs' sizes, strides, storage layout, dtype, "
+        "device, requires_grad and which inputs share memory (Note [Capture: guards on inputs]): "
+        "capture again for these inputs, or use make_fx(functionalize(f), "
+        "tracing_mode=\"symbolic\") for a graph of symbolic sizes.");
   };
   for (size_t i = 0; i < guards.size(); ++i) {
     const InputGuard& g = guards[i];
@@ -131,6 +141,11 @@ void check_input_guards(const std::vector<InputGuard>& guards,
     if (t.layout() == at::kStrided && t.storage_offset() != g.storage_offset) {
       fail(i, "storage offset", std::to_string(g.storage_offset),
            std::to_string(t.storage_offset()));
+    }
+    if (g.storage_nbytes >= 0 && t.has_storage() &&
+        static_cast<int64_t>(t.storage().nbytes()) != g.storage_nbytes) {
+      fail(i, "a storage of", std::to_string(g.storage_nbytes) + " bytes",
+           std::to_string(t.storage().nbytes()) + " bytes");
     }
     if (t.requires_grad() != g.requires_grad) {
       fail(i, "requires_grad", g.requires_grad ? "True" : "False",

@@ -15,6 +15,9 @@ struct InputGuard {
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;
   int64_t storage_offset = 0;
+  // The storage's size, for an input whose graph may address its whole storage (one that does
+  // not span it, alone in a small storage or sharing one with another input); -1 otherwise.
+  int64_t storage_nbytes = -1;
   at::ScalarType dtype = at::kFloat;
   at::Device device = at::kCPU;
   bool requires_grad = false;

@@ -210,6 +210,13 @@ inline bool is_whole_storage(const at::Tensor& t) {
          span.end == static_cast<int64_t>(t.storage().nbytes());
 }
 
+/// `t` (plain_strided) reaches the first and the last byte of its storage: its storage
+/// coordinates follow from its sizes and strides alone.
+inline bool spans_its_storage(const at::Tensor& t) {
+  const Span span = span_of(t);
+  return span.begin == 0 && span.end == static_cast<int64_t>(t.storage().nbytes());
+}
+
 /// Slack allowed by storage_is_small.
 constexpr int64_t kSmallStorageSlackBytes = 4096;
 

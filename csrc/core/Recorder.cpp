@@ -47,9 +47,14 @@ bool ops_are_recorded() {
   return tls_recorder != nullptr || c10::impl::TorchDispatchModeTLS::stack_len() > 0;
 }
 
-bool calls_may_be_traced() {
-  return ops_are_recorded() || c10::impl::TorchDispatchModeTLS::any_modes_set() ||
+bool traced_without_guards() {
+  return c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
+         c10::impl::TorchDispatchModeTLS::any_modes_set() ||
          c10::impl::tls_local_dispatch_key_set().included_.has_any(c10::python_ks);
+}
+
+bool calls_may_be_traced() {
+  return tls_recorder != nullptr || traced_without_guards();
 }
 
 RecordingGuard::RecordingGuard(Recorder& recorder)

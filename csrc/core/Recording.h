@@ -13,4 +13,8 @@ bool ops_are_recorded();
 /// thread: a graph may see the call, so it must not write memory the graph does not take.
 bool calls_may_be_traced();
 
+/// A Python tracer (make_fx's mode, any dispatch mode or Python key) may see the call: its graph
+/// has no input guards, so what it records must hold on any input of the traced sizes.
+bool traced_without_guards();
+
 }  // namespace tfz::detail

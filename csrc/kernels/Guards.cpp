@@ -1,8 +1,9 @@
 // The guard ops a captured graph holds where the program read a value out of a tensor
 // (tfz::_guard_value, tfz::_guard_equal, tfz::_guard_allclose, tfz::_guard_scalar_op) or took a
-// size that depends on
-// values (tfz::_guard_sizes): each checks, on replay, that the value is the one the graph
-// specialized on, and raises naming the read otherwise. See Note [Capture: guards on values read].
+// size that depends on values (tfz::_guard_sizes), and the one a make_fx graph holds for an input
+// it reads through its storage (tfz::_guard_layout): each checks, on replay, that what the graph
+// specialized on holds, and raises naming it otherwise. See Note [Capture: guards on values read]
+// and Note [Inputs: storage coordinates under a tracer].
 #include <ATen/core/Formatting.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -12,6 +13,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 namespace {
@@ -82,6 +84,30 @@ void guard_scalar_op(at::TensorList args, c10::string_view op, c10::string_view 
               " now.", kRemedy);
 }
 
+// An input a make_fx graph reads through its storage: its strides and offset, the storage's
+// size it reads, and the input it shares that storage with, as when traced. See
+// Note [Inputs: storage coordinates under a tracer].
+void guard_layout(const at::Tensor& self, at::IntArrayRef stride, int64_t storage_offset,
+                  int64_t storage_nbytes, const std::optional<at::Tensor>& shares_with,
+                  c10::string_view what) {
+  const bool same_storage =
+      !shares_with.has_value() || (self.has_storage() && shares_with->has_storage() &&
+                                   self.storage().is_alias_of(shares_with->storage()));
+  const auto nbytes = self.has_storage() ? static_cast<int64_t>(self.storage().nbytes()) : 0;
+  TORCH_CHECK(
+      self.strides() == stride && self.storage_offset() == storage_offset &&
+          nbytes >= storage_nbytes && same_storage,
+      "functionalize: the make_fx graph reads ", what,
+      " through its storage (it overlaps itself or shares memory with another input: Note "
+      "[Inputs: storage coordinates under a tracer]) and was traced with strides ",
+      stride, ", storage offset ", storage_offset, " and a storage of ", storage_nbytes, " bytes",
+      shares_with.has_value() ? " shared with an earlier input" : "",
+      "; it is called with strides ", self.strides(), ", storage offset ", self.storage_offset(),
+      " and a storage of ", nbytes, " bytes",
+      shares_with.has_value() ? (same_storage ? " shared with it" : " not shared with it") : "",
+      ". Trace again for inputs laid out like these, or pass the input contiguous.");
+}
+
 void no_check_on_meta(const at::Tensor&, const c10::Scalar&, c10::string_view) {}
 void no_op_check_on_meta(at::TensorList, c10::string_view, c10::string_view, const c10::Scalar&,
                          c10::string_view) {}
@@ -99,6 +125,9 @@ TORCH_LIBRARY(tfz, m) {
       "bool expected, str what) -> ()");
   m.def("_guard_sizes(Tensor self, SymInt[] expected, str what) -> ()");
   m.def("_guard_scalar_op(Tensor[] args, str op, str overload, Scalar expected, str what) -> ()");
+  m.def(
+      "_guard_layout(Tensor self, int[] stride, int storage_offset, int storage_nbytes, "
+      "Tensor? shares_with, str what) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tfz, CompositeExplicitAutograd, m) {
@@ -107,6 +136,7 @@ TORCH_LIBRARY_IMPL(tfz, CompositeExplicitAutograd, m) {
   m.impl("_guard_allclose", &guard_allclose);
   m.impl("_guard_sizes", &guard_sizes);
   m.impl("_guard_scalar_op", &guard_scalar_op);
+  m.impl("_guard_layout", &guard_layout);
 }
 
 // Meta tensors hold no values: a replay on meta checks sizes only.
@@ -115,4 +145,14 @@ TORCH_LIBRARY_IMPL(tfz, Meta, m) {
   m.impl("_guard_equal", &no_equal_check_on_meta);
   m.impl("_guard_allclose", &no_allclose_check_on_meta);
   m.impl("_guard_scalar_op", &no_op_check_on_meta);
+}
+
+// A conjugate or negative view keeps its bit: the fallbacks of those keys would hand
+// _guard_layout a resolved copy, whose storage is not the input's.
+TORCH_LIBRARY_IMPL(tfz, Conjugate, m) {
+  m.impl("_guard_layout", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(tfz, Negative, m) {
+  m.impl("_guard_layout", torch::CppFunction::makeFallthrough());
 }

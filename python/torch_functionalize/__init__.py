@@ -19,6 +19,15 @@ if _BUILT_WITH is not None:
     _check_torch_version(_BUILT_WITH, torch.__version__)
 
 from . import _C  # noqa: E402, F401
+
+# The guard ops graphs hold return nothing and have no users: without this, FX's dead-code
+# elimination (torch.compile's passes, gm.graph.eliminate_dead_code()) drops them, and the graph
+# then runs silently on inputs it does not hold for. See
+# Note [Capture: guards on values read] and
+# Note [Inputs: storage coordinates under a tracer].
+for _name in torch._C._dispatch_get_all_op_names():
+    if _name.startswith("tfz::_guard_"):
+        torch.fx.node.has_side_effect(getattr(torch.ops.tfz, _name[len("tfz::"):]).default)
 from . import _tensor_methods  # noqa: E402
 
 _tensor_methods.install()

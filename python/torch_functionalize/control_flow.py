@@ -143,10 +143,12 @@ def _kernel(op: Any, dense: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-# The operators whose tracing with functional subgraphs is tested (test_control_flow.py); scan's
-# tracing reads its operands' storage, and autograd through any of them builds its backward
-# subgraphs with AOTAutograd's joint tracing, neither of which meets our wrappers yet.
-_TRACED = {"cond", "while_loop", "map_impl", "associative_scan"}
+# The operators whose tracing with functional subgraphs is tested (test_control_flow.py). scan
+# traces its combine function on padded copies of its operands (clone_input), inputs that do not
+# span their storage, which take their own base under make_fx
+# (Note [Inputs: storage coordinates under a tracer]). Autograd through any of them builds its
+# backward subgraphs with AOTAutograd's joint tracing, which does not meet our wrappers yet.
+_TRACED = {"cond", "while_loop", "map_impl", "associative_scan", "scan"}
 
 
 def _traced(op: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -268,9 +270,9 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
     inner_args = list(pytree.tree_map(inner, args))
     inner_kwargs = pytree.tree_map(inner, kwargs)
     if closures:
-        # Every traced operator takes its trailing operands (cond's operands, while_loop's and
-        # associative_scan's additional_inputs, map_impl's pos_args) last, passed to each
-        # callable after its own arguments.
+        # Every traced operator takes its trailing operands (cond's operands, while_loop's,
+        # scan's and associative_scan's additional_inputs, map_impl's pos_args) last, passed to
+        # each callable after its own arguments.
         inner_args[-1] = (*inner_args[-1], *[_C._from_functional(w) for w in closures])
     scope = _C._InnerCall()
     try:

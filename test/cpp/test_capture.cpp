@@ -193,3 +193,24 @@ TEST(Capture, InputsOfOtherSizesDtypeOrAliasingAreRefused) {
     }
   }
 }
+
+// An input read through a small storage it does not span (x = b[:6] of a 37-element b) makes the
+// storage's size an input guard: a replay on a smaller storage raises naming it instead of failing
+// inside as_strided. See Note [Inputs: storage coordinates under a tracer].
+TEST(Capture, TheSizeOfAStorageReadWholeIsGuarded) {
+  auto add_one = [](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
+    in[0].add_(1);
+    return {in[0] * 2};
+  };
+  const auto graph = tfz::capture(add_one, {at::zeros({37}).slice(0, 0, 6)});
+  const at::Tensor same = at::zeros({37});
+  EXPECT_TRUE(at::allclose(graph({same.slice(0, 0, 6)})[0], at::full({6}, 2.0)));
+  EXPECT_TRUE(at::allclose(same.slice(0, 0, 6), at::ones({6})));
+  try {
+    graph({at::zeros({6})});
+    FAIL() << "no error for a smaller storage";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("with a storage of 148 bytes"), std::string::npos)
+        << e.what();
+  }
+}

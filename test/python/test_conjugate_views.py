@@ -74,7 +74,11 @@ def test_resize_of_a_conjugate_view_keeps_its_bit(remove, case):
         with pytest.raises(NotImplementedError, match="conjugate/negative bits"):
             functionalize(f, remove=remove)(*make_inputs())
         return
-    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+    # x[:, ::2] does not span its storage: make_fx refuses its as_strided_ by name
+    # (Note [Inputs: storage coordinates under a tracer]).
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove,
+                         make_fx_refusal="does not span its storage" if case == "as_strided_"
+                         else None)
 
 
 def test_resize_of_an_unsafe_chunk_of_a_conjugate_view_reads_eager_storage(remove):

@@ -1,6 +1,6 @@
 """Higher-order control-flow operators inside the functionalized function (Note [Control flow:
 higher-order operators]): torch.cond, while_loop, scan, map and associative_scan run eagerly on
-the wrappers, whatever their branches mutate; make_fx keeps cond, while_loop, map and
+the wrappers, whatever their branches mutate; make_fx keeps cond, while_loop, map, scan and
 associative_scan with functional subgraphs, closures lifted into operands and cond's writes
 returned; what is not supported under a tracer is refused by name. flex_attention runs its dense
 kernel inside f, and graphs record that kernel's ops."""
@@ -147,6 +147,7 @@ TRACED_PROGRAMS = {
     "while_loop": (loop, lambda s: (s * torch.ones(3),)),
     "map": (mapped, lambda s: (s * torch.ones(4, 3), torch.arange(3.0))),
     "associative_scan": (prefix_sums, lambda s: (s * torch.arange(15.0).view(5, 3),)),
+    "scan": (cumulative, lambda s: (s * torch.arange(12.0).view(4, 3),)),
 }
 
 
@@ -200,6 +201,19 @@ def map_closing_over_an_intermediate(x, y):
         return z
 
     return hop_map(body, x.view(3, 1).expand(3, 3).contiguous())
+
+
+def scan_closing_over_an_intermediate(x, y):
+    w = y.clone()
+    w.add_(1)
+
+    def combine(carry, row):
+        nxt = carry * w + row
+        out = nxt.clone()
+        out.sub_(w)
+        return nxt, out
+
+    return scan(combine, torch.zeros(3), x.view(3, 1).expand(3, 3).contiguous())
 
 
 def nested_conds_closing_over_the_outer_function(x, y):
@@ -261,6 +275,7 @@ CLOSURE_PROGRAMS = {
     "while_loop_reads_closure": (loop_closing_over_an_intermediate,
                                  loop_closing_over_an_intermediate),
     "map_reads_closure": (map_closing_over_an_intermediate, map_closing_over_an_intermediate),
+    "scan_reads_closure": (scan_closing_over_an_intermediate, scan_closing_over_an_intermediate),
     "nested_cond_reads_outer_closure": (nested_conds_closing_over_the_outer_function,
                                         nested_conds_closing_over_the_outer_function),
     "cond_returns_closure": (cond_returning_a_closure, if_returning_a_closure),
@@ -308,8 +323,8 @@ def test_loop_writing_what_it_is_given_is_refused_by_name_under_make_fx():
 
 @pytest.mark.parametrize("f, args", [
     (cond_with_functional_branches, lambda: (torch.randn(4, 3), torch.randn(3, 2).requires_grad_())),
-    (cumulative, lambda: (torch.randn(4, 3),)),
-], ids=["cond_with_autograd", "scan"])
+    (cumulative, lambda: (torch.randn(4, 3).requires_grad_(),)),
+], ids=["cond_with_autograd", "scan_with_autograd"])
 def test_untested_tracing_is_refused_by_name_under_make_fx(f, args):
     with pytest.raises(NotImplementedError, match="higher-order operator.* under make_fx is"):
         make_fx(functionalize(f))(*args())

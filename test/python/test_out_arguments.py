@@ -335,7 +335,10 @@ def test_matmul_out_restrides_a_strided_out_like_eager(remove):
         return (torch.arange(12.0).view(4, 3), torch.arange(4.0) - 1,
                 torch.arange(18.0).view(3, 6).diagonal())
 
-    assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+    # The restride addresses b's storage, which y does not span: make_fx refuses it by name
+    # (Note [Inputs: storage coordinates under a tracer]); capture guards the layout.
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove,
+                         make_fx_refusal="does not span its storage")
 
 
 @pytest.mark.parametrize("out_shape", [(1, 5), (0,), (3, 3)], ids=["same", "empty", "other"])

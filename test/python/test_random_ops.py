@@ -652,5 +652,8 @@ def test_dropout_of_an_overlapping_as_strided_view_twice(remove):
         torch.manual_seed(0)
         return (torch.randn(6, 3)[1:, ::2],)
 
-    out = assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+    # x0 does not span its storage: make_fx refuses the as_strided by name, capture guards the
+    # layout (Note [Inputs: storage coordinates under a tracer]).
+    out = assert_matches_eager(f, make_inputs=make_inputs, remove=remove,
+                               make_fx_refusal="does not span its storage")
     assert out[1].stride() == f(*make_inputs())[1].stride()

@@ -99,7 +99,10 @@ def test_scatter_of_a_self_overlapping_view(remove):
         return (torch.arange(12.0).view(3, 2, 2)[..., ::2],)
 
     if remove == "mutations":
-        assert_matches_eager(f, make_inputs=make_inputs)
+        # x does not span its storage: make_fx refuses the as_strided by name, capture guards the
+        # layout (Note [Inputs: storage coordinates under a tracer]).
+        assert_matches_eager(f, make_inputs=make_inputs,
+                             make_fx_refusal="does not span its storage")
     else:
         with pytest.raises(NotImplementedError, match="whose elements share memory"):
             functionalize(f, remove=remove)(*make_inputs())

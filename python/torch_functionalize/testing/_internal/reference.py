@@ -9,6 +9,7 @@ graph that `make_fx` records for a functionalized program.
 
 import contextlib
 import os
+import re
 
 import torch
 import torch.utils._pytree as pytree
@@ -51,6 +52,7 @@ def assert_matches_eager(
     check_input_strides=True,
     check_graph=True,
     capture_values=True,
+    make_fx_refusal=None,
     **kwargs,
 ):
     """Checks that impl(f, remove=remove) matches eager f on outputs and final input state.
@@ -94,8 +96,16 @@ def assert_matches_eager(
     if check_graph:
         graph_args = tuple(make_inputs()) if make_inputs is not None else clone_inputs(inputs)
         functional = impl(f, remove=remove)
-        gm = make_fx(lambda a, kw: functional(*a, **kw))(graph_args, clone_inputs(kwargs))
-        assert_functional_graph(gm, remove)
+        if make_fx_refusal is None:
+            gm = make_fx(lambda a, kw: functional(*a, **kw))(graph_args, clone_inputs(kwargs))
+            assert_functional_graph(gm, remove)
+        else:
+            try:
+                make_fx(lambda a, kw: functional(*a, **kw))(graph_args, clone_inputs(kwargs))
+            except NotImplementedError as error:
+                assert re.search(make_fx_refusal, str(error)), error
+            else:
+                raise AssertionError(f"make_fx did not refuse: expected {make_fx_refusal!r}")
         if impl is default_impl():
             fresh = (lambda: tuple(make_inputs())) if make_inputs is not None else (
                 lambda: clone_inputs(inputs))

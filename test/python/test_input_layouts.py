@@ -1,0 +1,131 @@
+"""Graphs of inputs whose storage is not exactly theirs: a slice of a small buffer, an expanded
+input, inputs sharing a storage. A make_fx graph must be right on any input of its sizes or say
+that it is not (Note [Inputs: storage coordinates under a tracer]); a captured graph checks the
+storage's layout it read (Note [Capture: guards on inputs]); FX dead-code elimination keeps
+every guard node.
+"""
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torch_functionalize.testing._internal.reference import (
+    REMOVE_MODES, assert_functional_graph, assert_trees_match,
+)
+from torch_functionalize import capture, functionalize
+
+
+def _read(x):
+    return x * 2
+
+
+def _write(x):
+    x.add_(1)
+    return x * 1
+
+
+def _write_through_a_view(x):
+    x[1:3].mul_(3)
+    return x.sum()
+
+
+def _out_into_the_input(x):
+    torch.mul(x, 2, out=x)
+    return x + 1
+
+
+# Each builds a fresh input of sizes (4,) and returns (input, its base or itself): the traced
+# one (row 0 of a small buffer: no element past it is the input's) and others laid out otherwise.
+_LAYOUTS = {
+    "row 0 (traced)": lambda: _viewed(torch.arange(12.0).view(3, 4), lambda b: b[0]),
+    "row 2": lambda: _viewed(torch.arange(12.0).view(3, 4) * 2, lambda b: b[2]),
+    "contiguous": lambda: _viewed(torch.arange(4.0) - 7, lambda b: b),
+    "slice of a large buffer": lambda: _viewed(torch.arange(4000.0), lambda b: b[7:11]),
+    "column": lambda: _viewed(torch.arange(12.0).view(3, 4).t().contiguous().t(),
+                              lambda b: b[:, 1].contiguous()),
+    "strided": lambda: _viewed(torch.arange(12.0).view(4, 3), lambda b: b[:, 2]),
+}
+
+
+def _viewed(base, view):
+    return view(base), base
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("program", [_read, _write, _write_through_a_view, _out_into_the_input],
+                         ids=lambda p: p.__name__.strip("_"))
+def test_make_fx_graph_of_a_slice_replays_on_inputs_laid_out_otherwise(remove, program):
+    # Traced on b[0] of a small b, the graph read the storage whole (as_strided(b, [12], [1], 0),
+    # then the input's offset): on b[2] it read row 0's values, silently.
+    gm = make_fx(functionalize(program, remove=remove))(_LAYOUTS["row 0 (traced)"]()[0])
+    assert_functional_graph(gm, remove)
+    for name, make in _LAYOUTS.items():
+        (e_in, e_base), (g_in, g_base) = make(), make()
+        expected = program(e_in)
+        assert_trees_match(gm(g_in), expected, f"{name}: output")
+        assert torch.equal(g_base, e_base), f"{name}: the input's storage"
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_make_fx_graph_of_an_expanded_input_holds_for_that_layout_and_refuses_others(remove):
+    # An expanded input is read through its storage (its elements overlap): right on another
+    # expanded input, and a named error on a contiguous one, where it read the first row only.
+    def f(x):
+        return x * 2 + x.sum(0)
+
+    gm = make_fx(functionalize(f, remove=remove))(torch.arange(4.0).expand(3, 4))
+    other = torch.tensor([1.0, -2.0, 3.0, 5.0]).expand(3, 4)
+    assert_trees_match(gm(other), f(other), "another expanded input")
+    with pytest.raises(RuntimeError, match=r"make_fx graph reads input 0 through its storage.*"
+                                           r"traced with strides \[0, 1\]"):
+        gm(torch.randn(3, 4))
+
+
+def _write_first_read_second(a, b):
+    a.add_(1)
+    return b * 2
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_make_fx_graph_of_aliased_inputs_refuses_distinct_ones_after_dead_code_elimination(remove):
+    base = torch.arange(6.0)
+    gm = make_fx(functionalize(_write_first_read_second, remove=remove))(base, base[2:])
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    e_base, g_base = torch.arange(6.0) * 3, torch.arange(6.0) * 3
+    assert_trees_match(gm(g_base, g_base[2:]), _write_first_read_second(e_base, e_base[2:]),
+                       "aliased inputs")
+    assert torch.equal(g_base, e_base)
+    with pytest.raises(RuntimeError, match="reads input 1 through its storage.*not shared with it"):
+        gm(torch.arange(6.0), torch.arange(4.0))
+
+
+def test_capture_checks_the_size_of_a_storage_it_reads_whole():
+    # x = b[:6] of a 37-element b is read through b's storage: a replay on a tensor whose storage
+    # is smaller failed inside as_strided ("setStorage: ... out of bounds").
+    def f(x):
+        x.add_(1)
+        return x * 2
+
+    gm = capture(f, torch.randn(37)[:6])
+    e_base = torch.randn(37)
+    g_base = e_base.clone()
+    assert_trees_match(gm(g_base[:6]), f(e_base[:6]), "a storage of the same size")
+    assert torch.equal(g_base, e_base)
+    with pytest.raises(RuntimeError, match="captured for x_1 with a storage of 148 bytes and is "
+                                           "called with 24 bytes"):
+        gm(torch.randn(6))
+
+
+def test_dead_code_elimination_keeps_the_guards_of_values_read():
+    # A guard has no users; FX's dead-code elimination dropped it, and the graph then returned
+    # the branch it captured for inputs that take the other.
+    def f(x):
+        if x.sum() > 0:
+            return x * 2
+        return x * 3
+
+    gm = capture(f, torch.ones(3))
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    with pytest.raises(RuntimeError, match="specialized on it"):
+        gm(-torch.ones(3))
