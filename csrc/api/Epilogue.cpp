@@ -7,6 +7,7 @@
 #include "core/Conversions.h"
 #include "core/DispatchKey.h"
 #include "core/Layout.h"
+#include "core/LayoutGuards.h"
 #include "core/Recorder.h"
 
 #include <ATen/EmptyTensor.h>
@@ -494,6 +495,14 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
       return unsafe_get_impl(wrappers[i])->has_metadata_mutation();
     });
   };
+  // The metadata ops below set each input's geometry in storage coordinates (as_strided_ with
+  // its offset): a make_fx graph then holds only for inputs laid out like these, and checks so
+  // before any write (Note [Inputs: storage coordinates under a tracer]).
+  if (traced_without_guards()) {
+    for (const auto* storage : order) {
+      if (has_metadata(storage)) guard_traced_input(*storage);
+    }
+  }
   // A recorded epilogue writes a flat storage (or a byte base) whole before the metadata ops, not
   // after them (Note [Inputs: writes outside every input's elements]); such a storage needs no
   // other write.

@@ -5,13 +5,13 @@
 #include "core/Conversions.h"
 #include "core/DispatchKey.h"
 #include "core/Layout.h"
+#include "core/LayoutGuards.h"
 #include "core/Recorder.h"
 #include "core/Recording.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
 #include <ATen/MemoryOverlap.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -74,25 +74,31 @@ constexpr const char* kInsideLargerStorage =
     "see. Pass the whole buffer as the input";
 
 // Note [Inputs: storage coordinates under a tracer]
-// The flat base reads the input's storage as it is at trace time: a graph holds
-// as_strided(x, [storage numel], [1], 0) and the input's offset as constants. Replayed on an
-// input at another offset (batch[3] traced on batch[0]) it reads the traced offset's elements,
-// silently, and on a smaller storage it fails inside as_strided. make_fx's graphs carry no input
-// guards, and torch's own tracers hand such inputs to us (scan traces its body on clone_input's
-// padded copies). So under a Python tracer (traced_without_guards()) only an input whose storage
-// coordinates follow from its sizes and strides (it spans its storage from byte 0 to the last,
-// as an expanded input does) gets the flat base; any other input alone in its storage keeps its
-// own base, marked offset_base like a slice of a large buffer: the graph reads the input itself
-// and is right on any input of its sizes, and what needs storage coordinates (as_strided on it,
-// resize_ past its end) is refused by name. The flat bases left (inputs that overlap themselves,
-// as an expanded one does, and inputs sharing a storage) are what the program means only on
-// inputs laid out the same way, so the graph starts with a tfz::_guard_layout node per member:
-// strides, offset, the storage's size it reads and the storage it shares, checked on each
-// replay. capture keeps the flat base for every input: its graphs check the offset and the
-// storage's size before each replay (Note [Capture: guards on inputs]).
-// Rejected: the flat base under make_fx with the storage's size and offset as constants and no
-// guard (right only on inputs laid out like the traced one, with nothing to say so); guards for
-// every input that does not span its storage (a graph traced on batch[0] would refuse batch[3]).
+// make_fx's graphs carry no input guards, so what a graph reads of an input's layout must hold
+// on any input of its sizes, or the graph must check it. The flat base reads the input's
+// storage as it is at trace time: as_strided(x, [storage numel], [1], 0) and the input's offset
+// become constants, so a graph traced on batch[0] and replayed on batch[3] read batch[0]'s
+// elements, silently, and torch's own tracers hand such inputs to us (scan traces its body on
+// clone_input's padded copies). Under a Python tracer (traced_without_guards()):
+//  - A lone input that does not span its storage keeps its own base, marked offset_base like a
+//    slice of a large buffer: the graph reads the input itself and is right on any input of its
+//    sizes; as_strided on it is refused by name.
+//  - The flat bases left (an input that spans its storage but overlaps itself, as an expanded
+//    one does; inputs sharing a storage) start the graph with a tfz::_guard_layout node per
+//    member: strides, offset, the storage's size and the storage it shares, checked on replay.
+//  - A lone input whose layout the program depends on (as_strided, resize_, a write through
+//    unfold, a metadata change the epilogue replays as as_strided_ with its offset, a seeded
+//    random fill, which draws in memory order) gets that guard where it first does
+//    (core/LayoutGuards.h): x.t_() traced at offset 0 would move a replayed x at offset 3 to
+//    offset 0.
+// capture keeps the flat base for every input: its graphs check the offset and the storage's size
+// before each replay (Note [Capture: guards on inputs]). What make_fx itself specializes stays
+// make_fx's: one tensor passed twice is one placeholder in its graph (the last), and a reshape that
+// copied a non-contiguous input is a copy on any input. Open: a random fill of a fresh tensor laid
+// out like an input (dropout's mask of a transposed x) draws in the traced memory order.
+// Rejected: the flat base under make_fx with no guard (right only on inputs laid out like the
+// traced one, with nothing to say so); guards on every input (a graph traced on batch[0] would
+// refuse batch[3], and make_fx graphs would gain a node per input that torch.func's do not have).
 constexpr const char* kTracedInsideStorage =
     "the tensor is (a view of) an input that does not span its storage, and under make_fx (whose "
     "graphs check nothing about their inputs) as_strided on it would put that storage's size and "
@@ -212,17 +218,9 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
 // them through their storage, so it holds only for inputs laid out as these are
 // (Note [Inputs: storage coordinates under a tracer]).
 void guard_layouts(const std::vector<at::Tensor>& members, c10::ArrayRef<size_t> indices) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("tfz::_guard_layout", "")
-                             .typed<void(const at::Tensor&, at::IntArrayRef, int64_t, int64_t,
-                                         const std::optional<at::Tensor>&, c10::string_view)>();
-  const auto nbytes = static_cast<int64_t>(members[0].storage().nbytes());
-  InnerCallGuard guard;
   for (size_t k = 0; k < members.size(); ++k) {
-    const at::Tensor& m = members[k];
-    const std::string what = "input " + std::to_string(indices[k]);
-    op.call(m, m.strides(), m.storage_offset(), nbytes,
-            k == 0 ? std::nullopt : std::optional<at::Tensor>(members[0]), what);
+    record_layout_guard(members[k], indices[k],
+                        k == 0 ? std::nullopt : std::optional<at::Tensor>(members[0]));
   }
 }
 
@@ -280,11 +278,13 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
     }
     group.push_back(i);
   }
+  const bool traced = traced_without_guards();
   for (const auto* storage : order) {
     const auto& indices = groups[storage];
     if (indices.size() == 1 && !wants_flat_base(inputs[indices[0]])) {  // the common case
       const size_t i = indices[0];
       out[i] = make_fresh_wrapper(inputs[i], layer.id);
+      if (traced) unsafe_get_impl(out[i])->alias_storage().set_traced_input(inputs[i], i);
       if (is_offset_input(inputs[i])) {
         unsafe_get_impl(out[i])->alias_storage().mark_offset_base(offset_reason(inputs[i]));
       }
@@ -301,13 +301,16 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
     if ((members.size() == 1 && !wants_flat_base(members[0])) || !can_group(members)) {
       for (size_t i : indices) {
         out[i] = make_fresh_wrapper(inputs[i], layer.id);
+        if (traced && indices.size() == 1) {
+          unsafe_get_impl(out[i])->alias_storage().set_traced_input(inputs[i], i);
+        }
         if (is_offset_input(inputs[i])) {
           unsafe_get_impl(out[i])->alias_storage().mark_offset_base(offset_reason(inputs[i]));
         }
       }
       continue;
     }
-    if (traced_without_guards()) guard_layouts(members, indices);  // before the base reads them
+    if (traced) guard_layouts(members, indices);  // before the base reads them
     auto wrapped = wrap_group(members, layer);
     for (size_t k = 0; k < indices.size(); ++k) out[indices[k]] = wrapped[k];
   }

@@ -5,6 +5,7 @@
 #include "core/AutogradHistory.h"
 #include "core/Layer.h"
 #include "core/Layout.h"
+#include "core/LayoutGuards.h"
 #include "core/ViewInverses.h"
 
 #include <ATen/Functions.h>
@@ -361,6 +362,13 @@ at::Tensor in_base_strides(const at::Tensor& base, at::Tensor value, bool views_
 at::Tensor AliasStorage::folded_(const Update& update) {
   if (update.chain.empty()) return in_own_storage_(update.value);
   const auto chain = update.chain.steps();
+  // unfold's and as_strided's inverses, and the scatter of a chain through expand, address the
+  // base's storage: a graph holds for inputs laid out as the traced one
+  // (Note [Inputs: storage coordinates under a tracer]).
+  if (C10_UNLIKELY(traced_input_.defined()) &&
+      std::any_of(chain.begin(), chain.end(), [](auto* s) { return may_overlap(*s); })) {
+    guard_traced_input(*this);
+  }
   if (chain.size() > 1 &&
       std::any_of(chain.begin(), chain.end() - 1, [](auto* s) { return may_overlap(*s); }) &&
       base_.layout() == c10::kStrided &&

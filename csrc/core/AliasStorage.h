@@ -121,6 +121,17 @@ class AliasStorage : public c10::StorageImpl {
   const char* offset_base_reason() const { return offset_base_; }
   /// A storage that wraps inputs: `storage` is the caller's, which the epilogue writes.
   void mark_caller_storage(const c10::StorageImpl* storage) { caller_storage_ = storage; }
+  /// Under a Python tracer, the caller's input this lone storage wraps and its index, until its
+  /// storage coordinates are first used (guard_traced_input in core/LayoutGuards.h); handed over
+  /// once. See Note [Inputs: storage coordinates under a tracer].
+  void set_traced_input(const at::Tensor& input, size_t index) {
+    traced_input_ = input;
+    traced_index_ = index;
+  }
+  std::optional<std::pair<at::Tensor, size_t>> take_traced_input() const {
+    if (!traced_input_.defined()) return std::nullopt;
+    return std::make_pair(std::exchange(traced_input_, at::Tensor()), traced_index_);
+  }
   /// Whether this is an input's storage (it has the caller's storage).
   bool has_caller_storage() const { return caller_storage_ != nullptr; }
   /// Whether `inner` lies in the caller's memory (the input itself, or a view of it with views
@@ -152,6 +163,8 @@ class AliasStorage : public c10::StorageImpl {
   bool flat_views_kept_ = false;
   const char* offset_base_ = nullptr;  // why, when the base is offset (see mark_offset_base)
   const c10::StorageImpl* caller_storage_ = nullptr;  // compared, never dereferenced
+  mutable at::Tensor traced_input_;                   // see set_traced_input
+  size_t traced_index_ = 0;
   std::vector<const ViewMeta*> member_steps_;
   // Replacement member steps, with the generation when each was added.
   std::vector<std::pair<std::shared_ptr<const ViewMeta>, uint64_t>> kept_member_steps_;

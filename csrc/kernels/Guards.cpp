@@ -84,8 +84,8 @@ void guard_scalar_op(at::TensorList args, c10::string_view op, c10::string_view 
               " now.", kRemedy);
 }
 
-// An input a make_fx graph reads through its storage: its strides and offset, the storage's
-// size it reads, and the input it shares that storage with, as when traced. See
+// An input a make_fx graph reads through its storage coordinates: its strides and offset, its
+// storage's size, and the input it shares that storage with, as when traced. See
 // Note [Inputs: storage coordinates under a tracer].
 void guard_layout(const at::Tensor& self, at::IntArrayRef stride, int64_t storage_offset,
                   int64_t storage_nbytes, const std::optional<at::Tensor>& shares_with,
@@ -96,16 +96,17 @@ void guard_layout(const at::Tensor& self, at::IntArrayRef stride, int64_t storag
   const auto nbytes = self.has_storage() ? static_cast<int64_t>(self.storage().nbytes()) : 0;
   TORCH_CHECK(
       self.strides() == stride && self.storage_offset() == storage_offset &&
-          nbytes >= storage_nbytes && same_storage,
+          nbytes == storage_nbytes && same_storage,
       "functionalize: the make_fx graph reads ", what,
-      " through its storage (it overlaps itself or shares memory with another input: Note "
-      "[Inputs: storage coordinates under a tracer]) and was traced with strides ",
+      " through its storage coordinates (as_strided, resize_ or a metadata change of it, or it "
+      "overlaps itself or shares memory with another input: "
+      "Note [Inputs: storage coordinates under a tracer]) and was traced with strides ",
       stride, ", storage offset ", storage_offset, " and a storage of ", storage_nbytes, " bytes",
       shares_with.has_value() ? " shared with an earlier input" : "",
       "; it is called with strides ", self.strides(), ", storage offset ", self.storage_offset(),
       " and a storage of ", nbytes, " bytes",
       shares_with.has_value() ? (same_storage ? " shared with it" : " not shared with it") : "",
-      ". Trace again for inputs laid out like these, or pass the input contiguous.");
+      ". Trace again for inputs laid out like these.");
 }
 
 void no_check_on_meta(const at::Tensor&, const c10::Scalar&, c10::string_view) {}

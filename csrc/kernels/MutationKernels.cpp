@@ -10,6 +10,7 @@
 #include "core/Conversions.h"
 #include "core/FunctorchInterop.h"
 #include "core/Layout.h"
+#include "core/LayoutGuards.h"
 #include "core/Recorder.h"
 #include "kernels/RandomFills.h"
 
@@ -267,6 +268,17 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
           for_each_tensor(v, [&](const at::Tensor& t) { any_requires_grad |= t.requires_grad(); });
         }
         if (any_requires_grad) inner[w.index] = at::clone(self);
+      }
+    }
+    // A seeded fill draws in the written tensor's memory order, which follows the input's layout:
+    // a graph holds for inputs laid out as the traced ones. See
+    // Note [Inputs: storage coordinates under a tracer].
+    if (C10_UNLIKELY(info.seeded) && traced_without_guards()) {
+      for (const auto& w : info.written) {
+        if (!args[w.index].isTensor()) continue;
+        if (auto* impl = maybe_get_impl(args[w.index].toTensor())) {
+          guard_traced_input(impl->alias_storage());
+        }
       }
     }
     if (auto value = random_fill_in_eager_order(info, op, args, inner)) {

@@ -5,6 +5,7 @@
 #include "core/AutogradHistory.h"
 #include "core/Conversions.h"
 #include "core/Layout.h"
+#include "core/LayoutGuards.h"
 #include "core/ModeStash.h"
 #include "core/Recorder.h"
 
@@ -149,7 +150,8 @@ bool check_storage_coordinates(std::string_view op_name, const FunctionalTensorI
   TORCH_CHECK_NOT_IMPLEMENTED(!impl.alias_storage().offset_base(), "functionalize: ", op_name, ": ",
                               impl.alias_storage().offset_base_reason(),
                               ", or express the view with other view ops.");
-  if (impl.chain().empty()) return true;  // self is the base
+  guard_traced_input(impl.alias_storage());  // Note [Inputs: storage coordinates under a tracer]
+  if (impl.chain().empty()) return true;     // self is the base
   const at::Tensor& base = impl.alias_storage().base();
   bool same = base.scalar_type() == self.scalar_type() && base.is_conj() == self.is_conj() &&
               base.is_neg() == self.is_neg();

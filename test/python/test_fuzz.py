@@ -4,6 +4,7 @@ keeps the list exact in both directions: a new failure fails it, and so does a f
 it from KNOWN then), like a strict xfail per case."""
 
 from torch_functionalize.testing._internal import fuzz
+from torch_functionalize.testing._internal.fuzz import layouts
 
 # (program seed, path, kind) found by `python tools/fuzz.py --programs 100 --seed 0`: none open.
 # Program 14 ("alias": an output eager returns as a view of an input whose metadata the program
@@ -15,3 +16,11 @@ def test_short_fuzz_run_finds_exactly_the_known_failures():
     found = set(fuzz.failures_of_ours(0, 100))
     assert found - KNOWN == set(), f"new failures: {sorted(found - KNOWN)}"
     assert KNOWN - found == set(), f"fixed (remove from KNOWN): {sorted(KNOWN - found)}"
+
+
+def test_make_fx_graphs_of_fuzz_programs_hold_on_inputs_laid_out_otherwise():
+    # tools/fuzz_layouts.py on programs 0..149 (~10 s): each replay on relaid inputs gives eager's
+    # values or our layout guard's error (Note [Inputs: storage coordinates under a tracer]).
+    counts, failures = layouts.sweep(0, 150)
+    assert failures == [], failures
+    assert counts["ok"] > 100 and counts["guarded"] > 20, counts

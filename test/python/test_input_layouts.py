@@ -80,6 +80,51 @@ def test_make_fx_graph_of_an_expanded_input_holds_for_that_layout_and_refuses_ot
         gm(torch.randn(3, 4))
 
 
+def _transpose_in_place(x):
+    x.t_()
+    return x + 1
+
+
+def _resize_in_place(x):
+    x.resize_((x.numel(),))
+    return x * 1
+
+
+def _read_through_as_strided(x):
+    return x.as_strided((2,), (1,), 1) * 2
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("program", [_transpose_in_place, _resize_in_place,
+                                     _read_through_as_strided],
+                         ids=lambda p: p.__name__.strip("_"))
+def test_make_fx_graph_using_storage_coordinates_holds_for_that_layout_and_refuses_others(
+        remove, program):
+    # Traced on a contiguous x, the graph set x's geometry with as_strided_(.., offset 0) (or read
+    # as_strided(.., 1) of its storage): replayed on an x at offset 3 it moved x to offset 0, or
+    # read other elements, silently. The first use of storage coordinates now guards the layout.
+    gm = make_fx(functionalize(program, remove=remove))(torch.arange(6.0).view(2, 3))
+    e_in, g_in = torch.arange(6.0).view(2, 3) * 2, torch.arange(6.0).view(2, 3) * 2
+    assert_trees_match(gm(g_in), program(e_in), "the traced layout: output")
+    assert (g_in.shape, g_in.stride(), g_in.storage_offset()) == (
+        e_in.shape, e_in.stride(), e_in.storage_offset())
+    assert torch.equal(g_in, e_in)
+    with pytest.raises(RuntimeError, match=r"reads input 0 through its storage coordinates.*"
+                                           r"storage offset 0.*storage offset 3"):
+        gm(torch.arange(20.0).as_strided((2, 3), (3, 1), 3))
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_make_fx_graph_of_a_contiguous_input_replays_on_views(remove):
+    # A program that reads no storage coordinate: no guard, right on every layout.
+    gm = make_fx(functionalize(_write_through_a_view, remove=remove))(torch.arange(4.0))
+    assert not any("_guard_layout" in str(n.target) for n in gm.graph.nodes), gm.code
+    for name, make in _LAYOUTS.items():
+        (e_in, e_base), (g_in, g_base) = make(), make()
+        assert_trees_match(gm(g_in), _write_through_a_view(e_in), f"{name}: output")
+        assert torch.equal(g_base, e_base), f"{name}: the input's storage"
+
+
 def _write_first_read_second(a, b):
     a.add_(1)
     return b * 2

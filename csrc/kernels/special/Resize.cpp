@@ -6,6 +6,7 @@
 #include "core/AutogradHistory.h"
 #include "core/Conversions.h"
 #include "core/Layout.h"
+#include "core/LayoutGuards.h"
 #include "core/Recorder.h"
 #include "core/ViewInverses.h"
 
@@ -97,6 +98,7 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
   if (self.sizes() == c10::IntArrayRef(size) && memory_format.isNone()) {
     return;  // same size: eager changes nothing, strides included
   }
+  guard_traced_input(impl->alias_storage());  // Note [Inputs: storage coordinates under a tracer]
   std::vector<int64_t> strides;
   {
     MetaComputeGuard guard;  // eager's strides for this size and memory format
