@@ -87,15 +87,15 @@ constexpr const char* kInsideLargerStorage =
 //    one does; inputs sharing a storage) start the graph with a tfz::_guard_layout node per
 //    member: strides, offset, the storage's size and the storage it shares, checked on replay.
 //  - A lone input whose layout the program depends on (as_strided, resize_, a write through
-//    unfold, a metadata change the epilogue replays as as_strided_ with its offset, a seeded
-//    random fill, which draws in memory order) gets that guard where it first does
-//    (core/LayoutGuards.h): x.t_() traced at offset 0 would move a replayed x at offset 3 to
-//    offset 0.
+//    unfold, a metadata change the epilogue replays as as_strided_ with its offset) gets that
+//    guard where it first does (core/LayoutGuards.h): x.t_() traced at offset 0 would move a
+//    replayed x at offset 3 to offset 0. So does any tensor a seeded random fill draws into in
+//    an order measured on its traced strides (Note [Kernel: random fills of strided tensors]),
+//    which may follow an input's (dropout's mask of a transposed x).
 // capture keeps the flat base for every input: its graphs check the offset and the storage's size
 // before each replay (Note [Capture: guards on inputs]). What make_fx itself specializes stays
 // make_fx's: one tensor passed twice is one placeholder in its graph (the last), and a reshape that
-// copied a non-contiguous input is a copy on any input. Open: a random fill of a fresh tensor laid
-// out like an input (dropout's mask of a transposed x) draws in the traced memory order.
+// copied a non-contiguous input is a copy on any input.
 // Rejected: the flat base under make_fx with no guard (right only on inputs laid out like the
 // traced one, with nothing to say so); guards on every input (a graph traced on batch[0] would
 // refuse batch[3], and make_fx graphs would gain a node per input that torch.func's do not have).

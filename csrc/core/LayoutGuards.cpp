@@ -9,7 +9,7 @@
 
 namespace tfz::detail {
 
-void record_layout_guard(const at::Tensor& input, size_t index,
+void record_layout_guard(const at::Tensor& t, const std::string& what,
                          const std::optional<at::Tensor>& shares_with) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("tfz::_guard_layout", "")
@@ -17,14 +17,18 @@ void record_layout_guard(const at::Tensor& input, size_t index,
                                          const std::optional<at::Tensor>&, c10::string_view)>();
   // Symbolic sizes (tracing_mode="symbolic"): the epilogue's metadata ops take the input's own
   // symbolic offset, and nothing was specialized on a concrete layout.
-  if (input.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-      input.storage().sym_nbytes().is_heap_allocated()) {
+  if (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      t.storage().sym_nbytes().is_heap_allocated()) {
     return;
   }
-  const std::string what = "input " + std::to_string(index);
   InnerCallGuard guard;
-  op.call(input, input.strides(), input.storage_offset(),
-          static_cast<int64_t>(input.storage().nbytes()), shares_with, what);
+  op.call(t, t.strides(), t.storage_offset(), static_cast<int64_t>(t.storage().nbytes()),
+          shares_with, what);
+}
+
+void record_layout_guard(const at::Tensor& input, size_t index,
+                         const std::optional<at::Tensor>& shares_with) {
+  record_layout_guard(input, "input " + std::to_string(index), shares_with);
 }
 
 void guard_traced_input(const AliasStorage& storage) {

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
 
 namespace tfz::detail {
 
@@ -17,6 +18,10 @@ namespace tfz::detail {
 /// of other strides, offset or storage size (or, with `shares_with`, one that does not share that
 /// tensor's storage) raises naming it.
 void record_layout_guard(const at::Tensor& input, size_t index,
+                         const std::optional<at::Tensor>& shares_with = std::nullopt);
+
+/// The same for any tensor of the graph whose layout a value depends on, named by `what`.
+void record_layout_guard(const at::Tensor& t, const std::string& what,
                          const std::optional<at::Tensor>& shares_with = std::nullopt);
 
 /// Guards the traced input `storage` wraps, the first time its storage coordinates are used

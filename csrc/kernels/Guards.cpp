@@ -97,9 +97,9 @@ void guard_layout(const at::Tensor& self, at::IntArrayRef stride, int64_t storag
   TORCH_CHECK(
       self.strides() == stride && self.storage_offset() == storage_offset &&
           nbytes == storage_nbytes && same_storage,
-      "functionalize: the make_fx graph reads ", what,
-      " through its storage coordinates (as_strided, resize_ or a metadata change of it, or it "
-      "overlaps itself or shares memory with another input: "
+      "functionalize: the make_fx graph depends on the layout of ", what,
+      " (as_strided, resize_ or a metadata change of it, a write through unfold, a random fill "
+      "drawn in its memory order; or it overlaps itself or shares memory with another input: "
       "Note [Inputs: storage coordinates under a tracer]) and was traced with strides ",
       stride, ", storage offset ", storage_offset, " and a storage of ", storage_nbytes, " bytes",
       shares_with.has_value() ? " shared with an earlier input" : "",

@@ -270,21 +270,17 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
         if (any_requires_grad) inner[w.index] = at::clone(self);
       }
     }
-    // A seeded fill draws in the written tensor's memory order, which follows the input's layout:
-    // a graph holds for inputs laid out as the traced ones. See
-    // Note [Inputs: storage coordinates under a tracer].
-    if (C10_UNLIKELY(info.seeded) && traced_without_guards()) {
-      for (const auto& w : info.written) {
-        if (!args[w.index].isTensor()) continue;
-        if (auto* impl = maybe_get_impl(args[w.index].toTensor())) {
-          guard_traced_input(impl->alias_storage());
-        }
-      }
-    }
     if (auto value = random_fill_in_eager_order(info, op, args, inner)) {
       fstack.emplace_back(std::move(*value));
     } else if (auto filled =
                    random_fill_in_memory_order(info, op, args, inner, layer.reapply_views)) {
+      // The draw order was measured on the traced tensor's strides, which may follow an input's
+      // (dropout's mask of a transposed x). See
+      // Note [Inputs: storage coordinates under a tracer].
+      if (traced_without_guards()) {
+        record_layout_guard(inner[info.written[0].index].toTensor(),
+                            "the tensor " + std::string(op.operator_name().name) + " fills");
+      }
       fstack.emplace_back(std::move(*filled));
     } else if (auto bytes = write_bool_bytes_in_place(info, op, args, inner, layer)) {
       fstack.emplace_back(std::move(*bytes));

@@ -17,7 +17,7 @@ from torch_functionalize.testing._internal.fuzz.generator import generate
 from torch_functionalize.testing._internal.fuzz.program import compile_program
 
 MODES = ("mutations", "mutations_and_views")
-GUARD = "through its storage"
+GUARD = "make_fx graph depends on the layout of"
 
 
 def contiguous(inputs):
@@ -105,9 +105,9 @@ def _judge(prog, make_inputs, f, graph, relayout) -> str:
         return "error: " + str(error).split("\n")[0][:200]
     if _all_same(actual, expected) and _all_same(g_in, e_in):
         return "ok"
-    # A program that returns uninitialized memory (torch.empty) may repeat in eager by chance.
-    g2_in = relayout(base)
-    if not _all_same(_replay(graph, g2_in, prog.rng_seed), actual) or not _all_same(g2_in, g_in):
+    # A program that reads uninitialized memory (torch.empty, empty_strided, new_empty) may
+    # repeat in eager by chance and not in the graph.
+    if "empty" in prog.f_source():
         return "not deterministic"
     return "wrong"
 
