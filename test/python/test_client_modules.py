@@ -311,3 +311,76 @@ def test_recurrent_module_over_a_packed_sequence_matches_eager(rnn, backward, re
 
     assert_client_matches_eager(f, make_inputs, remove=remove,
                                 graphs=() if backward else ("capture",))
+
+
+# Losses and loops over modules as client code writes them: CTC, an LSTMCell stepped into a
+# preallocated output, AdaptiveLogSoftmaxWithLoss, and REINFORCE over a Categorical (its
+# sampling reads values: make_fx refuses as plain make_fx does, capture guards them).
+def _leaves(module):
+    return {k: v.detach().clone().requires_grad_() for k, v in module.named_parameters()}
+
+
+def _ctc():
+    lin = nn.Linear(4, 5)
+
+    def f(p, x, targets):
+        log_probs = functional_call(lin, p, (x,)).log_softmax(-1)
+        loss = nn.CTCLoss()(log_probs, targets, torch.tensor([6, 6]), torch.tensor([3, 2]))
+        loss.backward()
+        return loss
+
+    return f, lambda: (_leaves(lin), torch.randn(6, 2, 4), torch.tensor([[1, 2, 3], [2, 4, 0]]))
+
+
+def _lstm_cell_into_a_buffer():
+    cell = nn.LSTMCell(3, 4)
+
+    def f(p, x):
+        h, c = torch.zeros(2, 4), torch.zeros(2, 4)
+        out = torch.empty(5, 2, 4)
+        for t in range(5):
+            h, c = functional_call(cell, p, (x[t], (h, c)))
+            out[t] = h
+        out.sum().backward()
+        return out
+
+    return f, lambda: (_leaves(cell), torch.randn(5, 2, 3))
+
+
+def _adaptive_log_softmax():
+    m = nn.AdaptiveLogSoftmaxWithLoss(8, 10, cutoffs=[4, 8])
+
+    def f(p, x, target):
+        out = functional_call(m, p, (x, target))
+        out.loss.backward()
+        return out.output, out.loss
+
+    return f, lambda: (_leaves(m), torch.randn(6, 8), torch.tensor([0, 3, 5, 9, 7, 1]))
+
+
+def _reinforce():
+    lin = nn.Linear(3, 4)
+
+    def f(p, x):
+        d = torch.distributions.Categorical(logits=functional_call(lin, p, (x,)))
+        a = d.sample()
+        loss = -(d.log_prob(a) * a.float()).mean() - 0.01 * d.entropy().mean()
+        loss.backward()
+        return a, loss
+
+    return f, lambda: (_leaves(lin), torch.randn(5, 3))
+
+
+LOSSES_AND_LOOPS = {"ctc": (_ctc, ("make_fx", "capture")),
+                    "lstm_cell_into_a_buffer": (_lstm_cell_into_a_buffer, ("make_fx", "capture")),
+                    "adaptive_log_softmax": (_adaptive_log_softmax, ("make_fx", "capture")),
+                    "reinforce": (_reinforce, ("capture",))}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(LOSSES_AND_LOOPS))
+def test_loss_or_loop_matches_eager(name, remove):
+    make, graphs = LOSSES_AND_LOOPS[name]
+    torch.manual_seed(0)
+    f, make_inputs = make()
+    assert_client_matches_eager(f, make_inputs, remove=remove, graphs=graphs)

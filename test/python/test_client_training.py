@@ -276,3 +276,77 @@ def test_training_a_captured_model_matches_eager(name, remove):
     assert_captured_module_step_matches_eager(model, step, (x,), remove)
     with pytest.raises(RuntimeError, match="traced or captured graph|under a tracer or a capture"):
         capture(step(copy.deepcopy(model)), x, remove=remove)
+
+
+# Training idioms beyond one optimizer's loop: a differentiable optimizer stepped inside the
+# graph a meta-gradient flows through (MAML), optimizer steps run by post-accumulate-grad hooks
+# (the optimizer-in-backward pattern), and gradient accumulation over micro-batches.
+def _leaves(module):
+    return {k: v.detach().clone().requires_grad_() for k, v in module.named_parameters()}
+
+
+def _maml():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 1)
+
+    def f(p, x, y):
+        fast = [v.clone() for v in p.values()]
+        opt = torch.optim.SGD(fast, lr=0.1, momentum=0.9, differentiable=True)
+        for _ in range(2):
+            loss = (torch.nn.functional.linear(x, *fast).squeeze(-1) - y).square().mean()
+            for t, g in zip(fast, torch.autograd.grad(loss, fast, create_graph=True)):
+                t.grad = g
+            opt.step()
+        meta = (torch.nn.functional.linear(x, *fast).squeeze(-1) - y).square().mean()
+        return meta, torch.autograd.grad(meta, list(p.values()))
+
+    return f, lambda: (_leaves(lin), torch.randn(6, 3), torch.randn(6))
+
+
+def _optimizer_in_backward():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2)
+
+    def f(p, x):
+        opts = {q: torch.optim.SGD([q], lr=0.1) for q in p.values()}
+
+        def step(q):
+            opts[q].step()
+            opts[q].zero_grad()
+
+        for q in p.values():
+            q.register_post_accumulate_grad_hook(step)
+        for _ in range(2):
+            torch.func.functional_call(lin, p, (x,)).square().sum().backward()
+        return [q.detach().clone() for q in p.values()]
+
+    return f, lambda: (_leaves(lin), torch.randn(4, 3))
+
+
+def _accumulated_micro_batches():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 1)
+
+    def f(p, x, y):
+        opt = torch.optim.AdamW(list(p.values()), lr=0.1, foreach=True, amsgrad=True,
+                                maximize=True)
+        for _ in range(2):
+            for k in range(2):
+                out = torch.func.functional_call(lin, p, (x[k::2],)).squeeze(-1)
+                ((out - y[k::2]).square().mean() / 2).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        return [q.detach().clone() for q in p.values()]
+
+    return f, lambda: (_leaves(lin), torch.randn(8, 3), torch.randn(8))
+
+
+IDIOMS = {"maml": _maml, "optimizer_in_backward": _optimizer_in_backward,
+          "accumulated_micro_batches": _accumulated_micro_batches}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(IDIOMS))
+def test_training_idiom_matches_eager(name, remove):
+    f, make_inputs = IDIOMS[name]()
+    assert_client_matches_eager(f, make_inputs, remove=remove)
