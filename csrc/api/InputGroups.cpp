@@ -20,7 +20,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -102,8 +101,8 @@ constexpr const char* kInsideLargerStorage =
 constexpr const char* kTracedInsideStorage =
     "the tensor is (a view of) an input that does not span its storage, and under make_fx (whose "
     "graphs check nothing about their inputs) as_strided on it would put that storage's size and "
-    "the input's offset into the graph as constants, wrong on inputs laid out otherwise (Note "
-    "[Inputs: storage coordinates under a tracer]). Call the function without tracing, use "
+    "the input's offset into the graph as constants, wrong on inputs laid out otherwise ("
+    "Note [Inputs: storage coordinates under a tracer]). Call the function without tracing, use "
     "capture(f, ...), whose graphs check the storage's layout before each replay, pass the whole "
     "buffer as the input";
 
@@ -112,8 +111,9 @@ bool flat_base_suits(const at::Tensor& t) {
   return plain_strided(t) && !is_whole_storage(t) && storage_is_small(t);
 }
 
-bool wants_flat_base(const at::Tensor& t) {
-  return flat_base_suits(t) && (spans_its_storage(t) || !traced_without_guards());
+// `traced`: traced_without_guards(), read once per call.
+bool wants_flat_base(const at::Tensor& t, bool traced) {
+  return flat_base_suits(t) && (spans_its_storage(t) || !traced);
 }
 
 // An input with its own base whose storage coordinates are not its base's: one with elements
@@ -281,7 +281,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
   const bool traced = traced_without_guards();
   for (const auto* storage : order) {
     const auto& indices = groups[storage];
-    if (indices.size() == 1 && !wants_flat_base(inputs[indices[0]])) {  // the common case
+    if (indices.size() == 1 && !wants_flat_base(inputs[indices[0]], traced)) {  // the common case
       const size_t i = indices[0];
       out[i] = make_fresh_wrapper(inputs[i], layer.id);
       if (traced) unsafe_get_impl(out[i])->alias_storage().set_traced_input(inputs[i], i);
@@ -298,7 +298,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
                  "they are functionalized independently, so a write through one is not seen "
                  "through the others inside the function.");
     }
-    if ((members.size() == 1 && !wants_flat_base(members[0])) || !can_group(members)) {
+    if ((members.size() == 1 && !wants_flat_base(members[0], traced)) || !can_group(members)) {
       for (size_t i : indices) {
         out[i] = make_fresh_wrapper(inputs[i], layer.id);
         if (traced && indices.size() == 1) {
