@@ -2,7 +2,8 @@
 input, inputs sharing a storage. A make_fx graph must be right on any input of its sizes or say
 that it is not (Note [Inputs: storage coordinates under a tracer]); a captured graph checks the
 storage's layout it read (Note [Capture: guards on inputs]); FX dead-code elimination keeps
-every guard node.
+every guard node. Client code traced on slices (batches of a dataset tensor, flat parameter
+buffers, a KV cache) replays on other slices.
 """
 import pytest
 import torch
@@ -205,3 +206,70 @@ def test_dead_code_elimination_keeps_the_guards_of_values_read():
     gm.recompile()
     with pytest.raises(RuntimeError, match="specialized on it"):
         gm(-torch.ones(3))
+
+
+# Client code traced on views, as a data loader or a cache hands them over: a training step on
+# one batch slice of a dataset tensor, a step over parameters that are views of one flat buffer
+# (FSDP-style), the same buffer as a slice of a larger one, and a KV-cache decode step writing
+# a slice of the cache. Each make_fx graph is replayed on other slices, against eager.
+_MLP = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+_DATA, _LABELS = torch.randn(32, 4), torch.randint(0, 2, (32,))
+
+
+def _mlp_step(p, x, y):
+    opt = torch.optim.SGD(list(p.values()), lr=0.1, momentum=0.9)
+    loss = torch.nn.functional.cross_entropy(torch.func.functional_call(_MLP, p, (x,)), y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def _flat_parameter_step(flat, x, y):
+    w1, b1 = flat[:32].view(8, 4), flat[32:40]
+    w2, b2 = flat[40:56].view(2, 8), flat[56:58]
+    loss = torch.nn.functional.cross_entropy(torch.relu(x @ w1.t() + b1) @ w2.t() + b2, y)
+    (g,) = torch.autograd.grad(loss, flat)
+    with torch.no_grad():
+        flat.sub_(0.1 * g)
+    return loss.detach()
+
+
+def _decode_step(cache, k, pos):
+    cache[:, pos] = k
+    return cache[:, :pos + 1].sum(1)
+
+
+def _mlp_leaves():
+    return {k: v.detach().clone().requires_grad_() for k, v in _MLP.named_parameters()}
+
+
+_CLIENT_SLICES = {
+    "batch slices": (_mlp_step, lambda i: (_mlp_leaves(), _DATA[8 * i:8 * i + 8],
+                                           _LABELS[8 * i:8 * i + 8])),
+    "flat parameters": (_flat_parameter_step,
+                        lambda i: (torch.randn(58).requires_grad_(), _DATA[8 * i:8 * i + 8],
+                                   _LABELS[8 * i:8 * i + 8])),
+    "flat parameters in a larger buffer": (
+        _flat_parameter_step,
+        lambda i: (torch.randn(100)[10 * i:10 * i + 58].clone().requires_grad_(),
+                   _DATA[8 * i:8 * i + 8], _LABELS[8 * i:8 * i + 8])),
+    "cache slice": (_decode_step, lambda i: (torch.zeros(2, 16, 3)[:, 4 * i:4 * i + 8],
+                                             torch.randn(2, 3), 3)),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(_CLIENT_SLICES))
+def test_make_fx_graph_of_client_code_traced_on_slices_replays_on_other_slices(name, remove):
+    f, make = _CLIENT_SLICES[name]
+
+    def fresh(i):
+        torch.manual_seed(i)
+        return make(i)
+
+    gm = make_fx(functionalize(f, remove=remove))(*fresh(0))
+    for i in (1, 2):
+        e_in, g_in = fresh(i), fresh(i)
+        assert_trees_match(gm(*g_in), f(*e_in), f"slice {i}: output")
+        tensors = lambda args: [a.detach() for a in args if isinstance(a, torch.Tensor)]  # noqa
+        assert_trees_match(tensors(g_in), tensors(e_in), f"slice {i}: inputs")
