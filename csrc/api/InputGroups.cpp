@@ -106,11 +106,6 @@ constexpr const char* kTracedInsideStorage =
     "capture(f, ...), whose graphs check the storage's layout before each replay, pass the whole "
     "buffer as the input";
 
-// The flat base suits `t` (Note [Inputs: inputs that do not start their storage]).
-bool flat_base_suits(const at::Tensor& t) {
-  return plain_strided(t) && !is_whole_storage(t) && storage_is_small(t);
-}
-
 // `traced`: traced_without_guards(), read once per call.
 bool wants_flat_base(const at::Tensor& t, bool traced) {
   return flat_base_suits(t) && (spans_its_storage(t) || !traced);

@@ -5,7 +5,6 @@
 
 #include <c10/util/Exception.h>
 
-#include <algorithm>
 #include <sstream>
 #include <unordered_map>
 
@@ -68,6 +67,10 @@ std::vector<int64_t> alias_groups(const std::vector<at::Tensor>& inputs) {
 std::vector<InputGuard> record_input_guards(const std::vector<at::Tensor>& inputs) {
   std::vector<InputGuard> guards(inputs.size());
   const auto groups = alias_groups(inputs);
+  std::vector<int> members(inputs.size(), 0);  // inputs per group, indexed by its first input
+  for (const int64_t g : groups) {
+    if (g >= 0) ++members[g];
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
     InputGuard& g = guards[i];
@@ -84,8 +87,8 @@ std::vector<InputGuard> record_input_guards(const std::vector<at::Tensor>& input
       g.storage_offset = t.storage_offset();
     }
     g.alias_group = groups[i];
-    const bool shared = std::count(groups.begin(), groups.end(), groups[i]) > 1;
-    if (plain_strided(t) && (shared || (!spans_its_storage(t) && storage_is_small(t)))) {
+    if (plain_strided(t) &&
+        (members[groups[i]] > 1 || (flat_base_suits(t) && !spans_its_storage(t)))) {
       g.storage_nbytes = static_cast<int64_t>(t.storage().nbytes());
     }
   }

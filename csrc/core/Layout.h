@@ -229,6 +229,13 @@ inline bool storage_is_small(const at::Tensor& t) {
   return storage_bytes <= 2 * (span.end - span.begin) + kSmallStorageSlackBytes;
 }
 
+/// `t` is read through a flat base of its storage when alone in it
+/// (Note [Inputs: inputs that do not start their storage]): it is not its whole storage, and the
+/// storage is small enough to scatter into whole.
+inline bool flat_base_suits(const at::Tensor& t) {
+  return plain_strided(t) && !is_whole_storage(t) && storage_is_small(t);
+}
+
 /// The whole storage of `t` (strided, no conjugate or negative bit, whose storage is a whole
 /// number of its elements) as a 1-D uint8 view: what a byte base (Note [Inputs: aliased inputs])
 /// stands for.
