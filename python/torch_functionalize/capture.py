@@ -214,6 +214,10 @@ def _capture_traced(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any
         return out.leaves
 
     inputs = arguments.tensors()
+    # The inputs as given: f may change their metadata or requires_grad (a write of a value that
+    # requires grad), and the graph is called on inputs like these.
+    metas = [_tensor_meta(t) for t in inputs]
+    guards: Any = None if tracing_mode == "symbolic" else _C._input_guards(inputs)
     traced = make_fx(functionalize(flat_fn, remove=remove), tracing_mode=tracing_mode)(*inputs)
     if tracing_mode == "symbolic":
         # A value read that make_fx let through (an unbacked symbol used as an index, or only
@@ -250,8 +254,8 @@ def _capture_traced(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any
     restores_grad = _epilogue_without_grad(graph)
     gm = _CapturedModule(traced, graph)
     gm._tfz_restores_grad = restores_grad
-    guards: Any = (_ShapeGuards([p.meta["val"] for p in traced_inputs], inputs)
-                   if tracing_mode == "symbolic" else _C._input_guards(inputs))
+    if tracing_mode == "symbolic":
+        guards = _ShapeGuards([p.meta["val"] for p in traced_inputs], inputs, metas)
     gm._tfz_inputs = _InputCheck(guards, orig_args, len(args), kwargs, in_spec,
                                  arguments.positions, leaf_names, arguments.constants())
     return gm
@@ -280,11 +284,12 @@ class _ShapeGuards:
     """The guards of a graph traced with symbolic sizes (Note [Capture: dynamic sizes]): ranks,
     dtypes, devices, requires_grad and aliasing as captured, and the ShapeEnv's expression."""
 
-    def __init__(self, fakes: list[Any], inputs: list[torch.Tensor]) -> None:
+    def __init__(self, fakes: list[Any], inputs: list[torch.Tensor],
+                 metas: list[tuple]) -> None:
         self.shape_env: Any = fakes[0].fake_mode.shape_env if fakes else None
         self.expression = (self.shape_env.produce_guards_expression(fakes, ignore_static=False)
                            if self.shape_env is not None else None)
-        self.meta = [_tensor_meta(t) for t in inputs]
+        self.meta = metas  # read before the trace
         self.aliasing = _alias_groups(inputs)
 
     def check(self, tensors: list[torch.Tensor], names: list[str]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -13,7 +14,7 @@ import torch
 from torch._C import DispatchKey
 from torch.utils import _pytree as pytree
 
-from . import _C
+from . import _C, rng_state
 
 if TYPE_CHECKING:
     from .api import Remove
@@ -38,8 +39,10 @@ if TYPE_CHECKING:
 # own, entered while ours is suspended), and the operator runs on the inner tensors in an inner
 # call, where make_fx's mode traces each branch into a subgraph; the results are wrapped again.
 # Tensors of the enclosing function a branch uses are lifted into operands
-# (Note [Control flow: closures]), and what cond's branches write (operands, closures) comes
-# back as outputs written by the enclosing layer (Note [Control flow: branches that write]).
+# (Note [Control flow: closures]), what cond's branches write (operands, closures) comes
+# back as outputs written by the enclosing layer (Note [Control flow: branches that write]),
+# and a cond on tensors that require grad is traced with its gradient
+# (Note [Control flow: gradients]).
 # capture records dispatcher ops only, so it refuses the operator by name (a graph that
 # inlined the taken branch would be wrong for inputs that take the other). Rejected: routing
 # operands through dynamo (it would need a fake form of our TensorImpl), and patching torch.cond
@@ -146,8 +149,8 @@ def _kernel(op: Any, dense: Callable[..., Any]) -> Callable[..., Any]:
 # The operators whose tracing with functional subgraphs is tested (test_control_flow.py). scan
 # traces its combine function on padded copies of its operands (clone_input), inputs that do not
 # span their storage, which take their own base under make_fx
-# (Note [Inputs: storage coordinates under a tracer]). Autograd through any of them builds its
-# backward subgraphs with AOTAutograd's joint tracing, which does not meet our wrappers yet.
+# (Note [Inputs: storage coordinates under a tracer]). Of these, cond alone is traced with its
+# gradient (Note [Control flow: gradients]).
 _TRACED = {"cond", "while_loop", "map_impl", "associative_scan", "scan"}
 
 
@@ -212,12 +215,15 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
     seen = [t for t, _ in lifted]
     closures = [w for _, w in lifted]
     tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors + closures):
+    differentiable = torch.is_grad_enabled() and any(t.requires_grad for t in tensors + closures)
+    if differentiable and op.name() != "cond":
         raise NotImplementedError(
             f"functionalize: {op.name()} (a higher-order operator) under make_fx is supported "
-            "on operands (and closure tensors) that do not require grad: autograd through it "
-            "builds backward subgraphs with AOTAutograd's joint tracing, which does not meet our "
-            "wrappers. Call the function without tracing, or under torch.no_grad().")
+            "on operands (and closure tensors) that do not require grad; of the operators, "
+            "torch.cond alone is traced with its gradient (Note [Control flow: gradients]). Call "
+            "the function without tracing, or under torch.no_grad().")
+    # A differentiable call returns its outputs flat (autograd.Function's outputs).
+    flat = differentiable or bool(written)
     remove: Remove = "mutations_and_views" if _C._layer_removes_views() else "mutations"
     trailing = list(args[-1]) + closures  # what each callable gets after its own arguments
     extra = len(closures)
@@ -250,7 +256,7 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
                         "it is given or closes over, which only torch.cond's branches may do "
                         "here. Return the new value instead.")
                 raise _BranchWrites(more)
-            if not written:
+            if not flat:
                 return out
             leaves, spec = pytree.tree_flatten(out)
             out_spec[:] = [spec]
@@ -276,17 +282,220 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
         inner_args[-1] = (*inner_args[-1], *[_C._from_functional(w) for w in closures])
     scope = _C._InnerCall()
     try:
-        out = op(*inner_args, **inner_kwargs)
+        if differentiable:
+            pred, true_fn, false_fn, operands = inner_args
+            out = _CondWithGradient.apply(op, pred, true_fn, false_fn, _RandomState(operands),
+                                          len(written), *operands)
+        else:
+            out = op(*inner_args, **inner_kwargs)
     finally:
         scope.close()
     out = pytree.tree_map_only(torch.Tensor, _C._to_functional, out)
-    if not written:
+    if not flat:
         return out
     leaves = list(out)
     new_values = leaves[len(leaves) - len(written):]
     for i, value in zip(sorted(written), new_values):
         trailing[i].copy_(value)  # the write, in this layer (functionalized like any other)
     return pytree.tree_unflatten(leaves[:len(leaves) - len(written)], out_spec[0])
+
+
+# Note [Control flow: gradients]
+# Under make_fx, a torch.cond whose operands (or closure tensors) require grad is traced with
+# its gradient as a second cond: the forward call becomes an autograd.Function on the operands'
+# values (where autograd runs, Note [Wrapper: autograd mirrored]), whose forward is the traced
+# operator with functional branches, and whose backward is torch.cond again, on the same
+# predicate, between two gradient branches: each runs its forward branch on the saved operands
+# and returns autograd.grad of its outputs against the incoming gradients. That backward call
+# goes through this same path, so each gradient branch is functionalized in a layer of its own
+# and traced into a functional subgraph (and is itself differentiable: a gradient penalty
+# differentiates it again). The rules a graph must keep, each eager's:
+#  - every operand and closure tensor that requires grad gets a gradient, zeros from the branch
+#    that does not read it, and every output requires grad (torch's cond is one autograd node);
+#    a value a branch writes into an operand or closure (Note [Control flow: branches that write])
+#    requires grad only if it is computed from one that does, in either branch's subgraph, as
+#    the write would make it in eager;
+#  - a branch that draws random numbers (dropout) draws the same ones when the gradient branch
+#    runs it again: the generator's state is saved before the forward call as a traced value
+#    (Note [Graphs: random state saved and restored]) and set around the rerun, which leaves the
+#    generator where it was. Found in the traced subgraphs; where there are none (another
+#    dispatch mode than make_fx's) the state is saved and set for every call.
+# Rejected: torch's own autograd kernel for cond (it materializes the backward branches with
+# make_fx on placeholders made by factory calls, which inside our layer become our wrappers, so
+# the joint graph it traces ran in the enclosing layer and lost its gradients: zeros,
+# silently); saving the forward's intermediates instead of rerunning the branch (the two
+# branches save different tensors, and cond's branches must return the same ones); gradients
+# of while_loop, scan, map and associative_scan, whose backward needs the carried values of
+# every iteration: those are refused by name under make_fx.
+class _CondWithGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, op: Any, pred: Any, true_fn: Callable[..., Any],
+                false_fn: Callable[..., Any], rng: _RandomState, written: int,
+                *operands: Any) -> Any:
+        ctx.op, ctx.pred, ctx.branches, ctx.rng = op, pred, (true_fn, false_fn), rng
+        # The autograd keys dispatch uses here, which torch's autograd kernel for the operator
+        # excludes while it traces the branches of the backward call.
+        excluded = torch._C._dispatch_tls_local_exclude_set()
+        ctx.autograd = [k for k in _AUTOGRAD_KEYS if not excluded.has(k)]
+        # Tensors through save_for_backward; other operands (ints, SymInts) kept as they are.
+        ctx.save_for_backward(*[o for o in operands if isinstance(o, torch.Tensor)])
+        ctx.others = [None if isinstance(o, torch.Tensor) else o for o in operands]
+        with torch._C._AutoDispatchBelowAutograd():
+            out = tuple(op(pred, true_fn, false_fn, operands))
+        traced = _traced_call(op, out)
+        if traced is not None:
+            tracer, node, subgraphs = traced
+            # The gradient branches rerun what was traced, on the operands it was traced on
+            # (closures lifted): the Python branches may read other tensors by then
+            # (functional_call has put a module's own parameters back).
+            ctx.branches = subgraphs
+            if any(_draws(g) for g in subgraphs):
+                rng.record_before(tracer, node)
+            else:
+                ctx.rng = None
+            differentiable = {i for i, o in enumerate(operands)
+                              if isinstance(o, torch.Tensor) and o.requires_grad}
+            reads = [_dependencies(g) for g in subgraphs]
+            ctx.mark_non_differentiable(*[
+                out[k] for k in range(len(out) - written, len(out))
+                if not any(r[k] & differentiable for r in reads)])
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        saved = iter(ctx.saved_tensors)
+        operands = [next(saved) if o is None else o for o in ctx.others]
+        wanted = [i for i, needed in enumerate(ctx.needs_input_grad[6:]) if needed]
+        rng = ctx.rng
+        branches = [_gradient_branch(fn, len(operands), wanted, ctx.autograd, rng)
+                    for fn in ctx.branches]
+        state = (rng.state,) if rng is not None else ()
+        got = ctx.op(ctx.pred, *branches, (*operands, *grads, *state))
+        result: list[Any] = [None] * len(operands)
+        for i, g in zip(wanted, got):
+            result[i] = g
+        return (None, None, None, None, None, None, *result)
+
+
+_AUTOGRAD_KEYS = (DispatchKey.AutogradFunctionality, DispatchKey.AutogradOther,
+                  DispatchKey.AutogradNestedTensor)
+
+
+def _gradient_branch(branch: Callable[..., Any], n: int, wanted: list[int],
+                     autograd: list[DispatchKey],
+                     rng: _RandomState | None) -> Callable[..., Any]:
+    """The backward of one forward branch: (operands, output gradients[, generator state]) ->
+    gradients of the operands in `wanted` (Note [Control flow: gradients]), with the `autograd`
+    keys dispatched again."""
+    def gradient(*xs: Any) -> tuple:
+        operands = list(xs[:n])
+        grads = xs[n:len(xs) - 1] if rng is not None else xs[n:]
+        # Differentiated itself (the backward of this backward): its graph is kept.
+        create_graph = torch.is_grad_enabled()
+        excluded = torch._C._dispatch_tls_local_exclude_set()
+        for k in autograd:
+            excluded = excluded.remove(k)
+        with torch.enable_grad(), torch._C._ForceDispatchKeyGuard(
+                torch._C._dispatch_tls_local_include_set(), excluded):
+            for i in wanted:
+                # One that requires grad is differentiated as given: a detach here would stay in
+                # the traced gradient branch and cut a gradient of this gradient.
+                if not operands[i].requires_grad:
+                    operands[i] = operands[i].detach().requires_grad_()
+            if rng is None:
+                outs = pytree.tree_leaves(branch(*operands))
+            else:
+                with rng.replayed(xs[-1]):
+                    outs = pytree.tree_leaves(branch(*operands))
+            pairs = [(o, g) for o, g in zip(outs, grads)
+                     if isinstance(o, torch.Tensor) and o.requires_grad]
+            inputs = [operands[i] for i in wanted]
+            got: Any = [None] * len(inputs)
+            if pairs:
+                got = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
+                                          allow_unused=True, create_graph=create_graph)
+        return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(inputs, got))
+
+    gradient.__name__ = f"{getattr(branch, '__name__', 'branch')}_gradient"
+    return gradient
+
+
+class _RandomState:
+    """The state of the generator a differentiable cond's branches may draw from, read before
+    the forward call. Under make_fx, when a branch does draw, the read becomes a traced value
+    (Note [Graphs: random state saved and restored]) placed before the call's node."""
+
+    def __init__(self, operands: list[Any]) -> None:
+        device = next((o.device for o in operands if isinstance(o, torch.Tensor)), None)
+        self.device = str(device) if device is not None and device.type == "cuda" else "cpu"
+        self.state = rng_state.get_state(self.device)
+
+    def record_before(self, tracer: Any, node: Any) -> None:
+        rng_state.record_get_before(tracer, node, self.state, self.device)
+
+    @contextlib.contextmanager
+    def replayed(self, state: torch.Tensor) -> Iterator[None]:
+        """The generator at `state` (an operand of the gradient branch: this layer's wrapper of
+        the saved state) for the rerun, then where it was."""
+        now = torch.get_rng_state() if self.device == "cpu" else torch.cuda.get_rng_state(
+            self.device)
+        _C._sync(state)
+        inner = _C._from_functional(state) if _C._is_functional(state) else state
+        rng_state.set_state_recorded(inner, self.device)
+        try:
+            yield
+        finally:
+            rng_state.set_state_recorded(now, self.device)
+
+
+def _proxy_of(t: torch.Tensor) -> tuple[Any, Any] | None:
+    """(make_fx's tracer, the proxy of `t`) while make_fx traces `t`, else None."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_slot
+
+    tracer = rng_state.tracer()
+    if tracer is None:
+        return None
+    proxy = get_proxy_slot(t, tracer, None, lambda slot: slot.proxy)
+    return None if proxy is None else (tracer, proxy)
+
+
+def _traced_call(op: Any, out: tuple) -> tuple[Any, Any, list[torch.fx.GraphModule]] | None:
+    """(make_fx's tracer, the node, its two branch subgraphs) of the operator call make_fx just
+    traced, or None."""
+    tensor = next((o for o in out if isinstance(o, torch.Tensor)), None)
+    found = _proxy_of(tensor) if tensor is not None else None
+    if found is None:
+        return None
+    tracer, node = found[0], found[1].node
+    if node.target is operator.getitem:
+        node = node.args[0]
+    if node.target is not op:
+        return None
+    return tracer, node, [getattr(tracer.root, a.target) for a in node.args[1:3]]
+
+
+def _dependencies(gm: torch.fx.GraphModule) -> list[set[int]]:
+    """For each output of a subgraph, the indices of the inputs it is computed from."""
+    deps: dict[Any, set[int]] = {}
+    index = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            deps[node] = {index}
+            index += 1
+        else:
+            deps[node] = set().union(*(deps[a] for a in node.all_input_nodes))
+        if node.op == "output":
+            return [deps[o] if isinstance(o, torch.fx.Node) else set()
+                    for o in pytree.tree_leaves(node.args[0])]
+    return []
+
+
+def _draws(gm: torch.fx.GraphModule) -> bool:
+    """Does a subgraph (or one nested in it) draw random numbers?"""
+    return any(isinstance(n.target, torch._ops.OpOverload)
+               and torch.Tag.nondeterministic_seeded in n.target.tags
+               for m in gm.modules() if isinstance(m, torch.fx.GraphModule)
+               for n in m.graph.nodes)
 
 
 # Note [Control flow: branches that write]

@@ -26,7 +26,8 @@ THROUGH_MAKE_FX = "sets the random generator's state under capture"
 _originals: dict[tuple[Any, str], Callable[..., Any]] = {}
 
 
-def _tracer() -> Any:
+def tracer() -> Any:
+    """make_fx's tracer while it traces on this thread, else None."""
     mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)
     return None if mode is None else mode.tracer
 
@@ -34,12 +35,12 @@ def _tracer() -> Any:
 def _recording_get(original: Callable[..., Any]) -> Callable[..., Any]:
     def get_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
         state = original(*args, **kwargs)
-        tracer = _tracer() if _C._layer_active() else None
-        if tracer is not None:
+        active = tracer() if _C._layer_active() else None
+        if active is not None:
             from torch.fx.experimental.proxy_tensor import track_tensor_tree
 
-            proxy = tracer.create_proxy("call_function", original, args, kwargs)
-            track_tensor_tree(state, proxy, constant=None, tracer=tracer)
+            proxy = active.create_proxy("call_function", original, args, kwargs)
+            track_tensor_tree(state, proxy, constant=None, tracer=active)
         return state
 
     return get_rng_state
@@ -48,12 +49,12 @@ def _recording_get(original: Callable[..., Any]) -> Callable[..., Any]:
 def _recording_set(original: Callable[..., Any]) -> Callable[..., Any]:
     def set_rng_state(new_state: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         if _C._layer_active():
-            tracer = _tracer()
-            if tracer is not None:
+            active = tracer()
+            if active is not None:
                 from torch.fx.experimental.proxy_tensor import get_proxy_slot
 
-                traced = get_proxy_slot(new_state, tracer, new_state, lambda slot: slot.proxy)
-                tracer.create_proxy("call_function", original, (traced, *args), kwargs)
+                traced = get_proxy_slot(new_state, active, new_state, lambda slot: slot.proxy)
+                active.create_proxy("call_function", original, (traced, *args), kwargs)
             elif _C._ops_are_recorded():
                 raise NotImplementedError(
                     f"capture: f {THROUGH_MAKE_FX} (torch.set_rng_state: "
@@ -62,6 +63,55 @@ def _recording_set(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(new_state, *args, **kwargs)
 
     return set_rng_state
+
+
+def get_state(device: str) -> torch.Tensor:
+    """The state of the generator of `device` ("cpu", "cuda", "cuda:1"), read without recording
+    (torch.get_rng_state's own, outside the dispatcher)."""
+    if device == "cpu":
+        return torch.default_generator.get_state()
+    index = torch.device(device).index
+    return torch.cuda.default_generators[
+        index if index is not None else torch.cuda.current_device()].get_state()
+
+
+def record_get_before(active: Any, node: torch.fx.Node, state: torch.Tensor, device: str) -> None:
+    """A node reading the generator state of `device`, placed before `node` in `active`'s graph:
+    `state`, read there, is its traced value."""
+    from torch.fx.experimental.proxy_tensor import track_tensor_tree
+
+    if device == "cpu":
+        target, args = _originals[(torch, "get_rng_state")], ()
+    else:
+        target, args = _originals[(torch.cuda, "get_rng_state")], (device,)
+    with active.graph.inserting_before(node):
+        proxy = active.create_proxy("call_function", target, args, {})
+    track_tensor_tree(state, proxy, constant=None, tracer=active)
+
+
+def set_state(state: torch.Tensor, device: str) -> None:
+    """Sets the generator of `device` ("cpu", "cuda", "cuda:1") to `state`. A graph node of
+    Note [Control flow: gradients]: a no-op on a fake state, as when torch's autograd kernel for
+    cond runs a subgraph on fake inputs to find its schema."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if is_fake(state):
+        return
+    if device == "cpu":
+        _originals[(torch, "set_rng_state")](state)
+    else:
+        _originals[(torch.cuda, "set_rng_state")](state, device)
+
+
+def set_state_recorded(state: torch.Tensor, device: str) -> None:
+    """set_state, and under a make_fx tracer a node calling it on the traced `state`."""
+    set_state(state, device)
+    active = tracer()
+    if active is not None:
+        from torch.fx.experimental.proxy_tensor import get_proxy_slot
+
+        traced = get_proxy_slot(state, active, state, lambda slot: slot.proxy)
+        active.create_proxy("call_function", set_state, (traced, device), {})
 
 
 def install() -> None:
@@ -79,3 +129,4 @@ def install() -> None:
         replacement.__doc__ = original.__doc__
         replacement.__name__ = original.__name__
         setattr(module, name, replacement)
+    torch.fx.node.has_side_effect(set_state)
