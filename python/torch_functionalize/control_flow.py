@@ -141,6 +141,8 @@ def _kernel(op: Any, dense: Callable[..., Any]) -> Callable[..., Any]:
                 "supported: capture records dispatcher ops, and a graph of the taken branch "
                 "would be wrong for inputs that take the other. Use "
                 "make_fx(functionalize(f)), which keeps the operator with functional subgraphs.")
+        if op.name() == "cond" and torch.is_grad_enabled():
+            return _eager_cond_with_gradients(op, dense, args, kwargs)
         return dense(*args, **kwargs)
 
     return run
@@ -154,7 +156,7 @@ def _kernel(op: Any, dense: Callable[..., Any]) -> Callable[..., Any]:
 _TRACED = {"cond", "while_loop", "map_impl", "associative_scan", "scan"}
 
 
-def _traced(op: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+def _traced(op: Any, args: tuple, kwargs: dict[str, Any], fake: Any = None) -> Any:
     """The operator on inner tensors in an inner call, each callable functionalized: the tracer
     below records it with functional subgraphs (Note [Control flow: higher-order operators]).
     Tensors of this function that a branch closes over are found by tracing, each becomes one
@@ -170,7 +172,8 @@ def _traced(op: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     while True:
         _C._take_foreign_wrapper()  # nothing left over from an earlier error
         try:
-            return _traced_with(op, args, kwargs, lifted, written)
+            out = _traced_with(op, args, kwargs, lifted, written, fake)
+            return out if fake is None else [w for _, w in lifted]
         except _BranchWrites as more:
             if more.indices <= written:  # written through a copy already: cannot happen twice
                 raise RuntimeError(f"functionalize: {op.name()}: {more}") from more
@@ -209,13 +212,15 @@ def _lifted_here(foreign: torch.Tensor) -> torch.Tensor | None:
 
 
 def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
-                 lifted: list[tuple[torch.Tensor, torch.Tensor]], written: set[int]) -> Any:
+                 lifted: list[tuple[torch.Tensor, torch.Tensor]], written: set[int],
+                 fake: Any = None) -> Any:
     from .api import functionalize
 
     seen = [t for t, _ in lifted]
     closures = [w for _, w in lifted]
     tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    differentiable = torch.is_grad_enabled() and any(t.requires_grad for t in tensors + closures)
+    differentiable = (fake is None and torch.is_grad_enabled()
+                      and any(t.requires_grad for t in tensors + closures))
     if differentiable and op.name() != "cond":
         raise NotImplementedError(
             f"functionalize: {op.name()} (a higher-order operator) under make_fx is supported "
@@ -235,11 +240,15 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
             before = [x._version if isinstance(x, torch.Tensor) else None for x in xs]
             # See Note [Control flow: branches that write]: what a branch writes it writes to a
             # copy, which it returns.
-            ys = [x.clone() if i - first in written else x for i, x in enumerate(xs)]
+            # (Looking for closures, every write goes to a copy: nothing of this run is kept.)
+            ys = [x.clone() if i - first in written or (fake is not None and
+                                                        isinstance(x, torch.Tensor)) else x
+                  for i, x in enumerate(xs)]
             _C._lift_closures(seen, ys[len(ys) - extra:] if extra else [])
             _substitutes.append({id(t): s for t, s in zip(seen, ys[len(ys) - extra:])})
             try:
-                out = fn(*ys[:len(ys) - extra])
+                with fake.reads if fake is not None else contextlib.nullcontext():
+                    out = fn(*ys[:len(ys) - extra])
             finally:
                 _substitutes.pop()
             # A branch that returns a closure tensor itself returns a copy of the operand standing
@@ -247,9 +256,14 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
             stand_in = {id(t): s for t, s in zip(seen, ys[len(ys) - extra:])}
             out = pytree.tree_map_only(
                 torch.Tensor, lambda t: stand_in[id(t)].clone() if id(t) in stand_in else t, out)
+            for t in pytree.tree_leaves(out):  # a closure returned before any op met it
+                if isinstance(t, torch.Tensor) and _C._is_functional(t) and \
+                        not _C._is_layer_wrapper(t):
+                    _C._note_foreign_wrapper(t)
+                    raise RuntimeError("functionalize: a branch returns a tensor it closes over")
             more = {i - first for i, (x, v) in enumerate(zip(xs, before))
                     if v is not None and x._version != v and i >= first}
-            if more:
+            if more and fake is None:
                 if op.name() != "cond":
                     raise NotImplementedError(
                         f"functionalize: {op.name()} under make_fx: its function writes a tensor "
@@ -282,7 +296,11 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
         inner_args[-1] = (*inner_args[-1], *[_C._from_functional(w) for w in closures])
     scope = _C._InnerCall()
     try:
-        if differentiable:
+        if fake is not None:
+            with fake:
+                out = op(*pytree.tree_map_only(torch.Tensor, fake.from_tensor, inner_args),
+                         **inner_kwargs)
+        elif differentiable:
             pred, true_fn, false_fn, operands = inner_args
             out = _CondWithGradient.apply(op, pred, true_fn, false_fn, _RandomState(operands),
                                           len(written), *operands)
@@ -290,6 +308,8 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
             out = op(*inner_args, **inner_kwargs)
     finally:
         scope.close()
+    if fake is not None:
+        return None
     out = pytree.tree_map_only(torch.Tensor, _C._to_functional, out)
     if not flat:
         return out
@@ -496,6 +516,99 @@ def _draws(gm: torch.fx.GraphModule) -> bool:
                and torch.Tag.nondeterministic_seeded in n.target.tags
                for m in gm.modules() if isinstance(m, torch.fx.GraphModule)
                for n in m.graph.nodes)
+
+
+def _eager_cond_with_gradients(op: Any, dense: Callable[..., Any], args: tuple,
+                               kwargs: dict[str, Any]) -> Any:
+    """torch.cond run eagerly in grad mode: the taken branch as plain code, then every operand
+    and closure tensor of either branch that requires grad joined to the outputs for a zero
+    gradient (Note [Control flow: gradients], eager calls)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    pred, true_fn, false_fn, operands = args
+    reads = _PlainReads()
+    with torch.no_grad():
+        closures = _traced(op, args, kwargs, fake=_DiscoveryMode(reads))
+    joined = [t for t in (*operands, *closures)
+              if isinstance(t, torch.Tensor) and t.requires_grad]
+    plain = list({id(t): t for t in reads.found}.values())
+    out = dense(*args, **kwargs)
+    if not joined and not plain:
+        return out
+    leaves, spec = pytree.tree_flatten(out)
+    values = [_C._from_functional(t) if _C._is_functional(t) else t for t in leaves]
+    extra = []
+    for t in joined:
+        _C._sync(t)
+        extra.append(_C._from_functional(t))
+    extra += plain  # tensors of the caller's (a module's own parameters): their own autograd
+    scope = _C._InnerCall()
+    try:
+        joined_out = _JoinedForGradients.apply(len(values), *values, *extra)
+    finally:
+        scope.close()
+    return pytree.tree_unflatten([_C._to_functional(v) for v in joined_out], spec)
+
+
+class _PlainReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Collects the real tensors that require grad among the arguments of the ops a branch
+    runs while it is looked through on fake operands: tensors of the caller the branch reads
+    as they are (a module's own parameters), which torch's cond lifts into operands too."""
+
+    # A nested operator passes through to the fake mode, which runs its branches.
+    supports_higher_order_operators = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        from torch._subclasses.fake_tensor import is_fake
+
+        for t in pytree.tree_leaves((args, kwargs or {})):
+            if isinstance(t, torch.Tensor) and t.requires_grad and not is_fake(t):
+                self.found.append(t)
+        return func(*args, **(kwargs or {}))
+
+
+class _DiscoveryMode:
+    """Fake tensors for the operator's operands; `reads` entered around each branch."""
+
+    def __init__(self, reads: _PlainReads) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.fake = FakeTensorMode(allow_non_fake_inputs=True)
+        self.reads = reads
+
+    def from_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        return self.fake.from_tensor(t)
+
+    def __enter__(self) -> None:
+        self.fake.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.fake.__exit__(*exc)
+
+
+class _JoinedForGradients(torch.autograd.Function):
+    """The outputs unchanged; the other inputs each get a zero gradient (what torch's cond
+    gives the tensors the taken branch does not read)."""
+
+    @staticmethod
+    def forward(ctx: Any, n: int, *tensors: torch.Tensor) -> Any:
+        ctx.n = n
+        ctx.extra = [(t.shape, t.dtype, t.device) for t in tensors[n:]]
+        outs = tensors[:n]
+        ctx.mark_non_differentiable(*[o for o in outs
+                                      if not (o.is_floating_point() or o.is_complex())])
+        return tuple(o.view_as(o) for o in outs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        zeros = [torch.zeros(shape, dtype=dtype, device=device)
+                 for shape, dtype, device in ctx.extra]
+        return (None, *grads, *zeros)
 
 
 # Note [Control flow: branches that write]
