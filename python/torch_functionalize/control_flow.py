@@ -340,6 +340,15 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
 #    (Note [Graphs: random state saved and restored]) and set around the rerun, which leaves the
 #    generator where it was. Found in the traced subgraphs; where there are none (another
 #    dispatch mode than make_fx's) the state is saved and set for every call.
+# Eager calls (no tracer) run the taken branch as plain code, autograd recording its ops as
+# eager's does; what they lack is the first rule's zeros, for tensors only the other branch
+# reads. Those are found as torch finds them, by looking through both branches without running
+# them: on fake operands, closures lifted as under make_fx, tensors of the caller read as they
+# are (a module's own parameters) collected by a dispatch mode around each branch. Those that
+# require grad are joined to the outputs by an autograd.Function that passes the outputs'
+# gradients through and gives each of them zeros. Cost: one fake run of both branches per call
+# in grad mode (a cond of two Linear layers: ~6 ms, where eager's own torch.cond compiles with
+# dynamo at ~14 ms a call).
 # Rejected: torch's own autograd kernel for cond (it materializes the backward branches with
 # make_fx on placeholders made by factory calls, which inside our layer become our wrappers, so
 # the joint graph it traces ran in the enclosing layer and lost its gradients: zeros,
