@@ -441,7 +441,9 @@ int covering_member(const std::vector<at::Tensor>& originals, c10::ArrayRef<size
 // versions; here the input is brought to its wrapper's count, the epilogue's own copy_ included
 // in it. A resize_ the epilogue replays bumps the input as eager's did (the wrapper counted it
 // too), except one eager made inside a kernel that bumps nothing, which replays below
-// ADInplaceOrView (Note [Schema: in-place arguments an op resizes]).
+// ADInplaceOrView (Note [Schema: in-place arguments an op resizes]). Under torch.inference_mode()
+// an ordinary input's wrapper is made outside it, an ordinary tensor that counts as its input
+// does (eager's writes there bump ordinary tensors); an inference tensor's counts nothing.
 // Rejected: sharing the caller's counter with the wrapper (the epilogue's copy_ would
 // count once more than eager, and a call that raises would leave versions bumped for writes
 // that never reached the input).

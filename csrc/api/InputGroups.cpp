@@ -13,6 +13,7 @@
 #include <ATen/Functions.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
@@ -24,6 +25,19 @@
 #include <unordered_set>
 
 namespace tfz::detail {
+
+namespace {
+// A wrapper is an inference tensor exactly when its input is one: under torch.inference_mode()
+// a wrapper made of an ordinary input would otherwise be an inference tensor, which counts no
+// writes (Note [Inputs: version counters]).
+at::Tensor wrap_input(const at::Tensor& value, const at::Tensor& input, int64_t layer_id) {
+  if (C10_UNLIKELY(c10::InferenceMode::is_enabled() != input.is_inference())) {
+    c10::InferenceMode as_the_input(input.is_inference());
+    return make_fresh_wrapper(value, layer_id);
+  }
+  return make_fresh_wrapper(value, layer_id);
+}
+}  // namespace
 
 // Note [Inputs: aliased inputs]
 // f(x, x.view(-1)), f(x, x[1:]), f(x, x.t()), f(x, x): in eager a write through one argument is
@@ -172,7 +186,7 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
       base_value = reapply ? base_value.view(at::kByte) : at::view_copy(base_value, at::kByte);
     }
   }
-  const at::Tensor base = make_fresh_wrapper(base_value, layer.id);
+  const at::Tensor base = wrap_input(base_value, *first, layer.id);
   if (!mixed) {
     unsafe_get_impl(base)->alias_storage().mark_flat(reapply);
   } else {
@@ -262,7 +276,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
     const auto* storage =
         t.unsafeGetTensorImpl()->has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
     if (storage == nullptr) {
-      out[i] = make_fresh_wrapper(t, layer.id);
+      out[i] = wrap_input(t, t, layer.id);
       continue;
     }
     auto& group = groups[storage];
@@ -278,7 +292,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
     const auto& indices = groups[storage];
     if (indices.size() == 1 && !wants_flat_base(inputs[indices[0]], traced)) {  // the common case
       const size_t i = indices[0];
-      out[i] = make_fresh_wrapper(inputs[i], layer.id);
+      out[i] = wrap_input(inputs[i], inputs[i], layer.id);
       if (traced) unsafe_get_impl(out[i])->alias_storage().set_traced_input(inputs[i], i);
       if (is_offset_input(inputs[i])) {
         unsafe_get_impl(out[i])->alias_storage().mark_offset_base(offset_reason(inputs[i]));
@@ -295,7 +309,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
     }
     if ((members.size() == 1 && !wants_flat_base(members[0], traced)) || !can_group(members)) {
       for (size_t i : indices) {
-        out[i] = make_fresh_wrapper(inputs[i], layer.id);
+        out[i] = wrap_input(inputs[i], inputs[i], layer.id);
         if (traced && indices.size() == 1) {
           unsafe_get_impl(out[i])->alias_storage().set_traced_input(inputs[i], i);
         }

@@ -126,8 +126,12 @@ def _wrap_compile() -> None:
 
 # Operators whose dense kernel is a fixed program of ops, the same for every input (no branch,
 # no loop whose trip count depends on values): traced or captured, they are recorded as those
-# ops, a graph right on any input. See Note [Control flow: flex_attention's eager entry].
-_RECORDED_AS_OPS = frozenset({"flex_attention", "flex_attention_backward"})
+# ops, a graph right on any input. See Note [Control flow: flex_attention's eager entry]. The
+# same holds for foreach_map (its function applied to each element of its lists), hints_wrapper
+# (its body; the hints are for compilers) and out_dtype (the op computed in the output dtype,
+# the kernel chosen by the arguments' metadata), which were refused by name under a tracer.
+_RECORDED_AS_OPS = frozenset({"flex_attention", "flex_attention_backward", "foreach_map",
+                              "hints_wrapper", "out_dtype"})
 
 
 def _kernel(op: Any, dense: Callable[..., Any]) -> Callable[..., Any]:
@@ -297,6 +301,10 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
     scope = _C._InnerCall()
     try:
         if fake is not None:
+            if torch._C._functorch.peek_interpreter_stack() is not None:
+                # A torch.func transform around the layer (back in place for this inner call)
+                # would take the operator first; under it, torch's cond has no rule for most.
+                return None
             with fake:
                 out = op(*pytree.tree_map_only(torch.Tensor, fake.from_tensor, inner_args),
                          **inner_kwargs)
@@ -636,6 +644,10 @@ class _JoinedForGradients(torch.autograd.Function):
 # the rare branch that writes).
 
 
+def _call_subgraph(subgraph: Callable[..., Any], *operands: Any, **kwargs: Any) -> Any:
+    return subgraph(*operands)
+
+
 def install() -> None:
     """Points torch's eager entry for higher-order operators at ours and registers our kernel on
     every operator that has a dense kernel. Idempotent."""
@@ -660,10 +672,16 @@ def install() -> None:
         flex = None
     if flex is not None and getattr(flex, "setup_compilation_env", None) is _original_setup_env:
         flex.setup_compilation_env = _setup_compilation_env
+    from torch._higher_order_ops.base_hop import BaseHOP
+
     for op in list(_higher_order_ops.values()):
         dense = op.py_kernels.get(DispatchKey.CompositeExplicitAutograd)
         if dense is None:
             continue
+        if isinstance(op, BaseHOP) and op.name() in _RECORDED_AS_OPS:
+            # BaseHOP's dense kernel refuses to run under a dispatch mode (a tracer); what it
+            # runs is the subgraph on the operands.
+            dense = _call_subgraph
         for key in _OUR_KEYS:
             if key not in op.py_kernels:
                 op.py_impl(key)(dense if op.name() in _RECORDED_AS_OPS else _kernel(op, dense))

@@ -400,3 +400,47 @@ def test_flex_attention_runs_inside_f_and_graphs_record_its_ops(name, remove):
     assert_client_matches_eager(f, make_inputs, remove=remove)
     gm = make_fx(functionalize(f, remove=remove))(*make_inputs())
     assert "flex_attention" not in gm.code
+
+
+# Operators whose dense kernel is a fixed program of ops were refused by name under make_fx and
+# capture; like flex_attention, graphs now hold those ops.
+def _foreach_map(x, y):
+    from torch._higher_order_ops import foreach_map
+
+    a, b = foreach_map(lambda u, v: u * 2 + v, [x, x.clone()], [y, y])
+    x.add_(1)
+    return a, b
+
+
+def _hints_wrapper(x, y):
+    from torch._higher_order_ops import hints_wrapper
+
+    def body(u, v):
+        z = u.clone()
+        z.add_(v)
+        return z
+
+    return hints_wrapper(body, (x, y), {}, hints={"outer_body": True})
+
+
+def _out_dtype(x, y):
+    from torch._higher_order_ops import out_dtype
+
+    a = (x * 3).round().clamp(-3, 3).to(torch.int8)
+    y.mul_(2)
+    return out_dtype(torch.ops.aten.mm.default, torch.int32, a, a.t().contiguous()), y
+
+
+FIXED_PROGRAMS = {"foreach_map": _foreach_map, "hints_wrapper": _hints_wrapper,
+                  "out_dtype": _out_dtype}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(FIXED_PROGRAMS))
+def test_operators_of_fixed_programs_run_inside_f_and_graphs_record_their_ops(name, remove):
+    from torch_functionalize.testing._internal.reference import assert_client_matches_eager
+
+    f = FIXED_PROGRAMS[name]
+    assert_client_matches_eager(f, lambda: (torch.randn(4, 4), torch.randn(4, 4)), remove=remove)
+    gm = make_fx(functionalize(f, remove=remove))(torch.randn(4, 4), torch.randn(4, 4))
+    assert not any(isinstance(n.target, torch._ops.HigherOrderOperator) for n in gm.graph.nodes)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_functionalize.testing._internal.reference import assert_matches_eager
+from torch_functionalize.testing._internal.reference import assert_matches_eager, assert_trees_match
 from torch_functionalize import functionalize
 
 
@@ -325,6 +325,28 @@ def test_inference_mode_inside_f(remove):
         return a
 
     assert_matches_eager(f, torch.randn(3), remove=remove)
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_called_under_inference_mode(write, remove):
+    # Evaluation under torch.inference_mode() of a function of ordinary tensors (made before):
+    # their wrappers were made there, inference tensors without a version counter, which the
+    # epilogue read ("Inference tensors do not track version counter").
+    def f(x, w):
+        if write:
+            x.add_(1)
+            x.mul_(2)
+        return torch.cond(x.sum() > 0, lambda a: (a @ w).sin(), lambda a: (a @ w).cos(), (x,))
+
+    e_in = (torch.randn(4, 3), torch.randn(3, 2))
+    a_in = tuple(t.clone() for t in e_in)
+    with torch.inference_mode():
+        expected = f(*e_in)
+        actual = functionalize(f, remove=remove)(*a_in)
+    assert actual.is_inference() == expected.is_inference()
+    assert_trees_match(actual, expected, "output")
+    assert_trees_match(a_in, e_in, "inputs")
+    assert a_in[0]._version == e_in[0]._version
 
 
 def test_new_tensor_on_a_functional_tensor(remove):
