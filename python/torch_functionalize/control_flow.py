@@ -672,7 +672,10 @@ def install() -> None:
         flex = None
     if flex is not None and getattr(flex, "setup_compilation_env", None) is _original_setup_env:
         flex.setup_compilation_env = _setup_compilation_env
-    from torch._higher_order_ops.base_hop import BaseHOP
+    try:
+        from torch._higher_order_ops.base_hop import BaseHOP
+    except ImportError:  # a torch without it has no BaseHOP operators
+        BaseHOP = ()  # noqa: N806
 
     for op in list(_higher_order_ops.values()):
         dense = op.py_kernels.get(DispatchKey.CompositeExplicitAutograd)
