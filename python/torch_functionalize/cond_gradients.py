@@ -246,18 +246,24 @@ def eager_cond(op: Any, dense: Callable[..., Any], args: tuple, kwargs: dict[str
     if not joined and not plain:
         return out
     leaves, spec = pytree.tree_flatten(out)
-    values = [_C._from_functional(t) if _C._is_functional(t) else t for t in leaves]
+    at = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and _C._is_functional(t)]
+    values = [_C._from_functional(leaves[i]) for i in at]
+    # The values autograd runs on: a wrapper's (synced), a plain tensor itself (a module's own
+    # parameter, or one the caller passed as an operand).
     extra = []
-    for t in joined:
-        _C._sync(t)
-        extra.append(_C._from_functional(t))
-    extra += plain  # tensors of the caller's (a module's own parameters): their own autograd
+    for t in (*joined, *plain):
+        if _C._is_functional(t):
+            _C._sync(t)
+            t = _C._from_functional(t)
+        extra.append(t)
     scope = _C._InnerCall()
     try:
         joined_out = _JoinedForGradients.apply(len(values), *values, *extra)
     finally:
         scope.close()
-    return pytree.tree_unflatten([_C._to_functional(v) for v in joined_out], spec)
+    for i, v in zip(at, joined_out):
+        leaves[i] = _C._to_functional(v)
+    return pytree.tree_unflatten(leaves, spec)
 
 
 class _PlainReads(torch.utils._python_dispatch.TorchDispatchMode):
