@@ -273,3 +273,26 @@ def test_cond_inside_torch_func_grad_of_the_functionalized_function(sign, remove
     expected = torch.func.grad(lambda w, x: loss(w, x, python_if))(w, x)
     assert_trees_match(torch.func.grad(functionalize(loss, remove=remove))(w, x), expected,
                        "gradient")
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_eager_calls_give_zero_gradients_to_a_module_s_own_parameters(sign, remove):
+    # The model's parameters are tensors of the caller (not inputs of f): torch's cond lifts
+    # them as operands too, and the branch not taken reads its block's as zeros.
+    torch.manual_seed(0)
+    model = Gated()
+
+    def step(x):
+        loss = model(x).square().mean()
+        loss.backward()
+        return loss.detach()
+
+    x = sign * torch.rand(5, 4)
+    expected = step(x)
+    grads = {k: p.grad for k, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    actual = functionalize(step, remove=remove)(x)
+    assert_trees_match(actual, expected, "loss")
+    for k, p in model.named_parameters():
+        assert_trees_match(p.grad, grads[k], f"{k}.grad")
