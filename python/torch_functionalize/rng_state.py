@@ -34,12 +34,15 @@ def tracer() -> Any:
 
 def _recording_get(original: Callable[..., Any]) -> Callable[..., Any]:
     def get_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
-        state = original(*args, **kwargs)
         active = tracer() if _C._layer_active() else None
-        if active is not None:
-            from torch.fx.experimental.proxy_tensor import track_tensor_tree
+        if active is None:
+            return original(*args, **kwargs)
+        from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, track_tensor_tree
 
-            proxy = active.create_proxy("call_function", original, args, kwargs)
+        proxy = active.create_proxy("call_function", original, args, kwargs)
+        # The state's own allocation, and the copy its node's metadata takes, are no nodes of f.
+        with disable_proxy_modes_tracing():
+            state = original(*args, **kwargs)
             track_tensor_tree(state, proxy, constant=None, tracer=active)
         return state
 
@@ -67,12 +70,19 @@ def _recording_set(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def get_state(device: str) -> torch.Tensor:
     """The state of the generator of `device` ("cpu", "cuda", "cuda:1"), read without recording
-    (torch.get_rng_state's own, outside the dispatcher)."""
+    anything (its allocation included)."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    with disable_proxy_modes_tracing():
+        return _generator(device).get_state()
+
+
+def _generator(device: str) -> torch.Generator:
     if device == "cpu":
-        return torch.default_generator.get_state()
+        return torch.default_generator
     index = torch.device(device).index
     return torch.cuda.default_generators[
-        index if index is not None else torch.cuda.current_device()].get_state()
+        index if index is not None else torch.cuda.current_device()]
 
 
 def record_get_before(active: Any, node: torch.fx.Node, state: torch.Tensor, device: str) -> None:
@@ -84,9 +94,12 @@ def record_get_before(active: Any, node: torch.fx.Node, state: torch.Tensor, dev
         target, args = _originals[(torch, "get_rng_state")], ()
     else:
         target, args = _originals[(torch.cuda, "get_rng_state")], (device,)
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
     with active.graph.inserting_before(node):
         proxy = active.create_proxy("call_function", target, args, {})
-    track_tensor_tree(state, proxy, constant=None, tracer=active)
+    with disable_proxy_modes_tracing():  # the copy the node's metadata takes is no node
+        track_tensor_tree(state, proxy, constant=None, tracer=active)
 
 
 def set_state(state: torch.Tensor, device: str) -> None:
