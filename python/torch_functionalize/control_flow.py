@@ -13,7 +13,7 @@ import torch
 from torch._C import DispatchKey
 from torch.utils import _pytree as pytree
 
-from . import _C, cond_gradients
+from . import _C, cond_gradients, rng_state
 
 if TYPE_CHECKING:
     from .api import Remove
@@ -314,6 +314,7 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
             out = cond_gradients.traced_cond(op, pred, true_fn, false_fn, operands, len(written))
         else:
             out = op(*inner_args, **inner_kwargs)
+            out = _real_outputs(op, inner_args, inner_kwargs, out)
     finally:
         scope.close()
     if fake is not None:
@@ -326,6 +327,40 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
     for i, value in zip(sorted(written), new_values):
         trailing[i].copy_(value)  # the write, in this layer (functionalized like any other)
     return pytree.tree_unflatten(leaves[:len(leaves) - len(written)], out_spec[0])
+
+
+# Note [Control flow: scan's outputs under a real tracer]
+# make_fx (tracing_mode="real") records scan with outputs made from its combine subgraph's
+# metadata: fake tensors, where every other op gives real ones. The next op that met a real
+# tensor failed ("Please convert all Tensors to FakeTensors first"), plain make_fx's as well, and
+# capture, which traces in real mode, refused every program that used a scan's result with its
+# inputs. So after such a call the operator also runs for real (its dense kernel, each step a
+# functionalized call as in an eager one) with tracing off, and the real results take the fake
+# ones' place under the same graph nodes. Costs one more run of the loop, at trace time only.
+# Rejected: tracing symbolically whenever scan appears (sizes would become symbols for the whole
+# program, guards included).
+def _real_outputs(op: Any, args: list[Any], kwargs: dict[str, Any], out: Any) -> Any:
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.fx.experimental.proxy_tensor import (
+        disable_proxy_modes_tracing, get_proxy_slot, track_tensor_tree,
+    )
+
+    leaves = pytree.tree_leaves(out)
+    if not any(isinstance(t, FakeTensor) for t in leaves) or any(
+            isinstance(t, FakeTensor) for t in pytree.tree_leaves(args)):
+        return out
+    tracer = rng_state.tracer()
+    if tracer is None:
+        return out
+    with disable_proxy_modes_tracing():
+        real = op(*args, **kwargs)
+    for fake, value in zip(leaves, pytree.tree_leaves(real)):
+        if isinstance(fake, torch.Tensor):
+            proxy = get_proxy_slot(fake, tracer, None, lambda slot: slot.proxy)
+            if proxy is not None:
+                with disable_proxy_modes_tracing():
+                    track_tensor_tree(value, proxy, constant=None, tracer=tracer)
+    return real
 
 
 # Note [Control flow: branches that write]

@@ -444,3 +444,38 @@ def test_operators_of_fixed_programs_run_inside_f_and_graphs_record_their_ops(na
     assert_client_matches_eager(f, lambda: (torch.randn(4, 4), torch.randn(4, 4)), remove=remove)
     gm = make_fx(functionalize(f, remove=remove))(torch.randn(4, 4), torch.randn(4, 4))
     assert not any(isinstance(n.target, torch._ops.HigherOrderOperator) for n in gm.graph.nodes)
+
+
+def cumulative_into_a_buffer(xs, buf):
+    # scan's results meet the function's own tensors (a real tensor under make_fx's real mode).
+    final, ys = cumulative(xs)
+    buf.add_(ys.sum(0))
+    return final + buf, ys
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("graph", ["make_fx", "capture"])
+def test_scan_results_used_with_real_tensors_trace_and_replay(graph, remove):
+    # Note [Control flow: scan's outputs under a real tracer]: make_fx recorded scan with fake
+    # outputs, and the next op on a real tensor failed (plain make_fx's too), so capture refused.
+    make = lambda s: (s * torch.randn(4, 3), torch.zeros(3))  # noqa: E731
+    torch.manual_seed(0)
+    traced_on = make(1.0)
+    torch.manual_seed(0)
+    e_in = make(1.0)
+    expected = cumulative_into_a_buffer(*e_in)
+    if graph == "make_fx":
+        gm = make_fx(functionalize(cumulative_into_a_buffer, remove=remove))(*traced_on)
+    else:
+        gm = capture(cumulative_into_a_buffer, *traced_on, remove=remove)
+    assert_trees_match(traced_on, e_in, "inputs written by the traced call")
+    for sub in gm.modules():
+        if isinstance(sub, torch.fx.GraphModule):
+            assert_functional_graph(sub, remove)
+    for sign in (1.0, -1.0):
+        torch.manual_seed(1)
+        a_in = make(sign)
+        torch.manual_seed(1)
+        e_in = make(sign)
+        assert_trees_match(gm(*a_in), cumulative_into_a_buffer(*e_in), f"replay, sign {sign}")
+        assert_trees_match(a_in, e_in, f"inputs after replay, sign {sign}")
