@@ -13,7 +13,7 @@ import torch
 from torch._C import DispatchKey
 from torch.utils import _pytree as pytree
 
-from . import _C, cond_gradients, rng_state
+from . import _C, control_flow_gradients, rng_state
 
 if TYPE_CHECKING:
     from .api import Remove
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # Tensors of the enclosing function a branch uses are lifted into operands
 # (Note [Control flow: closures]), what cond's branches write (operands, closures) comes
 # back as outputs written by the enclosing layer (Note [Control flow: branches that write]),
-# and a cond on tensors that require grad is traced with its gradient
+# and a cond or scan on tensors that require grad is traced with its gradient
 # (Note [Control flow: gradients]).
 # capture records dispatcher ops only, so it refuses the operator by name (a graph that
 # inlined the taken branch would be wrong for inputs that take the other). Rejected: routing
@@ -145,7 +145,7 @@ def _kernel(op: Any, dense: Callable[..., Any]) -> Callable[..., Any]:
                 "would be wrong for inputs that take the other. Use "
                 "make_fx(functionalize(f)), which keeps the operator with functional subgraphs.")
         if op.name() == "cond" and torch.is_grad_enabled():
-            return cond_gradients.eager_cond(op, dense, args, kwargs, _traced)
+            return control_flow_gradients.eager_cond(op, dense, args, kwargs, _traced)
         return dense(*args, **kwargs)
 
     return run
@@ -154,8 +154,8 @@ def _kernel(op: Any, dense: Callable[..., Any]) -> Callable[..., Any]:
 # The operators whose tracing with functional subgraphs is tested (test_control_flow.py). scan
 # traces its combine function on padded copies of its operands (clone_input), inputs that do not
 # span their storage, which take their own base under make_fx
-# (Note [Inputs: storage coordinates under a tracer]). Of these, cond alone is traced with its
-# gradient (Note [Control flow: gradients]).
+# (Note [Inputs: storage coordinates under a tracer]). Of these, cond and scan are traced with
+# their gradients (Note [Control flow: gradients]).
 _TRACED = {"cond", "while_loop", "map_impl", "associative_scan", "scan"}
 
 
@@ -164,7 +164,7 @@ def _traced(op: Any, args: tuple, kwargs: dict[str, Any], fake: Any = None) -> A
     below records it with functional subgraphs (Note [Control flow: higher-order operators]).
     Tensors of this function that a branch closes over are found by tracing, each becomes one
     more trailing operand, and the operator is traced again (Note [Control flow: closures]).
-    With `fake` (cond_gradients' search mode) the operator runs on fake copies of its operands
+    With `fake` (control_flow_gradients' search mode) the operator runs on fake copies of its operands
     instead, writing nothing, and the closures found are returned."""
     if op.name() not in _TRACED:
         raise NotImplementedError(
@@ -226,12 +226,13 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
     tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     differentiable = (fake is None and torch.is_grad_enabled()
                       and any(t.requires_grad for t in tensors + closures))
-    if differentiable and op.name() != "cond":
+    if differentiable and op.name() not in ("cond", "scan"):
         raise NotImplementedError(
             f"functionalize: {op.name()} (a higher-order operator) under make_fx is supported "
             "on operands (and closure tensors) that do not require grad; of the operators, "
-            "torch.cond alone is traced with its gradient (Note [Control flow: gradients]). Call "
-            "the function without tracing, or under torch.no_grad().")
+            "torch.cond and scan are traced with their gradients "
+            "(Note [Control flow: gradients]). Call the function without tracing, or under "
+            "torch.no_grad().")
     # A differentiable call returns its outputs flat (autograd.Function's outputs).
     flat = differentiable or bool(written)
     remove: Remove = "mutations_and_views" if _C._layer_removes_views() else "mutations"
@@ -309,9 +310,11 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
             with fake:
                 out = op(*pytree.tree_map_only(torch.Tensor, fake.from_tensor, inner_args),
                          **inner_kwargs)
+        elif differentiable and op.name() == "scan":
+            out = control_flow_gradients.traced_scan(op, *inner_args, real=_real_outputs)
         elif differentiable:
             pred, true_fn, false_fn, operands = inner_args
-            out = cond_gradients.traced_cond(op, pred, true_fn, false_fn, operands, len(written))
+            out = control_flow_gradients.traced_cond(op, pred, true_fn, false_fn, operands, len(written))
         else:
             out = op(*inner_args, **inner_kwargs)
             out = _real_outputs(op, inner_args, inner_kwargs, out)

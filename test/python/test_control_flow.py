@@ -321,12 +321,6 @@ def test_loop_writing_what_it_is_given_is_refused_by_name_under_make_fx():
         make_fx(functionalize(loop_writing_a_closure))(torch.ones(3))
 
 
-def test_scan_with_autograd_is_refused_by_name_under_make_fx():
-    # Gradients of cond are traced (test_control_flow_gradients.py); of loops, refused by name.
-    with pytest.raises(NotImplementedError, match="higher-order operator.* under make_fx is"):
-        make_fx(functionalize(cumulative))(torch.randn(4, 3).requires_grad_())
-
-
 @pytest.mark.parametrize("remove", REMOVE_MODES)
 @pytest.mark.parametrize("name", ["cond_writes_operands", "cond_writes_closure",
                                   "while_loop_reads_closure"])

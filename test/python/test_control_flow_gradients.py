@@ -254,15 +254,14 @@ def test_training_a_model_with_cond_matches_eager(optimizer, options, graphs, re
     assert_client_matches_eager(f, make_inputs, remove=remove, graphs=graphs)
 
 
-def test_gradients_of_loops_are_refused_by_name_under_make_fx():
-    def cumulative(x):
-        def combine(carry, a):
-            return carry + a, carry.clone()
+def test_gradients_of_other_loops_are_refused_by_name_under_make_fx():
+    from torch._higher_order_ops.map import map as hop_map
 
-        return torch._higher_order_ops.scan(combine, torch.zeros(3), x)
+    def mapped(x):
+        return hop_map(lambda r: r.sin(), x)
 
-    with pytest.raises(NotImplementedError, match="torch.cond alone is traced with its gradient"):
-        make_fx(functionalize(cumulative))(torch.randn(4, 3).requires_grad_())
+    with pytest.raises(NotImplementedError, match="torch.cond and scan are traced with their"):
+        make_fx(functionalize(mapped))(torch.randn(4, 3).requires_grad_())
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
@@ -300,3 +299,82 @@ def test_eager_calls_give_zero_gradients_to_a_module_s_own_parameters(sign, remo
     assert_trees_match(actual, expected, "loss")
     for k, p in model.named_parameters():
         assert_trees_match(p.grad, grads[k], f"{k}.grad")
+
+
+# scan (Note [Control flow: gradients], scan): the backward is a scan over the reversed steps.
+def python_scan(combine, init, xs):
+    carry, ys = init, []
+    for i in range(xs.shape[0]):
+        carry, y = combine(carry, xs[i])
+        ys.append(y)
+    return carry, torch.stack(ys)
+
+
+def recurrent(scan_fn):
+    def f(x, w, h0):
+        def step(h, xt):
+            a = xt @ w
+            a.mul_(2)  # an intermediate written in the step
+            h2 = torch.tanh(a + h)
+            return h2, h2 * 2
+        last, ys = scan_fn(step, h0, x)
+        loss = ys.square().sum() + last.sum()
+        return loss.detach(), torch.autograd.grad(loss, (w, h0))
+
+    return f
+
+
+def recurrent_penalty(scan_fn):
+    # A gradient of the gradient through the scan.
+    def f(x, w, h0):
+        x = x.detach().requires_grad_()
+        last, ys = scan_fn(lambda h, xt: (torch.sin(xt @ w + h), h.cos()), h0, x)
+        g, = torch.autograd.grad(ys.sum() + last.sum(), x, create_graph=True)
+        penalty = g.square().sum()
+        return penalty.detach(), torch.autograd.grad(penalty, w)
+
+    return f
+
+
+SCAN_PROGRAMS = {"recurrent": recurrent, "recurrent_penalty": recurrent_penalty}
+
+
+def _scan_inputs(seed):
+    torch.manual_seed(seed)
+    return (torch.randn(5, 2, 3), torch.randn(3, 4).requires_grad_(),
+            torch.randn(2, 4).requires_grad_())
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("graph", ["make_fx", "capture"])
+@pytest.mark.parametrize("name", sorted(SCAN_PROGRAMS))
+def test_scan_with_gradients_replays_the_loop_run_eagerly(name, graph, remove):
+    from torch._higher_order_ops import scan
+
+    f, oracle = SCAN_PROGRAMS[name](scan), SCAN_PROGRAMS[name](python_scan)
+    if graph == "make_fx":
+        gm = make_fx(functionalize(f, remove=remove))(*_scan_inputs(0))
+    else:
+        gm = capture(f, *_scan_inputs(0), remove=remove)
+    for sub in gm.modules():
+        if isinstance(sub, torch.fx.GraphModule):
+            assert_functional_graph(sub, remove)
+    assert sum(n.target is torch.ops.higher_order.scan for n in gm.graph.nodes) >= 2, gm.code
+    for seed in (0, 1):
+        expected = oracle(*_scan_inputs(seed))
+        assert_trees_match(functionalize(f, remove=remove)(*_scan_inputs(seed)), expected,
+                           f"eager, seed {seed}")
+        assert_trees_match(pytree.tree_map_only(torch.Tensor, torch.Tensor.detach,
+                                                gm(*_scan_inputs(seed))),
+                           expected, f"{graph}, seed {seed}")
+
+
+def test_scan_gradient_of_a_step_that_draws_is_refused_by_name():
+    from torch._higher_order_ops import scan
+
+    def f(x, w):
+        last, ys = scan(lambda h, xt: (h + F.dropout(xt @ w, 0.5), h.clone()), torch.zeros(2, 4), x)
+        return torch.autograd.grad(ys.sum(), w)
+
+    with pytest.raises(NotImplementedError, match="draws random numbers"):
+        make_fx(functionalize(f))(torch.randn(5, 2, 3), torch.randn(3, 4).requires_grad_())

@@ -1,6 +1,7 @@
-"""The gradient of torch.cond inside a functionalized function: traced (a second cond of
-functional gradient branches) and eager (zero gradients for what the branch not taken reads).
-See Note [Control flow: gradients]; control_flow.py calls traced_cond and eager_cond."""
+"""Gradients of control flow inside a functionalized function: torch.cond traced (a second
+cond of functional gradient branches) and eager (zero gradients for what the branch not taken
+reads), scan traced (a second scan over the reversed steps). See Note [Control flow:
+gradients]; control_flow.py calls traced_cond, eager_cond and traced_scan."""
 from __future__ import annotations
 
 import contextlib
@@ -43,13 +44,19 @@ from . import _C, rng_state
 # gradients through and gives each of them zeros. Cost: one fake run of both branches per call
 # in grad mode (a cond of two Linear layers: ~6 ms, where eager's own torch.cond compiles with
 # dynamo at ~14 ms a call).
+# scan's backward is a scan over the reversed steps. The forward also returns the carry each
+# step was given (stacked); each backward step reruns the traced combine subgraph on that carry
+# and its slice and differentiates it against the carried gradient (plus the gradient of that
+# step's carry output, which a gradient of the gradient brings) and the output's, carrying the
+# sums of the additional inputs' gradients. A combine function that draws random numbers is
+# refused by name (the rerun would need each step's generator state), as are integer carries.
 # Rejected: torch's own autograd kernel for cond (it materializes the backward branches with
 # make_fx on placeholders made by factory calls, which inside our layer become our wrappers, so
 # the joint graph it traces ran in the enclosing layer and lost its gradients: zeros,
 # silently); saving the forward's intermediates instead of rerunning the branch (the two
-# branches save different tensors, and cond's branches must return the same ones); gradients
-# of while_loop, scan, map and associative_scan, whose backward needs the carried values of
-# every iteration: those are refused by name under make_fx.
+# branches save different tensors, and cond's branches must return the same ones). Gradients of
+# while_loop (its trip count known only when it runs, so its carries cannot be stacked ahead),
+# map and associative_scan are refused by name under make_fx.
 def traced_cond(op: Any, pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any],
                 operands: list[Any], written: int) -> Any:
     """The operator on the operands' values, differentiable (an inner call, under a tracer):
@@ -108,6 +115,149 @@ class _CondWithGradient(torch.autograd.Function):
         return (None, None, None, None, None, None, *result)
 
 
+def traced_scan(op: Any, combine: Callable[..., Any], init: list[Any], xs: list[Any],
+                additional: tuple, real: Callable[..., Any]) -> Any:
+    """scan on the values, differentiable (an inner call, under a tracer): its flat outputs,
+    the final carries then the stacked outputs (Note [Control flow: gradients], scan). `real`
+    gives a traced call's real outputs (Note [Control flow: scan's outputs under a real
+    tracer])."""
+    out = _ScanWithGradient.apply(op, combine, real, len(init), len(xs), *init, *xs,
+                                  *additional)
+    return out[:len(out) - len(init)]  # (the stacked carries are for the backward)
+
+
+class _ScanWithGradient(torch.autograd.Function):
+    """scan whose backward is a scan over the reversed steps: each reruns the traced combine
+    subgraph on the carry it was given (saved, stacked, by the forward) and its slice, and
+    differentiates it against the carried and the output gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, op: Any, combine: Callable[..., Any], real: Callable[..., Any],
+                n_init: int, n_xs: int, *operands: Any) -> Any:
+        init, xs = operands[:n_init], operands[n_init:n_init + n_xs]
+        additional = operands[n_init + n_xs:]
+        excluded = torch._C._dispatch_tls_local_exclude_set()
+        ctx.autograd = [k for k in _AUTOGRAD_KEYS if not excluded.has(k)]
+
+        def with_carries(*args: Any) -> tuple:
+            # The carry each step was given, as one more stacked output.
+            return (*combine(*args), *[c.clone() for c in args[:n_init]])
+
+        args = [with_carries, list(init), list(xs), tuple(additional)]
+        with torch._C._AutoDispatchBelowAutograd():
+            traced_out = op(*args)
+            traced = _traced_call(op, tuple(traced_out))
+            out = tuple(real(op, args, {}, traced_out))
+        if traced is None:
+            raise NotImplementedError(
+                "functionalize: scan with operands that require grad is traced with its "
+                "gradient under make_fx only (another dispatch mode is active).")
+        subgraph = traced[2][0]
+        if _draws(subgraph):
+            raise NotImplementedError(
+                "functionalize: scan under make_fx with operands that require grad: its combine "
+                "function draws random numbers, which its gradient would draw again. Draw them "
+                "outside scan and pass them in xs.")
+        ctx.op, ctx.body, ctx.n = op, subgraph, (n_init, n_xs)
+        ctx.others = [None if isinstance(o, torch.Tensor) else o for o in operands]
+        # The carry each step was given is an output too, so that a gradient of the gradient
+        # reaches what the carries were computed from. Kept as themselves, not through
+        # save_for_backward: a saved output is unpacked as a new tensor, which the tracer does
+        # not know (the graph would hold the traced call's carries as constants). The
+        # reference cycle this makes (ctx -> output -> its node -> ctx) lives as long as the
+        # trace's autograd graph.
+        ctx.carries = out[len(out) - n_init:]
+        ctx.save_for_backward(*[o for o in operands if isinstance(o, torch.Tensor)])
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        n_init, n_xs = ctx.n
+        carries = ctx.carries
+        it = iter(ctx.saved_tensors)
+        operands = [next(it) if o is None else o for o in ctx.others]
+        init, xs = operands[:n_init], operands[n_init:n_init + n_xs]
+        additional = operands[n_init + n_xs:]
+        needs = ctx.needs_input_grad[5:]
+
+        def differentiable(t: Any) -> bool:
+            return isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+
+        if not all(differentiable(t) for t in (*init, *xs)):
+            raise NotImplementedError(
+                "functionalize: the gradient of scan under make_fx is traced for floating-point "
+                "carries and inputs only. Carry integer counters outside scan.")
+        # Carried backward: each carry's gradient, then the sums of the gradients of the
+        # additional inputs that need one. (Gradients come materialized: zeros where unused.)
+        a_at = [i for i, a in enumerate(additional)
+                if needs[n_init + n_xs + i] and differentiable(a)]
+        g_final = grads[:n_init]
+        g_ys, g_carries = grads[n_init:len(grads) - n_init], grads[len(grads) - n_init:]
+        # (Dense carries: scan checks that its body's carries keep the strides it was given,
+        # and a gradient may come expanded.)
+        bw_init = [g.clone(memory_format=torch.contiguous_format) for g in g_final] + [
+            torch.zeros_like(additional[i], memory_format=torch.contiguous_format) for i in a_at]
+        bw_xs = [torch.flip(t, [0]) for t in (*carries, *xs, *g_ys, *g_carries)]
+        body = _scan_gradient_body(ctx.body, ctx.autograd, n_init, n_xs, a_at, len(g_ys))
+        out = ctx.op(body, bw_init, bw_xs, tuple(additional))
+        g_init = out[:n_init]
+        g_add = out[n_init:n_init + len(a_at)]
+        g_xs = [torch.flip(t, [0]) for t in out[n_init + len(a_at):]]
+        result: list[Any] = [*g_init, *g_xs, *[None] * len(additional)]
+        for i, g in zip(a_at, g_add):
+            result[n_init + n_xs + i] = g
+        return (None, None, None, None, None, *result)
+
+
+def _scan_gradient_body(body: Callable[..., Any], autograd: list[DispatchKey], n_init: int,
+                        n_xs: int, a_at: list[int], n_ys: int) -> Callable[..., Any]:
+    """One backward step: (carry gradients, sums; the step's carry, slices and output
+    gradients; the additional inputs) -> (carry gradients, sums; the slices' gradients)."""
+    def step(*args: Any) -> tuple:
+        na = len(a_at)
+        g_c, sums = args[:n_init], args[n_init:n_init + na]
+        rest = args[n_init + na:]
+        c_t, x_t = rest[:n_init], rest[n_init:n_init + n_xs]
+        g_y = rest[n_init + n_xs:n_init + n_xs + n_ys]
+        g_given = rest[n_init + n_xs + n_ys:2 * n_init + n_xs + n_ys]  # of the carry output
+        additional = list(rest[2 * n_init + n_xs + n_ys:])
+        excluded = torch._C._dispatch_tls_local_exclude_set()
+        for k in autograd:
+            excluded = excluded.remove(k)
+        create_graph = torch.is_grad_enabled()
+        with torch.enable_grad(), torch._C._ForceDispatchKeyGuard(
+                torch._C._dispatch_tls_local_include_set(), excluded):
+            carry = [c if c.requires_grad else _leaf(c) for c in c_t]
+            slices = [x if x.requires_grad else _leaf(x) for x in x_t]
+            for i in a_at:
+                if not additional[i].requires_grad:
+                    additional[i] = _leaf(additional[i])
+            outs = list(body(*carry, *slices, *additional))[:n_init + n_ys]
+            pairs = [(o, g) for o, g in zip(outs, (*g_c, *g_y))
+                     if isinstance(o, torch.Tensor) and o.requires_grad]
+            inputs = [*carry, *slices, *[additional[i] for i in a_at]]
+            got: Any = [None] * len(inputs)
+            if pairs:
+                got = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
+                                          allow_unused=True, create_graph=create_graph)
+        got = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, got)]
+        g_carry, g_slices = got[:n_init], got[n_init:n_init + n_xs]
+        g_add = got[n_init + n_xs:]
+        return (*[g + d for g, d in zip(g_carry, g_given)], *[s + g for s, g in zip(sums, g_add)],
+                *g_slices)
+
+    return step
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    """A tensor that requires grad, holding t's value, for a gradient body to differentiate
+    against: a copy, whose node in the traced body passes gradients on when the body is rerun
+    on tensors that require grad (a gradient of this gradient; torch's autograd kernel for scan
+    differentiating a replayed graph). Rejected: detach (it cuts that path; without views
+    detach_copy has no derivative at all)."""
+    return t.clone().requires_grad_()
+
+
 _AUTOGRAD_KEYS = (DispatchKey.AutogradFunctionality, DispatchKey.AutogradOther,
                   DispatchKey.AutogradNestedTensor)
 
@@ -132,7 +282,7 @@ def _gradient_branch(branch: Callable[..., Any], n: int, wanted: list[int],
                 # One that requires grad is differentiated as given: a detach here would stay in
                 # the traced gradient branch and cut a gradient of this gradient.
                 if not operands[i].requires_grad:
-                    operands[i] = operands[i].detach().requires_grad_()
+                    operands[i] = _leaf(operands[i])
             if rng is None:
                 outs = pytree.tree_leaves(branch(*operands))
             else:
@@ -202,7 +352,8 @@ def _traced_call(op: Any, out: tuple) -> tuple[Any, Any, list[torch.fx.GraphModu
         node = node.args[0]
     if node.target is not op:
         return None
-    return tracer, node, [getattr(tracer.root, a.target) for a in node.args[1:3]]
+    return tracer, node, [getattr(tracer.root, a.target) for a in node.args
+                          if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
 
 
 def _dependencies(gm: torch.fx.GraphModule) -> list[set[int]]:
