@@ -226,5 +226,12 @@ def install() -> None:
     global _original_apply
     if _original_apply is not None:
         return
-    _original_apply = torch.autograd.Function.__dict__["apply"].__func__
+    original = torch.autograd.Function.__dict__["apply"]
+    if isinstance(original, classmethod):
+        _original_apply = original.__func__
+    else:
+        # torch 2.14 defines apply in C (a classmethod_descriptor, no __func__): bound to each
+        # Function subclass as it is called.
+        def _original_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            return original.__get__(None, cls)(*args, **kwargs)
     torch.autograd.Function.apply = classmethod(_apply)  # type: ignore[assignment]
