@@ -147,6 +147,8 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
 # is gone (the tracer tracks tensors weakly; a backward that ran inside f released them). One
 # whose copy is alive (the forward of an output that requires grad) may be unpacked by a backward
 # traced later, so it stays, as aten.detach_copy without views (the same value, no view).
+# torch 2.14 makes some of these copies as aten.alias (sigmoid's output, saved by a double
+# backward): the same rule, aten.alias_copy without views.
 # Rejected: hiding the mode from autograd's saved copies (the same TLS shows it the op).
 def _tidy_autograd_detaches(tracer: Any, last_node: torch.fx.Node,
                             outputs: list[torch.Tensor], removes_views: bool) -> None:
@@ -158,16 +160,17 @@ def _tidy_autograd_detaches(tracer: Any, last_node: torch.fx.Node,
     alive = set()
     if any(isinstance(t, torch.Tensor) and t.requires_grad for t in outputs):
         alive = {slot.proxy.node for slot in list(tracer.tensor_tracker.values())}
-    detach = torch.ops.aten.detach.default
+    copies = {torch.ops.aten.detach.default: torch.ops.aten.detach_copy.default,
+              torch.ops.aten.alias.default: torch.ops.aten.alias_copy.default}
     graph = tracer.graph
     node = graph._root.prev
     while node is not last_node and node is not graph._root:
         prev = node.prev
-        if node.op == "call_function" and node.target is detach and node not in kept:
+        if node.op == "call_function" and node.target in copies and node not in kept:
             if not node.users and node not in alive:
                 graph.erase_node(node)
             elif removes_views:
-                node.target = torch.ops.aten.detach_copy.default
+                node.target = copies[node.target]
         node = prev
 
 
