@@ -197,8 +197,17 @@ def _sparse_inputs():
 @pytest.mark.parametrize("name,options", SPARSE_OPTIONS,
                          ids=[f"{n}-{i}" for i, (n, _) in enumerate(SPARSE_OPTIONS)])
 def test_sparse_gradient_training_matches_eager(name, options, module):
-    assert_client_matches_eager(_sparse_embedding_loop(name, options, module), _sparse_inputs,
-                                remove="mutations")
+    f = _sparse_embedding_loop(name, options, module)
+    graphs = ("make_fx", "capture")
+    try:
+        make_fx(f)(*_sparse_inputs())
+    except NotImplementedError as error:
+        # torch 2.14's SGD starts its momentum buffer with grad.detach().clone(), which plain
+        # make_fx cannot trace on a sparse tensor ("Cannot access storage of SparseTensorImpl");
+        # make_fx of the functionalized loop stops there too, and capture records it.
+        assert "SparseTensorImpl" in str(error)
+        graphs = ("capture",)
+    assert_client_matches_eager(f, _sparse_inputs, remove="mutations", graphs=graphs)
 
 
 def test_sparse_gradient_without_views_is_refused_by_name():
