@@ -1,7 +1,7 @@
 """Gradients of control flow inside a functionalized function: torch.cond traced (a second
 cond of functional gradient branches) and eager (zero gradients for what the branch not taken
-reads), scan traced (a second scan over the reversed steps). See Note [Control flow:
-gradients]; control_flow.py calls traced_cond, eager_cond and traced_scan."""
+reads), scan traced (a second scan over the reversed steps).
+See Note [Control flow: gradients]; control_flow.py calls traced_cond, eager_cond, traced_scan."""
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +20,10 @@ from . import _C, rng_state
 # its gradient as a second cond: the forward call becomes an autograd.Function on the operands'
 # values (where autograd runs, Note [Wrapper: autograd mirrored]), whose forward is the traced
 # operator with functional branches, and whose backward is torch.cond again, on the same
-# predicate, between two gradient branches: each runs its forward branch on the saved operands
-# and returns autograd.grad of its outputs against the incoming gradients. That backward call
+# predicate, between two gradient branches: each reruns its forward branch's traced subgraph on
+# the saved operands (not the Python branch, which may read other tensors by then:
+# functional_call has put a module's own parameters back) and returns autograd.grad of its
+# outputs against the incoming gradients. That backward call
 # goes through this same path, so each gradient branch is functionalized in a layer of its own
 # and traced into a functional subgraph (and is itself differentiable: a gradient penalty
 # differentiates it again). The rules a graph must keep, each eager's:
