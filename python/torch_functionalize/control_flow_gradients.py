@@ -213,8 +213,9 @@ class _ScanWithGradient(torch.autograd.Function):
 
 def _scan_gradient_body(body: Callable[..., Any], autograd: list[DispatchKey], n_init: int,
                         n_xs: int, a_at: list[int], n_ys: int) -> Callable[..., Any]:
-    """One backward step: (carry gradients, sums; the step's carry, slices and output
-    gradients; the additional inputs) -> (carry gradients, sums; the slices' gradients)."""
+    """One backward step: (carry gradients, sums; the step's carry, slices, output gradients
+    and carry-output gradients; the additional inputs) -> (carry gradients, sums; the slices'
+    gradients)."""
     def step(*args: Any) -> tuple:
         na = len(a_at)
         g_c, sums = args[:n_init], args[n_init:n_init + na]
@@ -223,26 +224,14 @@ def _scan_gradient_body(body: Callable[..., Any], autograd: list[DispatchKey], n
         g_y = rest[n_init + n_xs:n_init + n_xs + n_ys]
         g_given = rest[n_init + n_xs + n_ys:2 * n_init + n_xs + n_ys]  # of the carry output
         additional = list(rest[2 * n_init + n_xs + n_ys:])
-        excluded = torch._C._dispatch_tls_local_exclude_set()
-        for k in autograd:
-            excluded = excluded.remove(k)
-        create_graph = torch.is_grad_enabled()
-        with torch.enable_grad(), torch._C._ForceDispatchKeyGuard(
-                torch._C._dispatch_tls_local_include_set(), excluded):
-            carry = [c if c.requires_grad else _leaf(c) for c in c_t]
-            slices = [x if x.requires_grad else _leaf(x) for x in x_t]
-            for i in a_at:
-                if not additional[i].requires_grad:
-                    additional[i] = _leaf(additional[i])
-            outs = list(body(*carry, *slices, *additional))[:n_init + n_ys]
-            pairs = [(o, g) for o, g in zip(outs, (*g_c, *g_y))
-                     if isinstance(o, torch.Tensor) and o.requires_grad]
-            inputs = [*carry, *slices, *[additional[i] for i in a_at]]
-            got: Any = [None] * len(inputs)
-            if pairs:
-                got = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
-                                          allow_unused=True, create_graph=create_graph)
-        got = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, got)]
+
+        def run(primals: list[torch.Tensor]) -> list[Any]:
+            given = list(additional)
+            for i, p in zip(a_at, primals[n_init + n_xs:]):
+                given[i] = p
+            return list(body(*primals[:n_init + n_xs], *given))[:n_init + n_ys]
+
+        got = _vjp(run, [*c_t, *x_t, *[additional[i] for i in a_at]], (*g_c, *g_y), autograd)
         g_carry, g_slices = got[:n_init], got[n_init:n_init + n_xs]
         g_add = got[n_init + n_xs:]
         return (*[g + d for g, d in zip(g_carry, g_given)], *[s + g for s, g in zip(sums, g_add)],
@@ -268,39 +257,49 @@ def _gradient_branch(branch: Callable[..., Any], n: int, wanted: list[int],
                      autograd: list[DispatchKey],
                      rng: _RandomState | None) -> Callable[..., Any]:
     """The backward of one forward branch: (operands, output gradients[, generator state]) ->
-    gradients of the operands in `wanted` (Note [Control flow: gradients]), with the `autograd`
-    keys dispatched again."""
+    gradients of the operands in `wanted` (Note [Control flow: gradients])."""
     def gradient(*xs: Any) -> tuple:
         operands = list(xs[:n])
         grads = xs[n:len(xs) - 1] if rng is not None else xs[n:]
-        # Differentiated itself (the backward of this backward): its graph is kept.
-        create_graph = torch.is_grad_enabled()
-        excluded = torch._C._dispatch_tls_local_exclude_set()
-        for k in autograd:
-            excluded = excluded.remove(k)
-        with torch.enable_grad(), torch._C._ForceDispatchKeyGuard(
-                torch._C._dispatch_tls_local_include_set(), excluded):
-            for i in wanted:
-                # One that requires grad is differentiated as given: a detach here would stay in
-                # the traced gradient branch and cut a gradient of this gradient.
-                if not operands[i].requires_grad:
-                    operands[i] = _leaf(operands[i])
+
+        def run(primals: list[torch.Tensor]) -> list[Any]:
+            given = list(operands)
+            for i, p in zip(wanted, primals):
+                given[i] = p
             if rng is None:
-                outs = pytree.tree_leaves(branch(*operands))
-            else:
-                with rng.replayed(xs[-1]):
-                    outs = pytree.tree_leaves(branch(*operands))
-            pairs = [(o, g) for o, g in zip(outs, grads)
-                     if isinstance(o, torch.Tensor) and o.requires_grad]
-            inputs = [operands[i] for i in wanted]
-            got: Any = [None] * len(inputs)
-            if pairs:
-                got = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
-                                          allow_unused=True, create_graph=create_graph)
-        return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(inputs, got))
+                return pytree.tree_leaves(branch(*given))
+            with rng.replayed(xs[-1]):
+                return pytree.tree_leaves(branch(*given))
+
+        return tuple(_vjp(run, [operands[i] for i in wanted], grads, autograd))
 
     gradient.__name__ = f"{getattr(branch, '__name__', 'branch')}_gradient"
     return gradient
+
+
+def _vjp(run: Callable[[list[torch.Tensor]], list[Any]], primals: list[torch.Tensor],
+         cotangents: Any, autograd: list[DispatchKey]) -> list[torch.Tensor]:
+    """The gradient of each primal (zeros where unused) through run(primals)'s outputs against
+    `cotangents`, with the `autograd` keys dispatched again (torch's autograd kernel for the
+    operator excludes them while it traces a backward call). Called in grad mode (the backward of
+    this backward), it keeps its graph."""
+    create_graph = torch.is_grad_enabled()
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    for k in autograd:
+        excluded = excluded.remove(k)
+    with torch.enable_grad(), torch._C._ForceDispatchKeyGuard(
+            torch._C._dispatch_tls_local_include_set(), excluded):
+        # One that requires grad is differentiated as given: a detach here would stay in the
+        # traced gradient body and cut a gradient of this gradient.
+        primals = [p if p.requires_grad else _leaf(p) for p in primals]
+        outs = run(primals)
+        pairs = [(o, g) for o, g in zip(outs, cotangents)
+                 if isinstance(o, torch.Tensor) and o.requires_grad]
+        got: Any = [None] * len(primals)
+        if pairs:
+            got = torch.autograd.grad([o for o, _ in pairs], primals, [g for _, g in pairs],
+                                      allow_unused=True, create_graph=create_graph)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(primals, got)]
 
 
 class _RandomState:
