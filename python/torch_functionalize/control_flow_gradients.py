@@ -389,8 +389,13 @@ def eager_cond(op: Any, dense: Callable[..., Any], args: tuple, kwargs: dict[str
     fake operands to find the closures."""
     operands = args[3]
     reads = _PlainReads()
-    with torch.no_grad():
-        closures = traced(op, args, kwargs, fake=_DiscoveryMode(reads))
+    try:
+        with torch.no_grad():
+            closures = traced(op, args, kwargs, fake=_DiscoveryMode(reads))
+    except Exception:  # noqa: BLE001
+        # A branch fake tensors cannot run (a data-dependent size fake tensors cannot
+        # represent): the operands alone get their zeros; the call itself runs as before.
+        closures, reads.found = [], []
     joined = [t for t in (*operands, *closures)
               if isinstance(t, torch.Tensor) and t.requires_grad]
     plain = list({id(t): t for t in reads.found}.values())
@@ -445,8 +450,10 @@ class _DiscoveryMode:
 
     def __init__(self, reads: _PlainReads) -> None:
         from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-        self.fake = FakeTensorMode(allow_non_fake_inputs=True)
+        # A shape environment, so that ops whose sizes depend on values (nonzero, masks) run.
+        self.fake = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
         self.reads = reads
 
     def from_tensor(self, t: torch.Tensor) -> torch.Tensor:

@@ -378,3 +378,22 @@ def test_scan_gradient_of_a_step_that_draws_is_refused_by_name():
 
     with pytest.raises(NotImplementedError, match="draws random numbers"):
         make_fx(functionalize(f))(torch.randn(5, 2, 3), torch.randn(3, 4).requires_grad_())
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_eager_cond_with_a_data_dependent_size_in_a_branch(sign):
+    # Looking through the branches on fake operands met nonzero's size, which needs a shape
+    # environment: without one every such eager call raised DynamicOutputShapeException.
+    w = torch.randn(3, requires_grad=True)
+
+    def step(x):
+        out = torch.cond(x.sum() > 0, lambda a: (a[a > 0] * w[0]).sum().reshape(1),
+                         lambda a: (a * w[1]).sum().reshape(1), (x,))
+        out.sum().backward()
+        return out.detach()
+
+    x = sign * torch.rand(3)
+    expected = step(x)
+    expected_grad, w.grad = w.grad, None
+    assert_trees_match(functionalize(step)(x), expected, "output")
+    assert_trees_match(w.grad, expected_grad, "w.grad")
