@@ -314,7 +314,8 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
             out = control_flow_gradients.traced_scan(op, *inner_args, real=_real_outputs)
         elif differentiable:
             pred, true_fn, false_fn, operands = inner_args
-            out = control_flow_gradients.traced_cond(op, pred, true_fn, false_fn, operands, len(written))
+            out = control_flow_gradients.traced_cond(op, pred, true_fn, false_fn, operands,
+                                                     len(written))
         else:
             out = op(*inner_args, **inner_kwargs)
             out = _real_outputs(op, inner_args, inner_kwargs, out)
