@@ -164,8 +164,8 @@ def _traced(op: Any, args: tuple, kwargs: dict[str, Any], fake: Any = None) -> A
     below records it with functional subgraphs (Note [Control flow: higher-order operators]).
     Tensors of this function that a branch closes over are found by tracing, each becomes one
     more trailing operand, and the operator is traced again (Note [Control flow: closures]).
-    With `fake` (control_flow_gradients' search mode) the operator runs on fake copies of its operands
-    instead, writing nothing, and the closures found are returned."""
+    With `fake` (control_flow_gradients' search mode) the operator runs on fake copies of its
+    operands instead, writing nothing, and the closures found are returned."""
     if op.name() not in _TRACED:
         raise NotImplementedError(
             f"functionalize: {op.name()} (a higher-order operator) under make_fx is supported "

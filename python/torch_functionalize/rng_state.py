@@ -37,7 +37,9 @@ def _recording_get(original: Callable[..., Any]) -> Callable[..., Any]:
         active = tracer() if _C._layer_active() else None
         if active is None:
             return original(*args, **kwargs)
-        from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, track_tensor_tree
+        from torch.fx.experimental.proxy_tensor import (
+            disable_proxy_modes_tracing, track_tensor_tree,
+        )
 
         proxy = active.create_proxy("call_function", original, args, kwargs)
         # The state's own allocation, and the copy its node's metadata takes, are no nodes of f.
