@@ -180,3 +180,30 @@ def test_instance_norm_module_tracking_running_stats(remove):
 
     state = {k: v.clone() for k, v in norm.state_dict().items()}
     assert_matches_eager(f, state, torch.randn(2, 3, 4, 4), remove=remove)
+
+
+def test_plain_running_stats_under_a_tracer_are_refused_by_name():
+    # A module's own buffers (created outside f) in a traced call: the graph cannot write them.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_functionalize import functionalize
+
+    bn = torch.nn.BatchNorm1d(3)
+    with pytest.raises(RuntimeError, match="native_batch_norm: .* they are plain tensors .* "
+                                           "traced or captured graph cannot write"):
+        make_fx(functionalize(bn))(torch.randn(4, 3))
+
+
+def test_one_plain_and_one_own_running_stat_are_refused_by_name():
+    # Eagerly, plain stats are written in place when both are plain; one of each cannot be.
+    from torch_functionalize import functionalize
+
+    bn = torch.nn.BatchNorm1d(3)
+
+    def f(x, mean):
+        bn.running_mean = mean
+        return bn(x)
+
+    with pytest.raises(RuntimeError, match="native_batch_norm: .* one is a plain tensor .* "
+                                           "the other the function's own"):
+        functionalize(f)(torch.randn(4, 3), torch.zeros(3))

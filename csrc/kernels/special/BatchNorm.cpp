@@ -101,10 +101,14 @@ void batch_norm_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch:
     return;
   }
   TORCH_CHECK(!plain_mean && !plain_var, "functionalize: ", info.name,
-              ": training-mode batch norm updates its running stats in place, and they are "
-              "plain tensors (created outside the function), which a traced or captured graph "
-              "cannot write. Pass them to the function as inputs (e.g. functionalize the module "
-              "call with its buffers as arguments: torch.func.functional_call).");
+              ": training-mode batch norm updates its running stats in place, and ",
+              plain_mean && plain_var
+                  ? "they are plain tensors (created outside the function), which a traced or "
+                    "captured graph cannot write"
+                  : "one is a plain tensor (created outside the function) and the other the "
+                    "function's own, which it cannot write together",
+              ". Pass them to the function as inputs (e.g. functionalize the module call with "
+              "its buffers as arguments: torch.func.functional_call).");
   std::vector<c10::IValue> inner(args.begin(), args.end());
   const at::Tensor mean_wrapper = mean.toTensor(), var_wrapper = var.toTensor();
   torch::jit::drop(*stack, kNumArgs);
