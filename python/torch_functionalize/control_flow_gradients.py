@@ -73,10 +73,7 @@ class _CondWithGradient(torch.autograd.Function):
                 false_fn: Callable[..., Any], rng: _RandomState, written: int,
                 *operands: Any) -> Any:
         ctx.op, ctx.pred, ctx.branches, ctx.rng = op, pred, (true_fn, false_fn), rng
-        # The autograd keys dispatch uses here, which torch's autograd kernel for the operator
-        # excludes while it traces the branches of the backward call.
-        excluded = torch._C._dispatch_tls_local_exclude_set()
-        ctx.autograd = [k for k in _AUTOGRAD_KEYS if not excluded.has(k)]
+        ctx.autograd = _autograd_keys_dispatched()
         # Tensors through save_for_backward; other operands (ints, SymInts) kept as they are.
         ctx.save_for_backward(*[o for o in operands if isinstance(o, torch.Tensor)])
         ctx.others = [None if isinstance(o, torch.Tensor) else o for o in operands]
@@ -138,8 +135,7 @@ class _ScanWithGradient(torch.autograd.Function):
                 n_init: int, n_xs: int, *operands: Any) -> Any:
         init, xs = operands[:n_init], operands[n_init:n_init + n_xs]
         additional = operands[n_init + n_xs:]
-        excluded = torch._C._dispatch_tls_local_exclude_set()
-        ctx.autograd = [k for k in _AUTOGRAD_KEYS if not excluded.has(k)]
+        ctx.autograd = _autograd_keys_dispatched()
 
         def with_carries(*args: Any) -> tuple:
             # The carry each step was given, as one more stacked output.
@@ -251,6 +247,14 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
 
 _AUTOGRAD_KEYS = (DispatchKey.AutogradFunctionality, DispatchKey.AutogradOther,
                   DispatchKey.AutogradNestedTensor)
+
+
+def _autograd_keys_dispatched() -> list[DispatchKey]:
+    """The autograd keys dispatch uses here (a forward call), which torch's autograd kernel for
+    the operator excludes while it traces the backward call's bodies: _vjp dispatches them
+    again."""
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    return [k for k in _AUTOGRAD_KEYS if not excluded.has(k)]
 
 
 def _gradient_branch(branch: Callable[..., Any], n: int, wanted: list[int],
