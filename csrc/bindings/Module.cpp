@@ -14,15 +14,19 @@
 #include "core/Recorder.h"
 #include "kernels/Registration.h"
 #include "kernels/Subclasses.h"
+#include "kernels/WatchedDraws.h"
 
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Generator.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
 
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 
@@ -211,6 +215,22 @@ tfz::CapturedGraph capture(const std::vector<at::Tensor>& inputs, const std::str
   }
 }
 
+// The Python observer of Note [Graphs: generator state set outside the dispatcher]; leaked on
+// purpose (a py::object destroyed after the interpreter would crash at exit).
+py::object* draw_observer = nullptr;
+
+std::string observe_draw(const at::Generator& generator, bool before) {
+  py::gil_scoped_acquire gil;
+  if (draw_observer == nullptr) return {};
+  try {
+    auto py_generator = py::reinterpret_steal<py::object>(THPGenerator_Wrap(generator));
+    const auto key = reinterpret_cast<std::uintptr_t>(generator.unsafeGetGeneratorImpl());
+    return (*draw_observer)(py_generator, key, before).cast<std::string>();
+  } catch (py::error_already_set& e) {
+    return std::string("functionalize: the random generator's observer failed: ") + e.what();
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -219,6 +239,20 @@ PYBIND11_MODULE(_C, m) {
   tfz::detail::set_subclass_predicate([](const at::Tensor& t) {
     py::gil_scoped_acquire gil;
     return py::hasattr(py::cast(t), "__tensor_flatten__");
+  });
+  m.def("_generator_key", [](py::handle generator) {
+    return reinterpret_cast<std::uintptr_t>(
+        THPGenerator_Unwrap(generator.ptr()).unsafeGetGeneratorImpl());
+  });
+  // Two generator states (contiguous CPU bytes) compared without an op a graph would record.
+  m.def("_same_state", [](const at::Tensor& a, const at::Tensor& b) {
+    return a.nbytes() == b.nbytes() &&
+           std::memcmp(a.const_data_ptr(), b.const_data_ptr(), a.nbytes()) == 0;
+  });
+  m.def("_set_draw_observer", [](py::object observer) {
+    if (draw_observer == nullptr) draw_observer = new py::object();
+    *draw_observer = std::move(observer);
+    tfz::detail::set_draw_observer(&observe_draw);
   });
   py::class_<PyGuard>(m, "_Guard")
       .def(py::init<const std::string&>(), py::arg("remove"))

@@ -9,12 +9,15 @@
 #include "core/Layout.h"
 #include "core/Recorder.h"
 #include "kernels/Subclasses.h"
+#include "kernels/WatchedDraws.h"
 
 #include <ATen/LegacyVmapMode.h>
 #include <ATen/MemoryOverlap.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
+
+#include <optional>
 
 namespace tfz::detail {
 
@@ -173,6 +176,9 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
         c10::DispatchKeySet({c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::Python}),
         stack);
   }
+  // See Note [Graphs: generator state set outside the dispatcher] (generator_watch.py).
+  std::optional<WatchedDraw> watched;
+  if (C10_UNLIKELY(info.seeded) && layer != nullptr) watched.emplace(info, op, *stack);
   const int64_t layer_id = layer != nullptr ? layer->id : 0;
   if (C10_UNLIKELY(lifts_closures(layer) && !layer->substitutes.empty())) {
     substitute_closures(*layer, stack, num_args);

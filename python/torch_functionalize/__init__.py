@@ -38,8 +38,10 @@ from . import autograd_function as _autograd_function  # noqa: E402
 
 _autograd_function.install()
 from . import rng_state as _rng_state  # noqa: E402
+from . import generator_watch as _generator_watch  # noqa: E402
 
 _rng_state.install()
+_generator_watch.install()
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
 from .capture import capture, example_inputs, graph_module_of, load_graph
 from .dynamo import backend

@@ -13,7 +13,7 @@ import torch.utils.checkpoint
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import _C, compiled_callables, torchscript_plans
+from . import _C, compiled_callables, generator_watch, torchscript_plans
 from ._fx import run_without_grad
 from ._tree import Arguments, Flat, call_with, tensor_leaves
 
@@ -97,7 +97,12 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
             if plans is not None:
                 it = iter(wrappers)
                 wrappers = [_unflatten_subclass(p, it) for p in plans]
-            tensors, rebuild = tensor_leaves(call_with(func, arguments, wrappers))
+            if tracer is None:
+                tensors, rebuild = tensor_leaves(call_with(func, arguments, wrappers))
+            else:  # See Note [Graphs: generator state set outside the dispatcher].
+                with generator_watch.watching(capture=False) as watch:
+                    tensors, rebuild = tensor_leaves(call_with(func, arguments, wrappers))
+                    watch.finish()
             if any(_is_wrapper_subclass(t) for t in tensors):
                 leaves: list[torch.Tensor] = []
                 out_plans = [_flatten_subclass(t, leaves) for t in tensors]

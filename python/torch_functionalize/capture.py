@@ -21,7 +21,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.utils import _pytree as pytree
 
-from . import _C, compiled_callables, rng_state, torchscript_plans
+from . import _C, compiled_callables, generator_watch, rng_state, torchscript_plans
 from ._alias_analysis import InputLayout
 from ._copy_derivative import has_copy, with_copy_derivative
 from ._fx import placeholders, run_without_grad
@@ -101,7 +101,10 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
     result: list[Flat] = []  # the output, flattened
 
     def run(wrappers: list[torch.Tensor]) -> list[torch.Tensor]:
-        out = Flat(call_with(func, arguments, wrappers))
+        # See Note [Graphs: generator state set outside the dispatcher].
+        with generator_watch.watching(capture=True) as watch:
+            out = Flat(call_with(func, arguments, wrappers))
+            watch.finish()
         result.append(out)
         return out.tensors()
 
@@ -160,7 +163,7 @@ def _capture(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any], remo
 # cache and its invalidation are torch.compile's job).
 # What the engine refuses under capture that make_fx records (Note [Capture: control flow]).
 _THROUGH_MAKE_FX = ("(a higher-order operator) under capture", "autocast is enabled inside",
-                   rng_state.THROUGH_MAKE_FX,
+                   rng_state.THROUGH_MAKE_FX, generator_watch.SEEDS,
                    # See Note [Capture: composites taken whole under autograd].
                    "an op taken whole under capture with an argument that requires grad",
                    # See Note [Capture: saved-tensor hooks inside the function].

@@ -60,7 +60,10 @@ def _recording_set(original: Callable[..., Any]) -> Callable[..., Any]:
 
                 traced = get_proxy_slot(new_state, active, new_state, lambda slot: slot.proxy)
                 active.create_proxy("call_function", original, (traced, *args), kwargs)
-            elif _C._ops_are_recorded():
+                original(new_state, *args, **kwargs)
+                _noted_set(original, *args, **kwargs)
+                return None
+            if _C._ops_are_recorded():
                 raise NotImplementedError(
                     f"capture: f {THROUGH_MAKE_FX} (torch.set_rng_state: "
                     "torch.utils.checkpoint's recomputation, torch.random.fork_rng) "
@@ -68,6 +71,17 @@ def _recording_set(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(new_state, *args, **kwargs)
 
     return set_rng_state
+
+
+def _noted_set(original: Callable[..., Any], device: Any = "cuda") -> None:
+    """A recorded set of a generator's state, told to the generator watch: what its graph
+    holds is no change of f's (Note [Graphs: generator state set outside the dispatcher])."""
+    from . import generator_watch
+
+    if original is _originals[(torch, "set_rng_state")]:
+        generator_watch.note_state_set(torch.default_generator)
+    else:
+        generator_watch.note_state_set(_generator(str(torch.device(device))))
 
 
 def get_state(device: str) -> torch.Tensor:
@@ -123,6 +137,9 @@ def set_state_recorded(state: torch.Tensor, device: str) -> None:
     set_state(state, device)
     active = tracer()
     if active is not None:
+        from . import generator_watch
+
+        generator_watch.note_state_set(_generator(device))
         from torch.fx.experimental.proxy_tensor import get_proxy_slot
 
         traced = get_proxy_slot(state, active, state, lambda slot: slot.proxy)
