@@ -42,6 +42,9 @@ from . import generator_watch as _generator_watch  # noqa: E402
 
 _rng_state.install()
 _generator_watch.install()
+from . import lazy_modules as _lazy_modules  # noqa: E402
+
+_lazy_modules.install()
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
 from .capture import capture, example_inputs, graph_module_of, load_graph
 from .dynamo import backend

@@ -384,3 +384,72 @@ def test_loss_or_loop_matches_eager(name, remove):
     torch.manual_seed(0)
     f, make_inputs = make()
     assert_client_matches_eager(f, make_inputs, remove=remove, graphs=graphs)
+
+
+def _lazy_model(train):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyConv1d(4, 3), nn.LazyBatchNorm1d(), nn.ReLU(), nn.Flatten(),
+                          nn.LazyLinear(2))
+    return model.train(train)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("how", ["functionalize", "make_fx", "capture"])
+def test_lazy_modules_first_called_inside_f_initialize_once_as_eager(how, remove):
+    # Note [API: lazy modules initialized inside the function]: the first call initializes the
+    # parameters with eager's draws; a second call (a replay) initializes nothing. Traced graphs
+    # take eval mode (running stats are the module's own, which graphs do not write).
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_functionalize import capture, functionalize
+    from torch_functionalize.testing._internal.reference import assert_trees_match
+
+    train = how == "functionalize"
+    x1, x2 = torch.randn(2, 3, 6), torch.randn(2, 3, 6)
+    eager = _lazy_model(train)
+    torch.manual_seed(1)
+    e1 = eager(x1)
+    eager_state_after_init = torch.get_rng_state()
+    eager_module_state = {k: v.clone() for k, v in eager.state_dict().items()}
+    e2 = eager(x2)
+
+    ours = _lazy_model(train)
+    torch.manual_seed(1)
+    if how == "functionalize":
+        run = functionalize(lambda x: ours(x), remove=remove)
+        assert_trees_match(run(x1), e1, "first call")
+    elif how == "make_fx":
+        run = make_fx(functionalize(lambda x: ours(x), remove=remove))(x1)
+    else:
+        run = capture(lambda x: ours(x), x1, remove=remove)
+    assert torch.equal(torch.get_rng_state(), eager_state_after_init)
+    assert [type(m) for m in ours] == [type(m) for m in eager]
+    assert_trees_match(dict(ours.state_dict()), eager_module_state, "initialized state")
+    assert_trees_match(run(x2), e2, "second call")
+    assert_trees_match(dict(ours.state_dict()), dict(eager.state_dict()), "state after two calls")
+    assert all(p.requires_grad for p in ours.parameters())
+
+
+def test_lazy_module_made_before_the_import_is_refused_by_name_when_traced():
+    # Its hook is torch's own bound method (made when the module was): simulated here.
+    import types
+
+    import torch.nn.modules.lazy as lazy
+    from torch_functionalize import capture, functionalize, lazy_modules
+
+    def old_module():
+        m = nn.LazyLinear(2)
+        m._initialize_hook.remove()
+        hook = types.MethodType(lazy_modules._original_infer, m)
+        m._initialize_hook = m.register_forward_pre_hook(hook, with_kwargs=True)
+        assert lazy.LazyModuleMixin._infer_parameters is not lazy_modules._original_infer
+        return m
+
+    m = old_module()
+    with pytest.raises(NotImplementedError, match="created before torch_functionalize"):
+        capture(lambda x: m(x), torch.ones(3, 4))
+    m, eager = old_module(), old_module()  # eagerly its materialize is served
+    torch.manual_seed(2)
+    expected = eager(torch.ones(3, 4))
+    torch.manual_seed(2)
+    torch.testing.assert_close(functionalize(lambda x: m(x))(torch.ones(3, 4)), expected)
