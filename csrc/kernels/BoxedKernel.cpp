@@ -103,7 +103,10 @@ void report_foreign_wrapper(std::string_view op_name, const FunctionalTensorImpl
   TORCH_CHECK(false, "functionalize: ", op_name,
               ": got a functional tensor that escaped the functionalize call that made it "
               "(that call has finished, or this is another call). Return tensors from the "
-              "function instead of storing them elsewhere; outputs are unwrapped for you.");
+              "function instead of storing them elsewhere; outputs are unwrapped for you. State "
+              "an object keeps across calls (an optimizer made outside the function, whose first "
+              "step inside it made its state) must exist before the call: make it outside (one "
+              "eager step), or make the object inside the function.");
   TORCH_INTERNAL_ASSERT(false, "unreachable");
 }
 

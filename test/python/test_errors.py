@@ -66,6 +66,35 @@ def test_escaped_wrapper_used_after_call_raises(use):
         use(leaked[0])
 
 
+def test_optimizer_state_made_inside_a_call_names_the_case_and_its_remedy_works():
+    # An optimizer made outside the function: its first step inside the call makes its state
+    # there, and the next call meets it escaped. The message names the case; its remedy (the
+    # state made by one eager step first) then steps as eager does.
+    def make():
+        torch.manual_seed(0)
+        w = torch.randn(3, requires_grad=True)
+        opt = torch.optim.Adam([w], lr=0.1)
+
+        def step(x):
+            opt.zero_grad()
+            (w * x).square().sum().backward()
+            opt.step()
+            return w.detach().clone()
+        return step
+
+    xs = [torch.full((3,), float(i)) for i in (1, 2, 3)]
+    step = tfz.functionalize(make())
+    step(xs[0])
+    with pytest.raises(RuntimeError, match="escaped.*an optimizer made outside the function"):
+        step(xs[1])
+    eager = make()
+    expected = [eager(x) for x in xs]
+    remedied = make()
+    got = [remedied(xs[0])] + [tfz.functionalize(remedied)(x) for x in xs[1:]]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
 def test_plain_tensor_mutated_with_functional_tensor_raises_in_graphs():
     # A global plain tensor mutated in place with a functional tensor: eager's write when run
     # eagerly (Note [Kernel: writes into captured tensors]); a traced or captured graph cannot
