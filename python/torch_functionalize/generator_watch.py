@@ -3,6 +3,7 @@
 Note [Graphs: generator state set outside the dispatcher]. The kernel shows each draw's generator
 to _observe (kernels/WatchedDraws.cpp); watching() scopes one traced or captured call of f."""
 import contextlib
+import itertools
 import threading
 from typing import Any, Iterator
 
@@ -23,8 +24,13 @@ from . import _C, rng_state
 # state before it: taken from the graph where the generator was last in that state (the
 # save-and-restore of a state read inside f, fork_rng's), else the state as a constant (a seed
 # is a constant of f). When f returns, a generator left in another state than its draws explain
-# gets the same node at the end. capture's recorder holds ATen ops only: it refuses such a
-# program, and capture records it through make_fx (Note [Capture: control flow]). Generators
+# gets the same node at the end. capture's recorder records a seed's node as any op; a state
+# read at an earlier place is a node it cannot add, and capture records such a program through
+# make_fx (Note [Capture: control flow]). Draws that do not move it: a draw on fake tensors
+# (symbolic tracing, capture(dynamic=True)) leaves the generator where it was, which would hide a
+# state set back to the one before that draw; after such a draw the generator is given a state
+# of its own (a stand-in, seeded from a private counter) for the rest of the trace, and its real
+# state is put back when the watched call ends. Generators
 # watched: the default ones (their state on entry is known), those f makes (torch.Generator is
 # replaced by a subclass while f is traced, which marks them), and any other from its first draw
 # on. Not seen: a generator made outside f and reseeded inside f before its first draw there, and
@@ -52,6 +58,13 @@ class _Seen:
         # Drawn from or set by what this watch does not see (a control-flow branch's own
         # tracer): its state at the next draw is the graph's, whatever it is.
         self.unknown = False
+        self.pending: torch.Tensor | None = None  # its state before the draw running now
+        # Its real state while a stand-in stands for it (a draw that did not move it), else None.
+        self.real: torch.Tensor | None = None
+
+
+_stand_ins = itertools.count(1)
+_STAND_IN_BASE = 0x7A11_F5EE_D000_0000  # seeds no caller picks by chance
 
 
 class _Watch:
@@ -79,7 +92,7 @@ class _Watch:
     def before(self, generator: torch.Generator, key: int) -> str:
         """A draw is about to run: sets the generator's state first where f changed it."""
         seen = self._entry(generator, key)
-        state = generator.get_state()
+        state = seen.pending = generator.get_state()
         if seen.first is None:
             seen.first = state
         if (seen.expected is None and key not in self.made_inside) or (
@@ -94,9 +107,30 @@ class _Watch:
 
     def after(self, generator: torch.Generator, key: int) -> None:
         seen = self._entry(generator, key)
-        seen.expected = generator.get_state()
+        state = generator.get_state()
+        if seen.pending is not None and _C._same_state(state, seen.pending):
+            # The draw did not move it (a fake tensor's): a state of its own stands for "after
+            # this draw", so that f setting it back to an earlier state is still seen.
+            if seen.real is None:
+                seen.real = state
+            stand_in = _original_generator(device=generator.device)
+            stand_in.manual_seed(_STAND_IN_BASE + next(_stand_ins))
+            state = stand_in.get_state()
+            generator.set_state(state)
+        else:
+            seen.real = None
+        seen.expected = state
+        seen.pending = None
         seen.unknown = False
-        seen.history.append((seen.expected, self._place()))
+        seen.history.append((state, self._place()))
+
+    def restore_stand_ins(self) -> None:
+        """Generators a stand-in still stands for get their real state back."""
+        for seen in self.seen.values():
+            if seen.real is not None and seen.expected is not None and _C._same_state(
+                    seen.generator.get_state(), seen.expected):
+                seen.generator.set_state(seen.real)
+            seen.real = None
 
     def lose_track(self, key: int) -> None:
         seen = self.seen.get(key)
@@ -285,6 +319,7 @@ def watching(capture: bool) -> Iterator[_Watch]:
             watch.restore_outside_generators()
         raise
     finally:
+        watch.restore_stand_ins()
         watches.pop()
         with _lock:
             _patched["depth"] -= 1

@@ -99,6 +99,9 @@ def seeded_module_built_inside(x):
 _NAMED_GENERATORS = {"made_inside", "made_inside_and_reseeded", "init_with_a_generator",
                      "outside_generator_drawn", "outside_generator_saved_and_restored"}
 _THROUGH_MAKE_FX = {"outside_generator_saved_and_restored"}
+# Cases that seed a generator the caller keeps: a trace leaves it seeded, as a call does.
+_SETS_WITHOUT_DRAWING = {"seeded_then_drawn", "seeded_after_drawing", "seeded_without_drawing",
+                         "default_generator_seeded_by_its_method", "seeded_module_built_inside"}
 
 CASES = {f.__name__: f for f in (
     seeded_then_drawn, seeded_after_drawing, seeded_without_drawing, forked, made_inside,
@@ -122,18 +125,24 @@ def _callers_state(seed):
 def _graph(f, tracer, remove, x):
     if tracer == "make_fx":
         return make_fx(functionalize(f, remove=remove))(x)
-    return capture(f, x, remove=remove)
+    if tracer == "make_fx_symbolic":  # draws on fake tensors do not move the generator
+        return make_fx(functionalize(f, remove=remove), tracing_mode="symbolic")(x)
+    return capture(f, x, remove=remove, dynamic=tracer == "capture_dynamic")
 
 
-@pytest.mark.parametrize("tracer", ["make_fx", "capture"])
+@pytest.mark.parametrize("tracer", ["make_fx", "make_fx_symbolic", "capture", "capture_dynamic"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_replays_draw_eagers_numbers_from_any_callers_state(name, tracer, remove, request):
-    if name in _NAMED_GENERATORS and (tracer == "make_fx" or name in _THROUGH_MAKE_FX):
+    if name in _NAMED_GENERATORS and (tracer != "capture" or name in _THROUGH_MAKE_FX):
         request.applymarker(NO_FX_GENERATORS)
     f = CASES[name]
     x = torch.full((3,), 0.5)
     _callers_state(7)
+    before = _states()
     gm = _graph(f, tracer, remove, x)
+    if tracer in ("make_fx_symbolic", "capture_dynamic") and name not in _SETS_WITHOUT_DRAWING:
+        # Fake draws move no generator, and a stand-in state is put back when the trace ends.
+        assert all(torch.equal(a, b) for a, b in zip(_states(), before)), "trace moved a generator"
     for seed in (100, 200):  # neither the traced call's state nor each other's
         _callers_state(seed)
         expected = f(x.clone())
