@@ -20,24 +20,24 @@ from . import _C, rng_state
 # Rule: while make_fx traces f over our layer, or capture records it, the kernel shows each
 # seeded op's generator to this module before and after the op (WatchedDraw), which keeps the
 # generator's state after its last draw. A draw that finds another state, or follows a
-# torch.manual_seed of f, or is the first from a generator f made, gets a node that sets the
-# state before it: taken from the graph where the generator was last in that state (the
-# save-and-restore of a state read inside f, fork_rng's), else the state as a constant (a seed
-# is a constant of f). When f returns, a generator left in another state than its draws explain
-# gets the same node at the end. capture's recorder records a seed's node as any op; a state
-# read at an earlier place is a node it cannot add, and capture records such a program through
-# make_fx (Note [Capture: control flow]). Draws that do not move it: a draw on fake tensors
-# (symbolic tracing, capture(dynamic=True)) leaves the generator where it was, which would hide a
-# state set back to the one before that draw; after such a draw the generator is given a state
-# of its own (a stand-in, seeded from a private counter) for the rest of the trace, and its real
-# state is put back when the watched call ends. Generators
-# watched: the default ones (their state on entry is known), those f makes (torch.Generator is
-# replaced by a subclass while f is traced, which marks them), and any other from its first draw
-# on. Not seen: a generator made outside f and reseeded inside f before its first draw there, and
-# Generator.manual_seed on a default generator giving the state it had when f was called (a state
-# equal by coincidence); torch.manual_seed is always seen. Rejected: intercepting every
-# Generator method (a C type's methods cannot be replaced), and refusing all of these programs
-# (seeding inside f is how tests and initializers get reproducible numbers).
+# torch.manual_seed of f, or is the first from a generator f made, gets a node setting the state
+# before it (tfz::_set_generator_state): read (tfz::_generator_state) where the graph last had
+# that state (a state saved and restored inside f, fork_rng's), else a constant (a seed is a
+# constant of f). When f returns, a generator left in another state than its draws explain gets
+# the same node at the end. capture's recorder records a seed's node as any op; a read at an
+# earlier place is a node it cannot add, so capture records such a program through make_fx
+# (Note [Capture: control flow]). Generators watched: the default ones (their state on entry is
+# known), those f makes (while f is traced, torch.Generator is a class whose construction makes
+# torch's own generator and notes it; the argument parser takes no subclass instance), and any
+# other from its first draw on. A draw on fake tensors (symbolic tracing, capture(dynamic=True))
+# moves no generator, which would hide a state set back to the one before that draw: after such
+# a draw the generator gets a stand-in state (seeded from a private counter) for the rest of the
+# trace, and its real state back when the call ends. Not seen: a generator made outside f and
+# reseeded by its own method inside f before its first draw there, and Generator.manual_seed on
+# a default generator giving the state it had when f was called (equal by coincidence);
+# torch.manual_seed is always seen. Rejected: intercepting every Generator method (a C type's
+# methods cannot be replaced), and refusing these programs (seeding inside f is how tests and
+# initializers get reproducible numbers).
 SEEDS = "seeds or sets a random generator's state outside the dispatcher"
 
 _local = threading.local()
