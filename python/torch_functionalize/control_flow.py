@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # Tensors of the enclosing function a branch uses are lifted into operands
 # (Note [Control flow: closures]), what cond's branches write (operands, closures) comes
 # back as outputs written by the enclosing layer (Note [Control flow: branches that write]),
-# and a cond or scan on tensors that require grad is traced with its gradient
+# and a cond, scan or map on tensors that require grad is traced with its gradient
 # (Note [Control flow: gradients]).
 # capture records dispatcher ops only, so it refuses the operator by name (a graph that
 # inlined the taken branch would be wrong for inputs that take the other). Rejected: routing
@@ -226,11 +226,11 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
     tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     differentiable = (fake is None and torch.is_grad_enabled()
                       and any(t.requires_grad for t in tensors + closures))
-    if differentiable and op.name() not in ("cond", "scan"):
+    if differentiable and op.name() not in ("cond", "scan", "map_impl"):
         raise NotImplementedError(
             f"functionalize: {op.name()} (a higher-order operator) under make_fx is supported "
             "on operands (and closure tensors) that do not require grad; of the operators, "
-            "torch.cond and scan are traced with their gradients "
+            "torch.cond, scan and map are traced with their gradients "
             "(Note [Control flow: gradients]). Call the function without tracing, or under "
             "torch.no_grad().")
     # A differentiable call returns its outputs flat (autograd.Function's outputs).
@@ -312,6 +312,8 @@ def _traced_with(op: Any, args: tuple, kwargs: dict[str, Any],
                          **inner_kwargs)
         elif differentiable and op.name() == "scan":
             out = control_flow_gradients.traced_scan(op, *inner_args, real=_real_outputs)
+        elif differentiable and op.name() == "map_impl":
+            out = control_flow_gradients.traced_map(op, *inner_args, real=_real_outputs)
         elif differentiable:
             pred, true_fn, false_fn, operands = inner_args
             out = control_flow_gradients.traced_cond(op, pred, true_fn, false_fn, operands,

@@ -1,7 +1,8 @@
 """Gradients of control flow inside a functionalized function: torch.cond traced (a second
 cond of functional gradient branches) and eager (zero gradients for what the branch not taken
-reads), scan traced (a second scan over the reversed steps).
-See Note [Control flow: gradients]; control_flow.py calls traced_cond, eager_cond, traced_scan."""
+reads), scan traced (a second scan over the reversed steps), map traced (a second map).
+See Note [Control flow: gradients]; control_flow.py calls traced_cond, eager_cond, traced_scan,
+traced_map."""
 from __future__ import annotations
 
 import contextlib
@@ -52,13 +53,16 @@ from . import _C, rng_state
 # step's carry output, which a gradient of the gradient brings) and the output's, carrying the
 # sums of the additional inputs' gradients. A combine function that draws random numbers is
 # refused by name (the rerun would need each step's generator state), as are integer carries.
+# map's backward is a map over the same slices and the outputs' gradients: each step reruns the
+# traced body on its slice and differentiates it; the gradients of the arguments every step
+# shares come out stacked, one per step, and are summed (a body that draws: refused by name).
 # Rejected: torch's own autograd kernel for cond (it materializes the backward branches with
 # make_fx on placeholders made by factory calls, which inside our layer become our wrappers, so
 # the joint graph it traces ran in the enclosing layer and lost its gradients: zeros,
 # silently); saving the forward's intermediates instead of rerunning the branch (the two
 # branches save different tensors, and cond's branches must return the same ones). Gradients of
-# while_loop (its trip count known only when it runs, so its carries cannot be stacked ahead),
-# map and associative_scan are refused by name under make_fx.
+# while_loop (its trip count known only when it runs, so its carries cannot be stacked ahead)
+# and associative_scan are refused by name under make_fx.
 def traced_cond(op: Any, pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any],
                 operands: list[Any], written: int) -> Any:
     """The operator on the operands' values, differentiable (an inner call, under a tracer):
@@ -178,17 +182,14 @@ class _ScanWithGradient(torch.autograd.Function):
         additional = operands[n_init + n_xs:]
         needs = ctx.needs_input_grad[5:]
 
-        def differentiable(t: Any) -> bool:
-            return isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
-
-        if not all(differentiable(t) for t in (*init, *xs)):
+        if not all(_differentiable(t) for t in (*init, *xs)):
             raise NotImplementedError(
                 "functionalize: the gradient of scan under make_fx is traced for floating-point "
                 "carries and inputs only. Carry integer counters outside scan.")
         # Carried backward: each carry's gradient, then the sums of the gradients of the
         # additional inputs that need one. (Gradients come materialized: zeros where unused.)
         a_at = [i for i, a in enumerate(additional)
-                if needs[n_init + n_xs + i] and differentiable(a)]
+                if needs[n_init + n_xs + i] and _differentiable(a)]
         g_final = grads[:n_init]
         g_ys, g_carries = grads[n_init:len(grads) - n_init], grads[len(grads) - n_init:]
         # (Dense carries: scan checks that its body's carries keep the strides it was given,
@@ -232,6 +233,89 @@ def _scan_gradient_body(body: Callable[..., Any], autograd: list[DispatchKey], n
         g_add = got[n_init + n_xs:]
         return (*[g + d for g, d in zip(g_carry, g_given)], *[s + g for s, g in zip(sums, g_add)],
                 *g_slices)
+
+    return step
+
+
+def traced_map(op: Any, body: Callable[..., Any], xs: list[Any], pos_args: tuple,
+               real: Callable[..., Any]) -> Any:
+    """map_impl on the values, differentiable (an inner call, under a tracer): its flat stacked
+    outputs (Note [Control flow: gradients], map)."""
+    return _MapWithGradient.apply(op, body, real, len(xs), *xs, *pos_args)
+
+
+class _MapWithGradient(torch.autograd.Function):
+    """map whose backward is a map over the same slices and the outputs' gradients: each step
+    reruns the traced body subgraph on its slice and differentiates it; the gradients of the
+    arguments every step shares are summed over the steps."""
+
+    @staticmethod
+    def forward(ctx: Any, op: Any, body: Callable[..., Any], real: Callable[..., Any],
+                n_xs: int, *operands: Any) -> Any:
+        args = [body, list(operands[:n_xs]), tuple(operands[n_xs:])]
+        ctx.autograd = _autograd_keys_dispatched()
+        with torch._C._AutoDispatchBelowAutograd():
+            traced_out = op(*args)
+            traced = _traced_call(op, tuple(traced_out))
+            out = tuple(real(op, args, {}, traced_out))
+        if traced is None:
+            raise NotImplementedError(
+                "functionalize: map with operands that require grad is traced with its gradient "
+                "under make_fx only (another dispatch mode is active).")
+        subgraph = traced[2][0]
+        if _draws(subgraph):
+            raise NotImplementedError(
+                "functionalize: map under make_fx with operands that require grad: its function "
+                "draws random numbers, which its gradient would draw again. Draw them outside "
+                "map and pass them in xs.")
+        ctx.op, ctx.body, ctx.n_xs = op, subgraph, n_xs
+        ctx.others = [None if isinstance(o, torch.Tensor) else o for o in operands]
+        ctx.save_for_backward(*[o for o in operands if isinstance(o, torch.Tensor)])
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        it = iter(ctx.saved_tensors)
+        operands = [next(it) if o is None else o for o in ctx.others]
+        n_xs = ctx.n_xs
+        xs, shared = operands[:n_xs], operands[n_xs:]
+        needs = ctx.needs_input_grad[4:]
+        x_at = [i for i in range(n_xs) if needs[i] and _differentiable(xs[i])]
+        s_at = [i for i, a in enumerate(shared) if needs[n_xs + i] and _differentiable(a)]
+        body = _map_gradient_body(ctx.body, ctx.autograd, n_xs, x_at, s_at, len(grads))
+        # (Dense gradients: a gradient may come expanded, and map slices its xs.)
+        out = ctx.op(body, [*xs, *[g.contiguous() for g in grads]], tuple(shared))
+        result: list[Any] = [None] * len(operands)
+        for i, g in zip(x_at, out[:len(x_at)]):
+            result[i] = g
+        for i, g in zip(s_at, out[len(x_at):]):
+            result[n_xs + i] = g.sum(0)  # one gradient per step, of the argument they share
+        return (None, None, None, None, *result)
+
+
+def _differentiable(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+
+
+def _map_gradient_body(body: Callable[..., Any], autograd: list[DispatchKey], n_xs: int,
+                       x_at: list[int], s_at: list[int], n_ys: int) -> Callable[..., Any]:
+    """One backward step: (slices, output gradients' slices, shared arguments) -> (the wanted
+    slices' gradients, this step's gradients of the wanted shared arguments)."""
+    def step(*args: Any) -> tuple:
+        x_t, g_y = list(args[:n_xs]), args[n_xs:n_xs + n_ys]
+        shared = list(args[n_xs + n_ys:])
+
+        def run(primals: list[torch.Tensor]) -> list[Any]:
+            slices, given = list(x_t), list(shared)
+            for i, p in zip(x_at, primals):
+                slices[i] = p
+            for i, p in zip(s_at, primals[len(x_at):]):
+                given[i] = p
+            return list(body(*slices, *given))
+
+        got = _vjp(run, [*[x_t[i] for i in x_at], *[shared[i] for i in s_at]], g_y, autograd)
+        # map refuses outputs that are its inputs (an identity body's gradient is its input).
+        return tuple(g.clone() if any(g is a for a in args) else g for g in got)
 
     return step
 

@@ -255,13 +255,14 @@ def test_training_a_model_with_cond_matches_eager(optimizer, options, graphs, re
 
 
 def test_gradients_of_other_loops_are_refused_by_name_under_make_fx():
-    from torch._higher_order_ops.map import map as hop_map
+    from torch._higher_order_ops import while_loop
 
-    def mapped(x):
-        return hop_map(lambda r: r.sin(), x)
+    def looped(x):
+        return while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y.sin()),
+                          (torch.tensor(0), x))[1]
 
-    with pytest.raises(NotImplementedError, match="torch.cond and scan are traced with their"):
-        make_fx(functionalize(mapped))(torch.randn(4, 3).requires_grad_())
+    with pytest.raises(NotImplementedError, match="torch.cond, scan and map are traced with"):
+        make_fx(functionalize(looped))(torch.randn(4, 3).requires_grad_())
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
@@ -378,6 +379,68 @@ def test_scan_gradient_of_a_step_that_draws_is_refused_by_name():
 
     with pytest.raises(NotImplementedError, match="draws random numbers"):
         make_fx(functionalize(f))(torch.randn(5, 2, 3), torch.randn(3, 4).requires_grad_())
+
+
+# map (Note [Control flow: gradients], map): the backward is a map over the same slices.
+def python_map(body, xs, *shared):
+    outs = [body(xs[i], *shared) for i in range(xs.shape[0])]
+    return tuple(torch.stack(o) for o in zip(*outs))
+
+
+def mapped_layer(map_fn):
+    # Gradients of the slices and of the arguments every step shares, and a gradient of the
+    # gradient through the map.
+    def f(xs, w, b):
+        def body(r, w, b):
+            h = r @ w
+            h.add_(b)  # an intermediate written in the body
+            return h.tanh(), r.sin() * 2
+
+        y1, y2 = map_fn(body, xs, w, b)
+        loss = y1.square().sum() + y2.sum()
+        gx, gw, gb = torch.autograd.grad(loss, (xs, w, b), create_graph=True)
+        return loss.detach(), gx, gw, gb, torch.autograd.grad(gw.sum() + gx.sum(), w)[0]
+
+    return f
+
+
+def _map_inputs(seed):
+    torch.manual_seed(seed)
+    return (torch.randn(4, 3).requires_grad_(), torch.randn(3, 2).requires_grad_(),
+            torch.randn(2).requires_grad_())
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("graph", ["make_fx", "capture"])
+def test_map_with_gradients_replays_the_loop_run_eagerly(graph, remove):
+    from torch._higher_order_ops.map import map as hop_map
+
+    f, oracle = mapped_layer(hop_map), mapped_layer(python_map)
+    if graph == "make_fx":
+        gm = make_fx(functionalize(f, remove=remove))(*_map_inputs(0))
+    else:
+        gm = capture(f, *_map_inputs(0), remove=remove)
+    for sub in gm.modules():
+        if isinstance(sub, torch.fx.GraphModule):
+            assert_functional_graph(sub, remove)
+    assert sum(n.target is torch.ops.higher_order.map_impl for n in gm.graph.nodes) >= 2, gm.code
+    for seed in (0, 1):
+        expected = oracle(*_map_inputs(seed))
+        assert_trees_match(functionalize(f, remove=remove)(*_map_inputs(seed)), expected,
+                           f"eager, seed {seed}")
+        assert_trees_match(pytree.tree_map_only(torch.Tensor, torch.Tensor.detach,
+                                                gm(*_map_inputs(seed))),
+                           expected, f"{graph}, seed {seed}")
+
+
+def test_map_gradient_of_a_body_that_draws_is_refused_by_name():
+    from torch._higher_order_ops.map import map as hop_map
+
+    def f(xs, w):
+        return torch.autograd.grad(hop_map(lambda r, w: F.dropout(r @ w, 0.5), xs, w).sum(), w)
+
+    with pytest.raises(NotImplementedError, match="map under make_fx .* draws random numbers"):
+        make_fx(functionalize(f))(torch.randn(4, 3), torch.randn(3, 2).requires_grad_())
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
