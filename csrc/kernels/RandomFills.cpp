@@ -100,6 +100,14 @@ std::optional<at::Tensor> random_fill_in_eager_order(const OpInfo& info,
   return target;
 }
 
+bool is_generator_arg(const c10::Argument& arg) {
+  const auto& type = arg.real_type();
+  const auto kind = type->kind() == c10::TypeKind::OptionalType
+                        ? type->expectRef<c10::OptionalType>().getElementType()->kind()
+                        : type->kind();
+  return kind == c10::TypeKind::GeneratorType;
+}
+
 // See Note [Kernel: random fills of strided tensors], case "in graphs".
 namespace {
 
@@ -152,14 +160,6 @@ bool fills_without_reading_self(const OpInfo& info) {
       "aten::random",    "aten::uniform"};
   const std::string& name = info.functional_op->operator_name().name;
   return std::find(fills.begin(), fills.end(), name) != fills.end();
-}
-
-bool is_generator_arg(const c10::Argument& arg) {
-  const auto& type = arg.real_type();
-  const auto kind = type->kind() == c10::TypeKind::OptionalType
-                        ? type->expectRef<c10::OptionalType>().getElementType()->kind()
-                        : type->kind();
-  return kind == c10::TypeKind::GeneratorType;
 }
 
 // The index of the functional variant's `size` argument when `info` is an out= factory

@@ -14,6 +14,9 @@
 
 namespace tfz::detail {
 
+/// Whether a schema argument is a Generator (optional or not).
+bool is_generator_arg(const c10::Argument& arg);
+
 /// Untraced: the op run as called on a private tensor of the written tensor's geometry, which
 /// becomes the new value; nullopt where that does not apply. `inner` holds the unwrapped arguments
 /// (its written entry is replaced by that tensor).

@@ -3,6 +3,7 @@
 #include "kernels/WatchedDraws.h"
 
 #include "core/Recording.h"
+#include "kernels/RandomFills.h"
 
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
@@ -17,14 +18,6 @@ namespace {
 
 std::atomic<DrawObserver> draw_observer{nullptr};
 
-bool names_a_generator(const c10::Argument& arg) {
-  const auto& type = arg.real_type();
-  const auto kind = type->kind() == c10::TypeKind::OptionalType
-                        ? type->expectRef<c10::OptionalType>().getElementType()->kind()
-                        : type->kind();
-  return kind == c10::TypeKind::GeneratorType;
-}
-
 // The generator the op draws from: the one it names, else the default generator of the device of
 // its first tensor argument or of its `device` argument (a factory), else the CPU's. Undefined
 // for a device without default generators here (meta): nothing is drawn there.
@@ -34,7 +27,7 @@ at::Generator generator_of_call(const c10::OperatorHandle& op, const torch::jit:
   std::optional<c10::Device> device;
   for (size_t i = 0; i < num_args; ++i) {
     const c10::IValue& value = stack[stack.size() - num_args + i];
-    if (names_a_generator(arguments[i]) && value.isGenerator()) return value.toGenerator();
+    if (is_generator_arg(arguments[i]) && value.isGenerator()) return value.toGenerator();
     if (!device && value.isTensor() && value.toTensor().defined()) {
       device = value.toTensor().device();
     } else if (!device && value.isTensorList() && !value.toTensorList().empty()) {

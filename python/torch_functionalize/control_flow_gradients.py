@@ -145,21 +145,9 @@ class _ScanWithGradient(torch.autograd.Function):
             # The carry each step was given, as one more stacked output.
             return (*combine(*args), *[c.clone() for c in args[:n_init]])
 
-        args = [with_carries, list(init), list(xs), tuple(additional)]
-        with torch._C._AutoDispatchBelowAutograd():
-            traced_out = op(*args)
-            traced = _traced_call(op, tuple(traced_out))
-            out = tuple(real(op, args, {}, traced_out))
-        if traced is None:
-            raise NotImplementedError(
-                "functionalize: scan with operands that require grad is traced with its "
-                "gradient under make_fx only (another dispatch mode is active).")
-        subgraph = traced[2][0]
-        if _draws(subgraph):
-            raise NotImplementedError(
-                "functionalize: scan under make_fx with operands that require grad: its combine "
-                "function draws random numbers, which its gradient would draw again. Draw them "
-                "outside scan and pass them in xs.")
+        out, subgraph = _loop_traced(
+            op, [with_carries, list(init), list(xs), tuple(additional)], real, "scan",
+            "combine function")
         ctx.op, ctx.body, ctx.n = op, subgraph, (n_init, n_xs)
         ctx.others = [None if isinstance(o, torch.Tensor) else o for o in operands]
         # The carry each step was given is an output too, so that a gradient of the gradient
@@ -208,6 +196,28 @@ class _ScanWithGradient(torch.autograd.Function):
         return (None, None, None, None, None, *result)
 
 
+def _loop_traced(op: Any, args: list[Any], real: Callable[..., Any], name: str,
+                 body: str) -> tuple[tuple, torch.fx.GraphModule]:
+    """A loop operator (scan, map) run below autograd and traced: its real outputs and its body's
+    subgraph, which the gradient reruns; refused where there is none, or where the body draws
+    (the rerun would draw again)."""
+    with torch._C._AutoDispatchBelowAutograd():
+        traced_out = op(*args)
+        traced = _traced_call(op, tuple(traced_out))
+        out = tuple(real(op, args, {}, traced_out))
+    if traced is None:
+        raise NotImplementedError(
+            f"functionalize: {name} with operands that require grad is traced with its "
+            "gradient under make_fx only (another dispatch mode is active).")
+    subgraph = traced[2][0]
+    if _draws(subgraph):
+        raise NotImplementedError(
+            f"functionalize: {name} under make_fx with operands that require grad: its {body} "
+            f"draws random numbers, which its gradient would draw again. Draw them outside "
+            f"{name} and pass them in xs.")
+    return out, subgraph
+
+
 def _scan_gradient_body(body: Callable[..., Any], autograd: list[DispatchKey], n_init: int,
                         n_xs: int, a_at: list[int], n_ys: int) -> Callable[..., Any]:
     """One backward step: (carry gradients, sums; the step's carry, slices, output gradients
@@ -252,22 +262,9 @@ class _MapWithGradient(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, op: Any, body: Callable[..., Any], real: Callable[..., Any],
                 n_xs: int, *operands: Any) -> Any:
-        args = [body, list(operands[:n_xs]), tuple(operands[n_xs:])]
         ctx.autograd = _autograd_keys_dispatched()
-        with torch._C._AutoDispatchBelowAutograd():
-            traced_out = op(*args)
-            traced = _traced_call(op, tuple(traced_out))
-            out = tuple(real(op, args, {}, traced_out))
-        if traced is None:
-            raise NotImplementedError(
-                "functionalize: map with operands that require grad is traced with its gradient "
-                "under make_fx only (another dispatch mode is active).")
-        subgraph = traced[2][0]
-        if _draws(subgraph):
-            raise NotImplementedError(
-                "functionalize: map under make_fx with operands that require grad: its function "
-                "draws random numbers, which its gradient would draw again. Draw them outside "
-                "map and pass them in xs.")
+        out, subgraph = _loop_traced(
+            op, [body, list(operands[:n_xs]), tuple(operands[n_xs:])], real, "map", "function")
         ctx.op, ctx.body, ctx.n_xs = op, subgraph, n_xs
         ctx.others = [None if isinstance(o, torch.Tensor) else o for o in operands]
         ctx.save_for_backward(*[o for o in operands if isinstance(o, torch.Tensor)])

@@ -352,21 +352,27 @@ def _scan_inputs(seed):
 def test_scan_with_gradients_replays_the_loop_run_eagerly(name, graph, remove):
     from torch._higher_order_ops import scan
 
-    f, oracle = SCAN_PROGRAMS[name](scan), SCAN_PROGRAMS[name](python_scan)
+    _assert_loop_replays(SCAN_PROGRAMS[name](scan), SCAN_PROGRAMS[name](python_scan),
+                         _scan_inputs, torch.ops.higher_order.scan, graph, remove)
+
+
+def _assert_loop_replays(f, oracle, make_inputs, operator, graph, remove):
+    """f's graph keeps the loop operator twice (forward, gradient) with functional subgraphs, and
+    f eagerly and its graph replayed give the oracle's values on two seeds."""
     if graph == "make_fx":
-        gm = make_fx(functionalize(f, remove=remove))(*_scan_inputs(0))
+        gm = make_fx(functionalize(f, remove=remove))(*make_inputs(0))
     else:
-        gm = capture(f, *_scan_inputs(0), remove=remove)
+        gm = capture(f, *make_inputs(0), remove=remove)
     for sub in gm.modules():
         if isinstance(sub, torch.fx.GraphModule):
             assert_functional_graph(sub, remove)
-    assert sum(n.target is torch.ops.higher_order.scan for n in gm.graph.nodes) >= 2, gm.code
+    assert sum(n.target is operator for n in gm.graph.nodes) >= 2, gm.code
     for seed in (0, 1):
-        expected = oracle(*_scan_inputs(seed))
-        assert_trees_match(functionalize(f, remove=remove)(*_scan_inputs(seed)), expected,
+        expected = oracle(*make_inputs(seed))
+        assert_trees_match(functionalize(f, remove=remove)(*make_inputs(seed)), expected,
                            f"eager, seed {seed}")
         assert_trees_match(pytree.tree_map_only(torch.Tensor, torch.Tensor.detach,
-                                                gm(*_scan_inputs(seed))),
+                                                gm(*make_inputs(seed))),
                            expected, f"{graph}, seed {seed}")
 
 
@@ -415,22 +421,8 @@ def _map_inputs(seed):
 def test_map_with_gradients_replays_the_loop_run_eagerly(graph, remove):
     from torch._higher_order_ops.map import map as hop_map
 
-    f, oracle = mapped_layer(hop_map), mapped_layer(python_map)
-    if graph == "make_fx":
-        gm = make_fx(functionalize(f, remove=remove))(*_map_inputs(0))
-    else:
-        gm = capture(f, *_map_inputs(0), remove=remove)
-    for sub in gm.modules():
-        if isinstance(sub, torch.fx.GraphModule):
-            assert_functional_graph(sub, remove)
-    assert sum(n.target is torch.ops.higher_order.map_impl for n in gm.graph.nodes) >= 2, gm.code
-    for seed in (0, 1):
-        expected = oracle(*_map_inputs(seed))
-        assert_trees_match(functionalize(f, remove=remove)(*_map_inputs(seed)), expected,
-                           f"eager, seed {seed}")
-        assert_trees_match(pytree.tree_map_only(torch.Tensor, torch.Tensor.detach,
-                                                gm(*_map_inputs(seed))),
-                           expected, f"{graph}, seed {seed}")
+    _assert_loop_replays(mapped_layer(hop_map), mapped_layer(python_map), _map_inputs,
+                         torch.ops.higher_order.map_impl, graph, remove)
 
 
 def test_map_gradient_of_a_body_that_draws_is_refused_by_name():
