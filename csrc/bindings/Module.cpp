@@ -10,6 +10,7 @@
 #include "core/DispatchKey.h"
 #include "core/Graph.h"
 #include "core/Layer.h"
+#include "core/LayerAutograd.h"
 #include "core/MirroredLeaf.h"
 #include "core/Recorder.h"
 #include "kernels/Registration.h"
@@ -307,6 +308,7 @@ PYBIND11_MODULE(_C, m) {
     return t;
   });
   m.def("_ops_are_recorded", &tfz::detail::ops_are_recorded);
+  m.def("_note_traced_plain_output", &tfz::detail::note_traced_plain_output);
   m.def("_dispatch_keys", [] {
     using tfz::detail::kAutogradKey, tfz::detail::kBackendKey, tfz::detail::kFactoryKey;
     return std::vector<int64_t>{static_cast<int64_t>(kAutogradKey),

@@ -121,7 +121,12 @@ void LayerAutograd::note(const NodePtr& fn) {
 // inside f runs its unpack hook in the backward (traced: the kernel runs ops on plain values with
 // the tracer's key restored), and autograd hands the formula a shallow copy of the hook's result,
 // which no tracer saw; plain results without a grad_fn are therefore noted by memory alone, and a
-// plain argument with no node match is looked up by memory and geometry the same way. Rejected:
+// plain argument with no node match is looked up by memory and geometry the same way. A pack hook
+// that makes a new tensor (t.clone()) runs inside the forward op's inner call, where the layer
+// sees no op, and an unpack hook that returns it as is hands autograd that tensor (so does
+// allow_mutation_on_saved_tensors with the clone its dispatch mode makes before a write): the
+// Python package wraps every pair of hooks pushed to note what both return the same way
+// (saved_tensor_hooks.py). Rejected:
 // un-hiding the
 // Python key while backward nodes run (node hooks): an exception between the hooks would leave the
 // TLS changed, and the mode then sees autograd's bookkeeping (the detach of every unpacked output)

@@ -45,6 +45,9 @@ _generator_watch.install()
 from . import lazy_modules as _lazy_modules  # noqa: E402
 
 _lazy_modules.install()
+from . import saved_tensor_hooks as _saved_tensor_hooks  # noqa: E402
+
+_saved_tensor_hooks.install()
 from .api import enable, from_functional, functionalize, is_functional, sync, to_functional
 from .capture import capture, example_inputs, graph_module_of, load_graph
 from .dynamo import backend
