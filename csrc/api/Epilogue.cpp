@@ -230,7 +230,9 @@ bool written_unseen(const at::Tensor& original, const at::Tensor& value) {
 // x.resize_((2,)) leaves x covering 2. The epilogue replays the resizes on the caller's x (its
 // storage grows as eager's) and copies x's final value, so the 10 other written elements would keep
 // whatever the new memory held. The grown storage's base is a 1-D tensor of the caller's storage
-// elements from a known start (AliasStorage::mark_grown), so when x's final elements do not cover
+// elements from a known start (AliasStorage::mark_grown; an input that keeps its own base because
+// it does not span its storage counts from its first element, AliasStorage::set_caller_origin,
+// not from the storage's), so when x's final elements do not cover
 // it, the base is copied into x.as_strided([n], [1], start) after the resizes, as
 // write_whole_storage does for flat storages. A graph without views has no view to do that with:
 // refused by name there.

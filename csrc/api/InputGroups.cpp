@@ -120,6 +120,14 @@ constexpr const char* kTracedInsideStorage =
     "capture(f, ...), whose graphs check the storage's layout before each replay, pass the whole "
     "buffer as the input";
 
+// An offset input's own base starts at the input's first element, the caller's storage element at
+// its offset: what a storage grown from it counts from (Note [Inputs: writes to a grown storage]).
+void note_caller_origin(const at::Tensor& input, const at::Tensor& wrapper) {
+  if (input.has_storage() && !input.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    unsafe_get_impl(wrapper)->alias_storage().set_caller_origin(input.storage_offset());
+  }
+}
+
 // `traced`: traced_without_guards(), read once per call.
 bool wants_flat_base(const at::Tensor& t, bool traced) {
   return flat_base_suits(t) && (spans_its_storage(t) || !traced);
@@ -296,6 +304,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
       if (traced) unsafe_get_impl(out[i])->alias_storage().set_traced_input(inputs[i], i);
       if (is_offset_input(inputs[i])) {
         unsafe_get_impl(out[i])->alias_storage().mark_offset_base(offset_reason(inputs[i]));
+        note_caller_origin(inputs[i], out[i]);
       }
       continue;
     }
@@ -315,6 +324,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
         }
         if (is_offset_input(inputs[i])) {
           unsafe_get_impl(out[i])->alias_storage().mark_offset_base(offset_reason(inputs[i]));
+          note_caller_origin(inputs[i], out[i]);
         }
       }
       continue;

@@ -492,15 +492,12 @@ def test_storage_coordinates_after_writes(remove, program, make):
     # See Note [Inputs: inputs that do not start their storage].
     # See Note [Inputs: writes before a metadata change].
     # A slice does not span its storage, so make_fx gives it its own base: as_strided on it is
-    # refused by name, and so is growing it past its storage without views (capture, which
-    # guards the layout, keeps the storage's base). See
+    # refused by name (capture, which guards the layout, keeps the storage's base); its growth
+    # counts from its first element, which its final elements cover whole here. See
     # Note [Inputs: storage coordinates under a tracer].
     refusal = None
     if make is _slice_input and program is _write_then_as_strided:
         refusal = "does not span its storage"
-    elif (make is _slice_input and program is _write_then_grow_past_storage
-          and remove == "mutations_and_views"):
-        refusal = "cannot write the others back"
     assert_matches_eager(program, make_inputs=make, remove=remove, make_fx_refusal=refusal)
 
 
