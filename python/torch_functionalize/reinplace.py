@@ -26,7 +26,9 @@ _COPY_ = aten.copy_.default
 #    is static, and autograd does not record it with a tensor that requires grad (an in-place
 #    write could change a tensor saved for backward, or a leaf);
 # 2. `out` has a's dtype, sizes, strides (later views of out must see the same layout) and
-#    device, is a fresh allocation, and a addresses each byte once;
+#    device, is a fresh allocation, and a addresses each byte once; where a user reads `out`
+#    through storage coordinates (as_strided counts from the storage's start), a starts where
+#    `out` does and is no graph input (a make_fx graph's input may come at any offset);
 # 3. no other operand of the op overlaps the written region W (a pointwise op may read exactly
 #    W: each element is read before it is written; any other overlap is the upstream bug
 #    pytorch/pytorch#198031);
@@ -48,6 +50,10 @@ _COPY_ = aten.copy_.default
 # storage analysis (Inductor's: the cluster of upstream bugs in docs/reinplace.md); reordering
 # nodes to make more buffers dead (reads would move past writes: a scheduling problem left to
 # compilers).
+
+# Ops whose offset argument counts from the storage's start, not from the tensor's.
+_STORAGE_COORDINATES = frozenset({aten.as_strided.default, aten.as_strided_copy.default,
+                                  aten.as_strided_scatter.default})
 
 # A `*_scatter` op and the view it writes through (the view takes the scatter's arguments after
 # src). as_strided_scatter is not here: its geometry is relative to a fresh contiguous output.
@@ -317,6 +323,11 @@ class _Reinplacer:
                 _reads_values_only(user, node) for user in node.users):
             raise _Rejected(f"rule 2: result strides {out.strides} differ from the written "
                             f"tensor's {like.strides}, and a user depends on them")
+        if (out.offset != like.offset or like.storage in self.a.input_storages) and any(
+                user.target in _STORAGE_COORDINATES for user in node.users):
+            raise _Rejected("rule 2: a user reads the result through storage coordinates "
+                            "(as_strided), and the written tensor starts elsewhere in its storage "
+                            "or is an input's, whose offset a make_fx graph does not fix")
 
     def _operands_apart(self, node: fx.Node, written: list[tuple[fx.Node, Region]],
                         skip: set[tuple[int, int | None]]) -> None:
