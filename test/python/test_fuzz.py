@@ -15,19 +15,28 @@ KNOWN: set[tuple[int, str, str]] = set()
 
 
 # Found by the twenty-seventh session's run (seeds 650000..654703, 4,694 valid programs;
-# docs/reliability.md), fixed the same session: make_fx graphs of an input that does not span its
+# docs/reliability.md). Fixed the same session: make_fx graphs of an input that does not span its
 # storage, grown through out= (652798, 654111, 654514: the epilogue wrote the grown elements from
 # the storage's start instead of the input's first element;
-# Note [Inputs: writes to a grown storage]), resize_ of a view of it taken by other view ops
-# (650054: now refused by name, as as_strided), and reinplaced make_fx graphs whose result, read
+# Note [Inputs: writes to a grown storage]), and reinplaced make_fx graphs whose result, read
 # through as_strided, was written into such an input (650363, 650915;
 # Note [Reinplace: the rules], rule 2).
-FIXED_PROGRAMS = (650054, 650363, 650915, 652798, 654111, 654514)
+FIXED_PROGRAMS = (650363, 650915, 652798, 654111, 654514)
+# Open: resize_ of a view (unfold of movedim) of such an input reaching storage elements outside
+# it, then a write through the input: the input's own base, replaced by the write's fresh value,
+# no longer has the storage's coordinates the resized view's as_strided step counts in, and the
+# view reads other elements (make_fx, both remove modes). Refusing resize_ of every view of such
+# an input would also refuse programs that are right (test_conjugate_views.py, no write after).
+# Kept exact: a fix fails the test until its entry goes.
+OPEN_PROGRAMS: dict[int, set[tuple[str, str]]] = {
+    650054: {("fx_mav", "value"), ("fx_mut", "value"), ("fxrip_mut", "value")},
+}
 
 
-@pytest.mark.parametrize("seed", FIXED_PROGRAMS)
-def test_fuzz_programs_fixed_in_the_27th_session_match_eager_on_every_path(seed):
-    assert fuzz.failures_of_ours(seed, 1) == []
+@pytest.mark.parametrize("seed", sorted(OPEN_PROGRAMS) + list(FIXED_PROGRAMS))
+def test_fuzz_programs_of_the_27th_session_fail_exactly_as_known(seed):
+    found = {(path, kind) for _, path, kind in fuzz.failures_of_ours(seed, 1)}
+    assert found == OPEN_PROGRAMS.get(seed, set()), f"program {seed}: {sorted(found)}"
 
 
 def test_short_fuzz_run_finds_exactly_the_known_failures():

@@ -98,18 +98,6 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
   if (self.sizes() == c10::IntArrayRef(size) && memory_format.isNone()) {
     return;  // same size: eager changes nothing, strides included
   }
-  // A view's new geometry is a step in storage coordinates (as_strided), which a base that does
-  // not start eager's storage cannot express for a view taken by other view ops (the input's own
-  // earlier resizes are such steps already): refused as as_strided is
-  // (Note [Inputs: storage coordinates under a tracer]).
-  if (impl->alias_storage().offset_base()) {
-    static const auto as_strided_name = c10::OperatorName("aten::as_strided", "");
-    for (const ViewMeta* step : impl->chain().steps()) {
-      TORCH_CHECK_NOT_IMPLEMENTED(
-          step->op.operator_name() == as_strided_name, "functionalize: ", op_name, ": ",
-          impl->alias_storage().offset_base_reason(), ", or resize a tensor that is not a view.");
-    }
-  }
   guard_traced_input(impl->alias_storage());  // Note [Inputs: storage coordinates under a tracer]
   std::vector<int64_t> strides;
   {
