@@ -215,3 +215,27 @@ def test_outside_generator_reseeded_before_its_first_draw():
     gm = capture(f, x)
     _callers_state(1)
     assert_trees_match(gm(x), f(x), "replay")
+
+
+def test_gpt2_training_step_that_seeds_its_dropout_replays_eager():
+    # Client code: a Hugging Face GPT-2 built from a config, in training mode (attention,
+    # residual and embedding dropout), one step seeded inside f for reproducible masks.
+    from test_hf_models import _gpt2
+
+    torch.manual_seed(0)
+    model = _gpt2().train()
+    params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+
+    def step(p, ids):
+        torch.manual_seed(1234)
+        out = torch.func.functional_call(model, p, (ids,), {"labels": ids})
+        grads = torch.autograd.grad(out.loss, list(p.values()))
+        return out.loss.detach(), grads[0], grads[-1]
+
+    ids = torch.randint(0, 100, (2, 16))
+    gm = capture(step, params, ids)
+    for seed in (5, 6):
+        torch.manual_seed(seed)
+        expected = step(params, ids)
+        torch.manual_seed(seed)
+        assert_trees_match(gm(params, ids), expected, f"replay from seed {seed}")
