@@ -124,7 +124,12 @@ constexpr const char* kTracedInsideStorage =
 // its offset: what a storage grown from it counts from (Note [Inputs: writes to a grown storage]).
 void note_caller_origin(const at::Tensor& input, const at::Tensor& wrapper) {
   if (input.has_storage() && !input.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
-    unsafe_get_impl(wrapper)->alias_storage().set_caller_origin(input.storage_offset());
+    const bool tail_covered =
+        input.is_non_overlapping_and_dense() &&
+        (input.storage_offset() + input.numel()) * static_cast<int64_t>(input.itemsize()) ==
+            static_cast<int64_t>(input.storage().nbytes());
+    unsafe_get_impl(wrapper)->alias_storage().set_caller_origin(input.storage_offset(),
+                                                                tail_covered);
   }
 }
 

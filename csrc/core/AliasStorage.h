@@ -114,8 +114,14 @@ class AliasStorage : public c10::StorageImpl {
   /// A lone input's own base: the caller's storage element its element 0 is (the input's
   /// storage offset on entry; an input that does not start its storage keeps its own base under
   /// a tracer, Note [Inputs: storage coordinates under a tracer]). 0 for every other storage.
-  void set_caller_origin(int64_t element) { caller_origin_ = element; }
+  /// `tail_covered`: the input's elements are every element of the caller's storage from its
+  /// first one to the storage's end, so a storage grown from the base holds all of them.
+  void set_caller_origin(int64_t element, bool tail_covered) {
+    caller_origin_ = element;
+    caller_tail_covered_ = tail_covered;
+  }
   int64_t caller_origin() const { return caller_origin_; }
+  bool caller_tail_covered() const { return caller_tail_covered_; }
   /// A storage whose base's element 0 is not eager's storage element 0, so storage coordinates
   /// (as_strided) cannot be expressed on it. `why` (a string literal) completes the error that
   /// as_strided raises: an input that starts inside a larger storage and is not flat
@@ -168,6 +174,7 @@ class AliasStorage : public c10::StorageImpl {
   bool flat_views_kept_ = false;
   const char* offset_base_ = nullptr;  // why, when the base is offset (see mark_offset_base)
   int64_t caller_origin_ = 0;          // see set_caller_origin
+  bool caller_tail_covered_ = true;    // see set_caller_origin
   const c10::StorageImpl* caller_storage_ = nullptr;  // compared, never dereferenced
   mutable at::Tensor traced_input_;                   // see set_traced_input
   size_t traced_index_ = 0;

@@ -14,22 +14,34 @@ from torch_functionalize.testing._internal.fuzz import layouts
 KNOWN: set[tuple[int, str, str]] = set()
 
 
-# Found by the twenty-seventh session's run (seeds 650000..654703, 4,694 valid programs;
-# docs/reliability.md). Fixed the same session: make_fx graphs of an input that does not span its
-# storage, grown through out= (652798, 654111, 654514: the epilogue wrote the grown elements from
-# the storage's start instead of the input's first element;
-# Note [Inputs: writes to a grown storage]), and reinplaced make_fx graphs whose result, read
-# through as_strided, was written into such an input (650363, 650915;
-# Note [Reinplace: the rules], rule 2).
-FIXED_PROGRAMS = (650363, 650915, 652798, 654111, 654514)
-# Open: resize_ of a view (unfold of movedim) of such an input reaching storage elements outside
-# it, then a write through the input: the input's own base, replaced by the write's fresh value,
-# no longer has the storage's coordinates the resized view's as_strided step counts in, and the
-# view reads other elements (make_fx, both remove modes). Refusing resize_ of every view of such
-# an input would also refuse programs that are right (test_conjugate_views.py, no write after).
-# Kept exact: a fix fails the test until its entry goes.
+# Found by the twenty-seventh session's runs (seeds 650000..654703 and 660000..669521, 14,192
+# valid programs; docs/reliability.md). Fixed the same session: make_fx graphs of an input that
+# does not span its storage (under a tracer it keeps its own base), grown through out= or resize_
+# (652798, 654111, 654514: the epilogue wrote the grown elements from the storage's start, not the
+# input's first element, Note [Inputs: writes to a grown storage]; 661430, 665508: written before
+# growing, its base no longer held the storage's other elements, now refused by name), and
+# reinplaced make_fx graphs whose result, read through as_strided, was written into such an input
+# (650363, 650915; Note [Reinplace: the rules], rule 2).
+FIXED_PROGRAMS = (650363, 650915, 652798, 654111, 654514, 661430, 665508)
+# Open, the same class on make_fx graphs: an input that does not span its storage, whose own base
+# does not hold the storage's other elements, which the program then reaches through a resize_
+# within the storage (669128, 650054 and 664602 through a view of it), a dtype view or an out=
+# write into a view of it (661658, 666119), a metadata change before out= (662764), or out= of
+# another shape (663693, 661439 after a random fill). And one on every path: a float32 input viewed
+# as int64 after a write, whose element pairs read bytes of neighbouring elements (668633). Kept
+# exact: a fix fails the test until its entry goes.
 OPEN_PROGRAMS: dict[int, set[tuple[str, str]]] = {
     650054: {("fx_mav", "value"), ("fx_mut", "value"), ("fxrip_mut", "value")},
+    661439: {("fx_mav", "value"), ("fx_mut", "value"), ("fxrip_mut", "value")},
+    661658: {("fx_mav", "value")},
+    662764: {("fx_mav", "value")},
+    663693: {("fx_mav", "value"), ("fx_mut", "value"), ("fxrip_mut", "value")},
+    664602: {("fx_mav", "value"), ("fx_mut", "value"), ("fxrip_mut", "value")},
+    666119: {("fx_mav", "value"), ("fx_mut", "value"), ("fxrip_mut", "value")},
+    668633: {(path, "value") for path in (
+        "cap_mav", "cap_mut", "cpprip_mav", "cpprip_mut", "fx_mav", "fx_mut", "fxrip_mut",
+        "ours_mav", "ours_mut", "rip_mav", "rip_mut")},
+    669128: {("fx_mav", "value"), ("fx_mut", "value"), ("fxrip_mut", "value")},
 }
 
 

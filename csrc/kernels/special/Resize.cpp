@@ -146,6 +146,19 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
         "functionalize: ", op_name,
         ": growing a view past the end of its storage is not supported (eager would reallocate "
         "the storage it shares). Resize the base tensor, or clone the view first.");
+    // An input with its own base, once written, holds only its elements: grown, the caller's
+    // other elements between its first one and the old end would be written back with what the
+    // new memory held (Note [Inputs: writes to a grown storage]). Unwritten, the base is the
+    // caller's tensor, and the grown copy reads them from the caller's storage.
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        flat || impl->alias_storage().caller_tail_covered() ||
+            impl->alias_storage().in_caller_storage(base),
+        "functionalize: ", op_name,
+        ": growing an input past its storage after writing it, when it does not cover the "
+        "storage's elements from its first one to the end (a strided slice), is not supported "
+        "here: under make_fx such an input keeps its own base, which does not hold the others "
+        "(Note [Inputs: storage coordinates under a tracer]). Call the function without "
+        "tracing, use capture(f, ...), or pass the whole buffer as the input.");
     TORCH_CHECK_NOT_IMPLEMENTED(
         impl->storage().use_count() == 1, "functionalize: ", op_name,
         ": growing a tensor past its storage while views of it are alive is not supported (the "
