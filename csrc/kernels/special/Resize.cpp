@@ -175,9 +175,13 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
         grown = at::resize(old, {needed});
       }
     }
-    // In the caller's storage elements: an offset input's own base counts from its first one.
+    // In the caller's storage elements. The input's own base, still the caller's tensor, takes
+    // the caller's storage offsets; once written (a fresh value) it counts from its first
+    // element, the caller's element at the input's offset.
+    const bool caller_coordinates = impl->alias_storage().in_caller_storage(base);
     const int64_t grown_start =
-        impl->alias_storage().grown_start().value_or(impl->alias_storage().caller_origin()) +
+        impl->alias_storage().grown_start().value_or(
+            caller_coordinates ? 0 : impl->alias_storage().caller_origin()) +
         offset;
     const bool written_outside = impl->alias_storage().written_outside_members();
     impl->replace_storage_(grown);
