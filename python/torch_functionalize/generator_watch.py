@@ -108,7 +108,8 @@ class _Watch:
     def after(self, generator: torch.Generator, key: int) -> None:
         seen = self._entry(generator, key)
         state = generator.get_state()
-        if seen.pending is not None and _C._same_state(state, seen.pending):
+        fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+        if fake and seen.pending is not None and _C._same_state(state, seen.pending):
             # The draw did not move it (a fake tensor's): a state of its own stands for "after
             # this draw", so that f setting it back to an earlier state is still seen.
             if seen.real is None:

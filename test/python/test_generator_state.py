@@ -239,3 +239,21 @@ def test_gpt2_training_step_that_seeds_its_dropout_replays_eager():
         expected = step(params, ids)
         torch.manual_seed(seed)
         assert_trees_match(gm(params, ids), expected, f"replay from seed {seed}")
+
+
+def test_an_empty_draw_under_capture_leaves_the_generator_as_eager():
+    # A draw of no element moves no generator in a real run too: the stand-in state of symbolic
+    # traces is for fake draws only, so capture's own run draws what eager's call draws.
+    def f(x):
+        torch.rand(0)
+        return x.add_(torch.rand(3))
+
+    torch.manual_seed(3)
+    expected_x = torch.zeros(3)
+    f(expected_x)
+    expected_state = torch.get_rng_state()
+    torch.manual_seed(3)
+    x = torch.zeros(3)
+    capture(f, x)
+    assert torch.equal(torch.get_rng_state(), expected_state)
+    assert torch.equal(x, expected_x)
