@@ -25,10 +25,14 @@ def _noting(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 def _push(pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], torch.Tensor]) -> None:
-    _original_push(_noting(pack), _noting(unpack))
+    # Only pairs pushed inside f, where a graph may record them: hooks pushed elsewhere keep
+    # their identity (AOTAutograd inlines hooks that are GraphModules, which it checks by type).
+    if _C._layer_active():
+        pack, unpack = _noting(pack), _noting(unpack)
+    _original_push(pack, unpack)
 
 
 def install() -> None:
     """Routes the push of every saved_tensors_hooks pair (save_on_cpu, checkpoint's, a user's)
-    through _push; outside a recorded call the wrapper only forwards."""
+    through _push; outside a functionalized call it only forwards."""
     torch._C._autograd._push_saved_tensors_default_hooks = _push

@@ -300,3 +300,16 @@ def test_gradient_through_copy_matches_eager(name, remove):
     assert_functional_graph(gm, remove)
     w2 = torch.randn(4, requires_grad=True)
     assert_trees_match(gm(w2), f(w2), f"{name}: graph on other inputs")
+
+
+def test_saved_tensor_hooks_pushed_outside_f_keep_their_identity():
+    # Only pairs pushed inside f are wrapped (saved_tensor_hooks.py): AOTAutograd inlines hooks
+    # that are GraphModules, which it checks by type.
+    def pack(t):
+        return t
+
+    def unpack(t):
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        assert torch._C._autograd._top_saved_tensors_default_hooks(True) == (pack, unpack)
