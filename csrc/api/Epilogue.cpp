@@ -8,6 +8,7 @@
 #include "core/DispatchKey.h"
 #include "core/Layout.h"
 #include "core/LayoutGuards.h"
+#include "core/MemoryOverlap.h"
 #include "core/Recorder.h"
 
 #include <ATen/EmptyTensor.h>
@@ -265,6 +266,49 @@ void write_grown_storage(const at::Tensor& original, const FunctionalTensorImpl&
                      : written_unseen(original, base) ? original.detach()
                                                       : original;
   whole.as_strided({base.numel()}, {1}, *start).copy_(base);
+}
+
+// An own base in the caller's coordinates holds the caller's whole storage: where a write reached
+// elements outside the input's entry and final ones (a view resized into the input's gaps), the
+// storage is copied back whole, after the metadata ops and before the input's own copy. A graph
+// without views has no view to do that with: refused by name there.
+// See Note [Inputs: storage coordinates of a written own base].
+void write_restored_storage(const at::Tensor& original, const FunctionalTensorImpl& impl) {
+  const AliasStorage& storage = impl.alias_storage();
+  const at::Tensor& base = storage.base();
+  if (!storage.caller_coordinates() || storage.in_caller_storage(base) || storage.grown_start() ||
+      !plain_strided(original) || !storage.caller_entry().defined() ||
+      base.scalar_type() != original.scalar_type()) {
+    return;
+  }
+  // The input's own copy writes its final elements, and the entry write its first ones
+  // (Note [Inputs: writes before a metadata change]).
+  at::Tensor final_elements;
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_tracer(layer_hidden_keys());
+    final_elements = meta_twin(original);
+  }
+  const at::Tensor& entry_elements = storage.caller_entry();
+  const auto& regions = storage.written_regions();
+  if (std::all_of(regions.begin(), regions.end(), [&](const at::Tensor& r) {
+        return elements_within(r, final_elements) || elements_within(r, entry_elements);
+      })) {
+    return;
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !calls_may_be_traced() || storage.caller_coordinates_views_kept(),
+      "functionalize: a view of an input that does not span its storage was resized into "
+      "elements outside the input's (its gaps) and written there; a graph without views "
+      "(remove=\"mutations_and_views\" under a tracer) cannot write those elements back. Use "
+      "remove=\"mutations\", or pass the whole buffer as the input.");
+  const auto item = static_cast<int64_t>(original.itemsize());
+  const int64_t n = std::min(static_cast<int64_t>(original.storage().nbytes()),
+                             static_cast<int64_t>(base.storage().nbytes())) /
+                    item;
+  at::Tensor whole = without_history(original, base)  ? unversioned(original)
+                     : written_unseen(original, base) ? original.detach()
+                                                      : original;
+  whole.as_strided({n}, {1}, 0).copy_(base.as_strided({n}, {1}, 0));
 }
 
 void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
@@ -532,6 +576,7 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
       }
       apply_metadata_mutations(originals[i], *impl);
       write_grown_storage(originals[i], *impl);
+      write_restored_storage(originals[i], *impl);
     }
   }
   for (const auto* storage : order) {

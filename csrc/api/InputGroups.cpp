@@ -128,8 +128,9 @@ void note_caller_origin(const at::Tensor& input, const at::Tensor& wrapper) {
         input.is_non_overlapping_and_dense() &&
         (input.storage_offset() + input.numel()) * static_cast<int64_t>(input.itemsize()) ==
             static_cast<int64_t>(input.storage().nbytes());
-    unsafe_get_impl(wrapper)->alias_storage().set_caller_origin(input.storage_offset(),
-                                                                tail_covered);
+    auto& storage = unsafe_get_impl(wrapper)->alias_storage();
+    storage.set_caller_origin(input.storage_offset(), tail_covered);
+    storage.set_caller_input(input);
   }
 }
 

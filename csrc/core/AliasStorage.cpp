@@ -3,6 +3,7 @@
 #include "core/AliasStorage.h"
 
 #include "core/AutogradHistory.h"
+#include "core/DispatchKey.h"
 #include "core/Layer.h"
 #include "core/Layout.h"
 #include "core/LayoutGuards.h"
@@ -116,6 +117,14 @@ constexpr const char* kWrittenInsideLargerStorage =
 }  // namespace
 
 at::Tensor AliasStorage::in_own_storage_(const at::Tensor& value) {
+  if (C10_UNLIKELY(caller_coordinates_) && !value.is_same(base_) && plain_strided(value) &&
+      value.sizes() == base_.sizes() && value.scalar_type() == base_.scalar_type() &&
+      !(value.strides() == base_.strides() && value.storage_offset() == base_.storage_offset() &&
+        value.storage().nbytes() == base_.storage().nbytes())) {
+    // See Note [Inputs: storage coordinates of a written own base].
+    InnerCallGuard guard;
+    return restrided_copy(base_, value);
+  }
   if (flat_ || offset_base_ != nullptr || grown_start_ || value.is_same(base_) ||
       !plain_strided(base_) || is_whole_storage(base_) || !plain_strided(value) ||
       value.sizes() != base_.sizes() || value.scalar_type() != base_.scalar_type()) {
@@ -189,6 +198,67 @@ void AliasStorage::retire_member_step(const ViewMeta& old, const ViewMeta& repla
     member_steps_.erase(std::remove(member_steps_.begin(), member_steps_.end(), kept.get()),
                         member_steps_.end());
   }
+}
+
+// Note [Inputs: storage coordinates of a written own base]
+// An input that does not span its storage and keeps its own base (a slice of a large buffer; any
+// such input under make_fx, Note [Inputs: storage coordinates under a tracer]) is, until written,
+// the caller's tensor: resize_ within the storage is an as_strided step of it at eager's offset and
+// reads the storage's other elements (the slice's gaps) as eager does. A write gives the base a
+// fresh value of the input's elements alone, from offset 0, where such a step, made before the
+// write or after it, reads other elements or none: x = b[1:, ::2]; x.add_(1); x.resize_(6) must
+// show b's elements between x's rows. So from the first resize_ of such a storage on, with views
+// kept, the base stays in the caller's coordinates: a written base becomes the caller's tensor
+// copied whole with the new value in it (aten.copy of the input and the value: torch clones the
+// input's whole storage and writes the value at the input's geometry), and so does every later
+// value of the base (a view inverse's scatter clones the storage whole already). Writes are noted
+// with their geometry; one outside the input's entry and final elements (a view resized into its
+// gaps) makes the epilogue copy the storage back whole (api/Epilogue.cpp). Under make_fx the graph
+// reads the input's storage, whose layout is guarded. Without views the wrappers of a written own
+// base report geometry counted from the input's first element, so the base keeps those
+// coordinates, and a resize of it to elements outside the input's is refused by name.
+// Rejected: the flat base for such inputs from the start (a guard on every input of a graph traced
+// on batch[0], Note [Inputs: storage coordinates under a tracer]); refusing resize_ within the
+// storage after a write (programs that eager runs would fail by name).
+bool AliasStorage::restore_caller_coordinates(bool views_kept) {
+  if (!caller_input_.defined() || caller_coordinates_ || flat_ || bytes_ || grown_start_) {
+    return false;
+  }
+  caller_views_kept_ = views_kept;
+  if (in_caller_storage(base_)) {  // unwritten: the base is the caller's tensor, kept so
+    caller_coordinates_ = true;
+    return false;
+  }
+  TORCH_INTERNAL_ASSERT(updates_.empty(), "restore_caller_coordinates with queued updates");
+  if (!plain_strided(base_) || !plain_strided(caller_input_) ||
+      base_.sizes() != caller_input_.sizes() ||
+      base_.scalar_type() != caller_input_.scalar_type()) {
+    return false;  // the base is no longer the input's elements: storage coordinates stay refused
+  }
+  guard_traced_input(*this);
+  InnerCallGuard guard;
+  base_ = restrided_copy(caller_input_, base_);
+  caller_coordinates_ = true;
+  ++generation_;
+  return true;
+}
+
+void AliasStorage::set_caller_input(const at::Tensor& input) {
+  caller_input_ = input;
+  if (plain_strided(input)) {
+    MetaComputeGuard guard;
+    c10::impl::ExcludeDispatchKeyGuard untraced(layer_hidden_keys());  // also outside a layer
+    caller_entry_ = meta_twin(input);
+  }
+}
+
+void AliasStorage::note_written(c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset) {
+  MetaComputeGuard guard;
+  c10::impl::ExcludeDispatchKeyGuard untraced(layer_hidden_keys());
+  const auto nbytes = at::detail::computeStorageNbytes(sizes, strides, 1, offset);
+  written_regions_.push_back(
+      at::empty({static_cast<int64_t>(nbytes)}, base_.options().device(c10::kMeta))
+          .as_strided(sizes, strides, offset));
 }
 
 void AliasStorage::set_base_(const at::Tensor& value) {

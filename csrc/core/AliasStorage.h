@@ -122,6 +122,35 @@ class AliasStorage : public c10::StorageImpl {
   }
   int64_t caller_origin() const { return caller_origin_; }
   bool caller_tail_covered() const { return caller_tail_covered_; }
+  /// That input itself (the caller's plain tensor), for restore_caller_coordinates.
+  void set_caller_input(const at::Tensor& input);
+  /// Undefined for every other storage.
+  const at::Tensor& caller_input() const { return caller_input_; }
+  /// A meta tensor of that input's geometry on entry (the epilogue's metadata ops change the
+  /// caller's tensor itself).
+  const at::Tensor& caller_entry() const { return caller_entry_; }
+  /// From now on, keeps a lone input's own base in the caller's storage coordinates, so that a
+  /// resize_ within the storage addresses eager's elements: a written base (a fresh value whose
+  /// element 0 is the input's first one) becomes a view at the input's geometry of a copy of the
+  /// caller's whole storage with the written elements in it (the layout of a traced input is
+  /// guarded), an unwritten one stays the caller's tensor, and later values of the base are
+  /// copied in the same way. Nothing for other storages. Call with no update pending. Returns
+  /// whether the base changed (wrappers then sync again). `views_kept`: remove="mutations" (the
+  /// epilogue can write the storage through a view).
+  /// See Note [Inputs: storage coordinates of a written own base].
+  bool restore_caller_coordinates(bool views_kept);
+  bool caller_coordinates_views_kept() const { return caller_views_kept_; }
+  /// Whether `inner`'s storage coordinates are the caller's storage's: it lies in that storage,
+  /// or it is the base after restore_caller_coordinates.
+  bool in_caller_coordinates(const at::Tensor& inner) const {
+    return in_caller_storage(inner) || (caller_coordinates_ && inner.is_same(base_));
+  }
+  bool caller_coordinates() const { return caller_coordinates_; }
+  /// A write of a wrapper of this geometry (concrete), noted on a storage in the caller's
+  /// coordinates only: the epilogue writes the storage whole when one lies outside the input's
+  /// entry and final elements.
+  void note_written(c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset);
+  const std::vector<at::Tensor>& written_regions() const { return written_regions_; }
   /// A storage whose base's element 0 is not eager's storage element 0, so storage coordinates
   /// (as_strided) cannot be expressed on it. `why` (a string literal) completes the error that
   /// as_strided raises: an input that starts inside a larger storage and is not flat
@@ -172,9 +201,13 @@ class AliasStorage : public c10::StorageImpl {
   bool flat_ = false;
   bool bytes_ = false;
   bool flat_views_kept_ = false;
-  const char* offset_base_ = nullptr;  // why, when the base is offset (see mark_offset_base)
-  int64_t caller_origin_ = 0;          // see set_caller_origin
-  bool caller_tail_covered_ = true;    // see set_caller_origin
+  const char* offset_base_ = nullptr;        // why, when the base is offset (see mark_offset_base)
+  int64_t caller_origin_ = 0;                // see set_caller_origin
+  bool caller_tail_covered_ = true;          // see set_caller_origin
+  at::Tensor caller_input_, caller_entry_;   // see set_caller_input
+  bool caller_coordinates_ = false;          // see restore_caller_coordinates
+  bool caller_views_kept_ = false;           // see restore_caller_coordinates
+  std::vector<at::Tensor> written_regions_;  // meta tensors, see note_written
   const c10::StorageImpl* caller_storage_ = nullptr;  // compared, never dereferenced
   mutable at::Tensor traced_input_;                   // see set_traced_input
   size_t traced_index_ = 0;

@@ -432,6 +432,13 @@ void FunctionalTensorImpl::commit_update_(bool counts_version) {
   // kernels do (Note [Inputs: version counters]).
   if (counts_version && version_counter().enabled()) bump_version();
   auto& storage = alias_storage();
+  // See Note [Inputs: storage coordinates of a written own base]: the wrapper's geometry once the
+  // base is placed in the caller's coordinates.
+  auto note_written = [&] {
+    if (C10_UNLIKELY(storage.caller_coordinates()) && !has_symbolic_sizes_strides()) {
+      storage.note_written(sizes(), strides(), storage_offset());
+    }
+  };
   if (chain_.empty() && !storage.has_pending_updates() && is_up_to_date()) {
     // The base itself was written and nothing else is pending: there is no inverse to run and
     // nothing to replay, so the new value becomes the base directly and this wrapper stays up to
@@ -439,11 +446,13 @@ void FunctionalTensorImpl::commit_update_(bool counts_version) {
     storage.set_base_(value_);
     if (!storage.base().is_same(value_)) set_value_(storage.base());
     generation_ = storage.generation();
+    note_written();
     return;
   }
   // A write that autograd does not connect to the base: under no_grad, or through a chain with a
   // detach step (x.detach(), x.data). See Note [Autograd: writes autograd does not see].
   storage.add_update(value_, chain_, c10::GradMode::is_enabled() && !chain_.cuts_history());
+  note_written();
 }
 
 void FunctionalTensorImpl::remember_entry_() {

@@ -40,6 +40,17 @@ bool elements_overlap(const at::Tensor& a, const at::Tensor& b) {
   return false;
 }
 
+bool elements_within(const at::Tensor& inner, const at::Tensor& outer) {
+  if (inner.numel() == 0) return true;
+  if (inner.itemsize() != outer.itemsize()) return false;
+  const Span si = span_of(inner), so = span_of(outer);
+  if (si.begin < so.begin || si.end > so.end) return false;
+  if (outer.is_non_overlapping_and_dense()) return true;  // every byte of its span is its own
+  if (inner.numel() + outer.numel() > kExactOverlapLimit) return false;
+  const auto oi = element_byte_offsets(inner), oo = element_byte_offsets(outer);
+  return std::includes(oo.begin(), oo.end(), oi.begin(), oi.end());
+}
+
 bool spans_and_elements_overlap(const at::Tensor& a, const at::Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0) return false;
   const Span sa = span_of(a), sb = span_of(b);

@@ -61,6 +61,11 @@ constexpr int64_t kExactOverlapLimit = int64_t{1} << 20;
 /// kExactOverlapLimit elements, conservative above it. Concrete sizes only.
 bool elements_overlap(const at::Tensor& a, const at::Tensor& b);
 
+/// Whether every element of `inner` is an element of `outer` (same item size, one storage):
+/// exact up to kExactOverlapLimit elements, false above it (a refusal then, never a wrong number).
+/// Concrete sizes only.
+bool elements_within(const at::Tensor& inner, const at::Tensor& outer);
+
 /// elements_overlap after the cheap test on their spans; false when either has no element.
 bool spans_and_elements_overlap(const at::Tensor& a, const at::Tensor& b);
 

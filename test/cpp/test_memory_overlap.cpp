@@ -142,3 +142,35 @@ TEST(SameGeometry, ComparesItemSizeOffsetSizesAndStrides) {
   EXPECT_FALSE(same_geometry(x[1], x[2]));
   EXPECT_FALSE(same_geometry(x.view(at::kInt), x.view(at::kInt).view(at::kShort).narrow(1, 0, 4)));
 }
+
+// Whether every storage index `inner` reads is one `outer` reads, eagerly (arange storages).
+bool eager_within(const at::Tensor& inner, const at::Tensor& outer) {
+  const at::Tensor in = addressed(inner.sizes(), inner.strides(), inner.storage_offset());
+  const at::Tensor out = addressed(outer.sizes(), outer.strides(), outer.storage_offset());
+  return at::isin(in.flatten(), out.flatten()).all().item<bool>();
+}
+
+TEST(ElementsWithin, AgreesWithEagerOnGapsAndSpans) {
+  // A strided slice with gaps (b[1:, ::2] of a (3, 2, 4) b) against resizes within its storage.
+  const at::Tensor storage = at::zeros({64});
+  const at::Tensor slice = storage.as_strided({2, 1, 4}, {8, 8, 1}, 8);
+  const std::vector<at::Tensor> candidates{
+      storage.as_strided({4}, {1}, 8),         // its first row
+      storage.as_strided({6}, {1}, 8),         // into the gap after it
+      storage.as_strided({2, 4}, {8, 1}, 8),   // both rows
+      storage.as_strided({2, 2}, {8, 2}, 9),   // every other element of both rows
+      storage.as_strided({3}, {8}, 8),         // past its last row
+      storage.as_strided({1}, {1}, 7),         // the element before it
+      storage.as_strided({0}, {1}, 40),        // no element
+      storage.as_strided({4, 1}, {1, 1}, 16),  // its second row, another shape
+  };
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    EXPECT_EQ(elements_within(candidates[i], slice), eager_within(candidates[i], slice))
+        << "case " << i;
+  }
+  // A dense outer tensor holds every element of its span.
+  EXPECT_TRUE(elements_within(storage.as_strided({3, 2}, {1, 3}, 10), storage.narrow(0, 10, 6)));
+  EXPECT_FALSE(elements_within(storage.as_strided({3}, {1}, 20), storage.narrow(0, 10, 11)));
+  // Elements of another size are never the same elements.
+  EXPECT_FALSE(elements_within(storage.view(at::kDouble).narrow(0, 0, 2), storage));
+}

@@ -273,3 +273,91 @@ def test_make_fx_graph_of_client_code_traced_on_slices_replays_on_other_slices(n
         assert_trees_match(gm(*g_in), f(*e_in), f"slice {i}: output")
         tensors = lambda args: [a.detach() for a in args if isinstance(a, torch.Tensor)]  # noqa
         assert_trees_match(tensors(g_in), tensors(e_in), f"slice {i}: inputs")
+
+
+# Programs that reach the gaps of a strided slice x = b[1:, ::2] through resize_ within its
+# storage, around writes (Note [Inputs: storage coordinates of a written own base]): under make_fx
+# (and for a slice of a large buffer, eagerly) the slice keeps its own base, which once written
+# held x's elements alone, and the graphs read or wrote other elements than eager, silently.
+def _write_then_resize_into_the_gaps(x):
+    x.add_(1)
+    x.resize_((6,))
+    return x * 1
+
+
+def _resize_into_the_gaps_then_write_through_an_older_view(x):
+    v = x[0]
+    x.resize_((6,))
+    x.mul_(2)
+    v.add_(1)
+    return x * 1, v * 1
+
+
+def _resize_a_view_into_the_gaps_write_it_then_the_input(x):
+    v = x.unfold(-1, 2, 2)
+    v.resize_((6,))
+    v.sub_(3)
+    x.mul_(2)
+    return x * 1, v * 1
+
+
+_GAP_PROGRAMS = [_write_then_resize_into_the_gaps,
+                 _resize_into_the_gaps_then_write_through_an_older_view,
+                 _resize_a_view_into_the_gaps_write_it_then_the_input]
+
+
+def _gap_refusal(program, remove, path, rows):
+    """The named error a path gives, or None where it must match eager. Without views a written
+    own base holds the input's elements alone (make_fx; a slice of a large buffer on every path),
+    and a graph has no view to write a storage's gaps back through."""
+    if remove == "mutations":
+        return None
+    if program is _write_then_resize_into_the_gaps and (path == "make_fx" or rows > 3):
+        return "resizing .* after writing it, to elements of that storage outside the input's"
+    if program is _resize_a_view_into_the_gaps_write_it_then_the_input and path != "eager":
+        return "a graph without views .* cannot write those elements back"
+    return None
+
+
+def _strided_slice(rows, seed):
+    torch.manual_seed(seed)
+    base = torch.randn(rows, 2, 4)
+    return base[1:3, ::2], base
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("program", _GAP_PROGRAMS, ids=lambda p: p.__name__.strip("_"))
+def test_make_fx_graph_of_a_strided_slice_resized_into_its_gaps_matches_eager(remove, program):
+    traced, _ = _strided_slice(3, 0)
+    refusal = _gap_refusal(program, remove, "make_fx", 3)
+    if refusal:
+        with pytest.raises(NotImplementedError, match="functionalize: .*" + refusal):
+            make_fx(functionalize(program, remove=remove))(traced)
+        return
+    gm = make_fx(functionalize(program, remove=remove))(traced)
+    assert_functional_graph(gm, remove)
+    # Replayed on other values of the traced layout: eager's outputs and the whole buffer.
+    (e_in, e_base), (g_in, g_base) = _strided_slice(3, 1), _strided_slice(3, 1)
+    assert_trees_match(gm(g_in), program(e_in), "output")
+    assert torch.equal(g_base, e_base), "the input's storage (its gaps included)"
+    with pytest.raises(RuntimeError, match="depends on the layout of input 0"):
+        gm(_strided_slice(4, 1)[0])  # same sizes, strides and offset; a larger storage
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("program", _GAP_PROGRAMS, ids=lambda p: p.__name__.strip("_"))
+@pytest.mark.parametrize("rows", [3, 3000], ids=["small buffer", "large buffer"])
+def test_strided_slice_resized_into_its_gaps_matches_eager_untraced_and_captured(
+        remove, program, rows):
+    # Untraced, a slice of a small buffer has the flat base; of a large one, its own base.
+    for path, run in [("eager", lambda x: functionalize(program, remove=remove)(x)),
+                      ("capture", lambda x: capture(program, _strided_slice(rows, 0)[0],
+                                                    remove=remove)(x))]:
+        (e_in, e_base), (g_in, g_base) = _strided_slice(rows, 1), _strided_slice(rows, 1)
+        refusal = _gap_refusal(program, remove, path, rows)
+        if refusal:
+            with pytest.raises(NotImplementedError, match="functionalize: .*" + refusal):
+                run(g_in)
+            continue
+        assert_trees_match(run(g_in), program(e_in), f"{path}: output")
+        assert torch.equal(g_base, e_base), f"{path}: the input's storage (its gaps included)"

@@ -7,6 +7,7 @@
 #include "core/Conversions.h"
 #include "core/Layout.h"
 #include "core/LayoutGuards.h"
+#include "core/MemoryOverlap.h"
 #include "core/Recorder.h"
 #include "core/ViewInverses.h"
 
@@ -47,6 +48,19 @@ constexpr const char* kGrownFromInside =
     "the tensor's storage was grown by a resize (resize_, or an out= result larger than the out= "
     "tensor) of a tensor that starts inside it, and as_strided addresses the elements before its "
     "start, which the function does not hold. Resize a tensor that starts its storage";
+
+// Whether the elements of a (size, strides, offset) tensor are among `input`'s, counted from its
+// first element (a written own base's coordinates).
+bool own_elements_hold(const at::Tensor& input, c10::IntArrayRef size, c10::IntArrayRef strides,
+                       int64_t offset) {
+  MetaComputeGuard guard;
+  const auto meta = input.options().device(c10::kMeta);
+  const auto room = std::max(at::detail::computeStorageNbytes(size, strides, 1, offset),
+                             at::detail::computeStorageNbytes(input.sizes(), input.strides(), 1));
+  const at::Tensor storage = at::empty({static_cast<int64_t>(room)}, meta);
+  return elements_within(storage.as_strided(size, strides, offset),
+                         storage.as_strided(input.sizes(), input.strides(), 0));
+}
 
 }  // namespace
 
@@ -116,6 +130,13 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
   // See Note [Strides: what eager gives], case "storage coordinates".
   if (!layer.reapply_views) base_in_eager_strides(*impl);
   impl->sync_();
+  // With views, or while the base is the caller's tensor: see
+  // Note [Inputs: storage coordinates of a written own base].
+  auto& alias = impl->alias_storage();
+  if ((layer.reapply_views || alias.in_caller_storage(alias.base())) &&
+      alias.restore_caller_coordinates(layer.reapply_views)) {
+    impl->sync_();
+  }
   const at::Tensor base = impl->alias_storage().base();
   // Inputs that reinterpret each other's dtype share a byte base (Note [Inputs: aliased inputs]);
   // the as_strided step below counts in the base's elements, so it would hand back bytes.
@@ -131,6 +152,20 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
   const int64_t capacity = std::max<int64_t>(
       0, static_cast<int64_t>(base.storage().nbytes() / base.itemsize()) - offset);
   int64_t view_offset = offset;
+  if (!layer.reapply_views && needed <= capacity) {
+    // Without views a written own base keeps the input's elements alone, counted from its first
+    // (Note [Inputs: storage coordinates of a written own base]).
+    const at::Tensor& input = impl->alias_storage().caller_input();
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !input.defined() || impl->alias_storage().in_caller_storage(base) ||
+            own_elements_hold(input, size, strides, offset),
+        "functionalize: ", op_name,
+        ": resizing (a view of) an input that does not span its "
+        "storage, after writing it, to elements of that storage outside the input's (its gaps, "
+        "or past its last element) is not supported with remove=\"mutations_and_views\", whose "
+        "values hold the input's elements alone. Use remove=\"mutations\", or pass the whole "
+        "buffer as the input.");
+  }
   if (needed > 0 && needed > capacity) {  // nothing grows for no element (offset past the end)
     // Eager's copy holds the view's whole storage, whose other elements a grown tensor shows
     // (slice_scatter of an empty slice, then resize_); an out= result overwrites them all.
@@ -146,19 +181,20 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
         "functionalize: ", op_name,
         ": growing a view past the end of its storage is not supported (eager would reallocate "
         "the storage it shares). Resize the base tensor, or clone the view first.");
-    // An input with its own base, once written, holds only its elements: grown, the caller's
-    // other elements between its first one and the old end would be written back with what the
-    // new memory held (Note [Inputs: writes to a grown storage]). Unwritten, the base is the
-    // caller's tensor, and the grown copy reads them from the caller's storage.
+    // Without views an input with its own base, once written, holds only its elements: grown, the
+    // caller's other elements between its first one and the old end would be written back with
+    // what the new memory held (Note [Inputs: writes to a grown storage]). Unwritten, or with
+    // views, the base is in the caller's coordinates, and the grown copy reads them from it.
     TORCH_CHECK_NOT_IMPLEMENTED(
         flat || impl->alias_storage().caller_tail_covered() ||
-            impl->alias_storage().in_caller_storage(base),
+            impl->alias_storage().in_caller_coordinates(base),
         "functionalize: ", op_name,
         ": growing an input past its storage after writing it, when it does not cover the "
         "storage's elements from its first one to the end (a strided slice), is not supported "
-        "here: under make_fx such an input keeps its own base, which does not hold the others "
-        "(Note [Inputs: storage coordinates under a tracer]). Call the function without "
-        "tracing, use capture(f, ...), or pass the whole buffer as the input.");
+        "with remove=\"mutations_and_views\": such an input keeps its own base (under make_fx, or "
+        "a slice of a large buffer), whose values then hold its elements alone "
+        "(Note [Inputs: storage coordinates of a written own base]). Use remove=\"mutations\", "
+        "or pass the whole buffer as the input.");
     TORCH_CHECK_NOT_IMPLEMENTED(
         impl->storage().use_count() == 1, "functionalize: ", op_name,
         ": growing a tensor past its storage while views of it are alive is not supported (the "
@@ -178,7 +214,7 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
     // In the caller's storage elements. The input's own base, still the caller's tensor, takes
     // the caller's storage offsets; once written (a fresh value) it counts from its first
     // element, the caller's element at the input's offset.
-    const bool caller_coordinates = impl->alias_storage().in_caller_storage(base);
+    const bool caller_coordinates = impl->alias_storage().in_caller_coordinates(base);
     const int64_t grown_start =
         impl->alias_storage().grown_start().value_or(
             caller_coordinates ? 0 : impl->alias_storage().caller_origin()) +
