@@ -24,19 +24,21 @@ std::atomic<DrawObserver> draw_observer{nullptr};
 at::Generator generator_of_call(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   const auto& arguments = op.schema().arguments();
   const size_t num_args = arguments.size();
-  std::optional<c10::Device> device;
+  // A `device` argument names the generator's device before any tensor does: rand_like(x,
+  // device="cuda") draws on CUDA, and tfz::_set_generator_state's state tensor is on the CPU.
+  std::optional<c10::Device> device, tensor_device;
   for (size_t i = 0; i < num_args; ++i) {
     const c10::IValue& value = stack[stack.size() - num_args + i];
     if (is_generator_arg(arguments[i]) && value.isGenerator()) return value.toGenerator();
-    if (!device && value.isTensor() && value.toTensor().defined()) {
-      device = value.toTensor().device();
-    } else if (!device && value.isTensorList() && !value.toTensorList().empty()) {
-      device = value.toTensorList().get(0).device();
-    } else if (!device && value.isDevice() && arguments[i].name() == "device") {
+    if (value.isDevice() && arguments[i].name() == "device") {
       device = value.toDevice();
+    } else if (!tensor_device && value.isTensor() && value.toTensor().defined()) {
+      tensor_device = value.toTensor().device();
+    } else if (!tensor_device && value.isTensorList() && !value.toTensorList().empty()) {
+      tensor_device = value.toTensorList().get(0).device();
     }
   }
-  const c10::Device on = device.value_or(c10::Device(c10::kCPU));
+  const c10::Device on = device.value_or(tensor_device.value_or(c10::Device(c10::kCPU)));
   if (!on.is_cpu() && !on.is_cuda()) return {};
   return at::globalContext().defaultGenerator(on);
 }
