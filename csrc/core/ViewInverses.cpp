@@ -178,8 +178,19 @@ Tensor identity_inverse(const Tensor& /*base*/, const Tensor& mv, const ViewMeta
   return mv;
 }
 
+// view_as_complex needs pairs of adjacent reals: a last dimension of stride 1, and even other
+// strides and offset. A real view restrided since it was taken (v = view_as_real(x); v.t_(); a
+// write through v.unsqueeze_(2)) reaches this inverse in other strides: its values are packed
+// first (the base's own strides come back in AliasStorage::folded_, "inverted base").
 Tensor view_as_real_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
-  return m.reapply ? at::view_as_complex(mv) : at::view_as_complex_copy(mv);
+  bool pairs = true;
+  if (mv.layout() == c10::kStrided && !mv.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+      mv.dim() > 0) {
+    pairs = mv.stride(-1) == 1 && mv.storage_offset() % 2 == 0;
+    for (int64_t d = 0; d + 1 < mv.dim(); ++d) pairs &= mv.stride(d) % 2 == 0;
+  }
+  const Tensor reals = pairs ? mv : mv.contiguous();
+  return m.reapply ? at::view_as_complex(reals) : at::view_as_complex_copy(reals);
 }
 
 Tensor view_as_complex_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
