@@ -7,6 +7,7 @@
 #include "core/Layer.h"
 #include "core/Layout.h"
 #include "core/LayoutGuards.h"
+#include "core/MemoryOverlap.h"
 #include "core/ViewInverses.h"
 
 #include <ATen/Functions.h>
@@ -291,9 +292,11 @@ void AliasStorage::set_base_(const at::Tensor& value) {
 // overlapping geometry. In eager the write lands once, where v lies. So with views kept, when a
 // step before the last produced memory that may overlap (torch cannot prove it disjoint) and the
 // written view itself does not overlap, the write is one as_strided_scatter of the base at the
-// written view's own sizes, strides and offset (its value is a real view of a dense base:
-// contiguous, or in another dimension order, like a transposed input that is its own base
-// written through as_strided(..).expand(..)[0]).
+// written view's own sizes, strides and offset (its value is a real view of a base whose elements
+// do not overlap: contiguous, in another dimension order, like a transposed input that is its own
+// base written through as_strided(..).expand(..)[0], or with gaps and an offset, like an input
+// b[1:] or b.real that keeps its own base under make_fx). The offset counts in the base's
+// storage, as as_strided_scatter's does (it clones the base's whole storage).
 // Without views the values are *_copy tensors with no geometry to read, so the chain's view ops
 // are replayed on a meta tensor of the base's geometry for the same sizes, strides and offset
 // (an expanded input written through its diagonal would otherwise meet torch's internal-overlap
@@ -345,8 +348,11 @@ std::optional<at::Tensor> written_geometry(const at::Tensor& base,
       }
     }
     meta.emplace();
-    // base is dense (any dimension order): the probe has its sizes, strides and offset.
-    view = at::empty({base.storage_offset() + base.numel()}, base.options().device(c10::kMeta))
+    // The probe has the base's sizes, strides and offset (its elements do not overlap; gaps
+    // between them, as an input b[:, ::2] keeps as its own base, are the probe's too).
+    const auto nbytes =
+        at::detail::computeStorageNbytes(base.sizes(), base.strides(), 1, base.storage_offset());
+    view = at::empty({static_cast<int64_t>(nbytes)}, base.options().device(c10::kMeta))
                .as_strided(base.sizes(), base.strides(), base.storage_offset());
   }
   bool through_overlap = false;
@@ -380,7 +386,8 @@ bool views_as_bool(const ViewMeta& step, const at::Tensor& base) {
 }
 }  // namespace
 
-// `value` written into contiguous `base` at `view`'s sizes, strides and offset. A view of another
+// `value` written into `base` (its elements do not overlap) at `view`'s sizes, strides and offset,
+// which count in the base's storage, as as_strided_scatter's offset does. A view of another
 // dtype (inputs x and x.view(torch.int32) share a byte base, Note [Inputs: aliased inputs]) is
 // scattered into the base reinterpreted as its dtype and then reinterpreted back (expand's
 // step-by-step inverse would sum the copies). nullopt where the base's bytes do not divide into the
@@ -389,7 +396,7 @@ std::optional<at::Tensor> scatter_at(const at::Tensor& base, const at::Tensor& v
                                      const at::Tensor& view, bool views_kept) {
   if (view.scalar_type() == base.scalar_type()) {
     return strided_scatter(base, value, view.sym_sizes(), view.sym_strides(),
-                           view.sym_storage_offset() - base.sym_storage_offset());
+                           view.sym_storage_offset());
   }
   // A 0-d base (x.expand(3).view(torch.int32)[0] = 1 of a scalar x) is scattered as its 1-element
   // 1-D view. (An empty braced list would pick view(ScalarType).)
@@ -402,8 +409,9 @@ std::optional<at::Tensor> scatter_at(const at::Tensor& base, const at::Tensor& v
   }
   const auto item = static_cast<int64_t>(view.itemsize());
   const auto base_item = static_cast<int64_t>(base.itemsize());
-  if (base.dim() != 1 || (base.numel() * base_item) % item != 0 ||
-      (base.storage_offset() * base_item) % item != 0 || item % base_item != 0) {
+  if (base.dim() != 1 || !base.is_non_overlapping_and_dense() ||
+      (base.numel() * base_item) % item != 0 || (base.storage_offset() * base_item) % item != 0 ||
+      item % base_item != 0) {
     return std::nullopt;
   }
   // A bool view is scattered as uint8 (Note [Kernel: bool views of other bytes]).
@@ -412,9 +420,10 @@ std::optional<at::Tensor> scatter_at(const at::Tensor& base, const at::Tensor& v
   const at::Tensor bytes =
       dtype == view.scalar_type() ? value : (views_kept ? value.view(dtype) : value.to(dtype));
   const int64_t offset = base.storage_offset() * base_item / item;
+  // Without views the reinterpreted base is a fresh copy, from offset 0.
   const at::Tensor scattered =
       strided_scatter(as_view_dtype, bytes, view.sym_sizes(), view.sym_strides(),
-                      view.sym_storage_offset() - offset);
+                      views_kept ? view.sym_storage_offset() : view.sym_storage_offset() - offset);
   return views_kept ? scattered.view(base.scalar_type())
                     : at::view_copy(scattered, base.scalar_type());
 }
@@ -443,7 +452,7 @@ at::Tensor AliasStorage::folded_(const Update& update) {
       std::any_of(chain.begin(), chain.end() - 1, [](auto* s) { return may_overlap(*s); }) &&
       base_.layout() == c10::kStrided &&
       !base_.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
-      base_.is_non_overlapping_and_dense()) {
+      !may_self_overlap(base_.sizes(), base_.strides())) {
     // See Note [Alias: writes through an overlapping view].
     if (auto view = written_geometry(base_, chain)) {
       if (auto scattered = scatter_at(base_, update.value, *view, chain.back()->reapply)) {
