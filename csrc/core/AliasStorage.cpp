@@ -217,7 +217,9 @@ void AliasStorage::retire_member_step(const ViewMeta& old, const ViewMeta& repla
 // gaps) makes the epilogue copy the storage back whole (api/Epilogue.cpp). Under make_fx the graph
 // reads the input's storage, whose layout is guarded. Without views the wrappers of a written own
 // base report geometry counted from the input's first element, so the base keeps those
-// coordinates, and a resize of it to elements outside the input's is refused by name.
+// coordinates (a view taken before the write, which still reports the caller's offset, is
+// resized at the offset its chain gives over the base), and a resize to elements outside the
+// input's is refused by name.
 // Rejected: the flat base for such inputs from the start (a guard on every input of a graph traced
 // on batch[0], Note [Inputs: storage coordinates under a tracer]); refusing resize_ within the
 // storage after a write (programs that eager runs would fail by name).

@@ -55,6 +55,19 @@ _COPY_ = aten.copy_.default
 _STORAGE_COORDINATES = frozenset({aten.as_strided.default, aten.as_strided_copy.default,
                                   aten.as_strided_scatter.default})
 
+
+def _readers(node: fx.Node) -> list[fx.Node]:
+    """The nodes that read `node`'s result: its users, and for a list result (a foreach op) the
+    users of its getitems."""
+    readers = []
+    for user in node.users:
+        if user.target is operator.getitem:
+            readers.extend(user.users)
+        else:
+            readers.append(user)
+    return readers
+
+
 # A `*_scatter` op and the view it writes through (the view takes the scatter's arguments after
 # src). as_strided_scatter is not here: its geometry is relative to a fresh contiguous output.
 _SCATTERS = {
@@ -324,7 +337,7 @@ class _Reinplacer:
             raise _Rejected(f"rule 2: result strides {out.strides} differ from the written "
                             f"tensor's {like.strides}, and a user depends on them")
         if (out.offset != like.offset or like.storage in self.a.input_storages) and any(
-                user.target in _STORAGE_COORDINATES for user in node.users):
+                user.target in _STORAGE_COORDINATES for user in _readers(node)):
             raise _Rejected("rule 2: a user reads the result through storage coordinates "
                             "(as_strided), and the written tensor starts elsewhere in its storage "
                             "or is an input's, whose offset a make_fx graph does not fix")

@@ -385,3 +385,27 @@ def test_torch_optim_sgd_step_after_reinplace(foreach):
 
     gm, report = _reinplaced_matches_eager(step, state(), state(), state())
     assert report.changed(), str(report)
+
+
+def test_foreach_result_read_through_as_strided_is_not_written_into_an_input_at_an_offset():
+    # Fuzzer program 698889, rule 2: make_fx's graph of x = b[1:, ::2] (its own base, at storage
+    # offset 2) reads _foreach_mul's result for x through as_strided(.., offset 0) via a getitem;
+    # written into x, the as_strided read the input's storage from its start, and the write
+    # landed on b[0], silently.
+    def f(x):
+        v = torch.ones(1, 1, 4)
+        torch._foreach_mul_([x, v], 2)
+        x[:, :, 0] = 0.5
+        return v
+
+    def make():
+        base = torch.arange(4.0).view(2, 1, 2) + 1
+        return base[1:, ::2], base
+
+    gm = make_fx(tfz.functionalize(f))(make()[0])
+    assert aten.as_strided.default in _targets(gm)  # what the rule is about
+    rewritten, report = tfz.reinplace(gm, explain=True)
+    (e_in, e_base), (g_in, g_base) = make(), make()
+    assert_trees_match(rewritten(g_in), f(e_in), "outputs")
+    assert torch.equal(g_base, e_base), "the input's storage"
+    assert any("storage coordinates" in line for line in str(report).splitlines()), report

@@ -62,6 +62,25 @@ bool own_elements_hold(const at::Tensor& input, c10::IntArrayRef size, c10::IntA
                          storage.as_strided(input.sizes(), input.strides(), 0));
 }
 
+// The storage offset of the view `chain` makes of `base`, replayed on a meta tensor of the base's
+// geometry (the chain's ops as views).
+// See Note [Inputs: storage coordinates of a written own base].
+int64_t offset_over(const at::Tensor& base, const ViewChain& chain) {
+  MetaComputeGuard guard;
+  at::Tensor view = meta_twin(base);
+  for (const ViewMeta* step : chain.steps()) {
+    for (const auto& a : step->args) {
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          !a.isTensor(), "functionalize: resize_: resizing a view (by ", step->name(),
+          ") of an input that does not span its storage, after writing it, is not supported "
+          "with remove=\"mutations_and_views\". Use remove=\"mutations\", or pass the whole "
+          "buffer as the input.");
+    }
+    view = step->forward_as_view(view);
+  }
+  return view.storage_offset();
+}
+
 }  // namespace
 
 bool is_resize(const c10::OperatorHandle& op) {
@@ -146,7 +165,11 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
       base.scalar_type(), " storage) is not supported. Clone it before resizing.");
   // The wrapper's own offset is eager's (mirrored, or the reference metadata without views), and
   // the storage's base starts where eager's storage does, so it is an offset into the base.
-  const int64_t offset = self.storage_offset();
+  // Without views, a written own base counts from the input's first element, and a view taken
+  // before the write still reports the caller's offset: its offset over the base is its chain's.
+  const bool own_coordinates =
+      !layer.reapply_views && alias.caller_input().defined() && !alias.in_caller_coordinates(base);
+  const int64_t offset = own_coordinates ? offset_over(base, impl->chain()) : self.storage_offset();
   // An input with no element may start past its storage's end (b[:, 1:] of a (0, 4) b starts
   // at 1 of 0 elements): it then has no room, not a negative one.
   const int64_t capacity = std::max<int64_t>(
