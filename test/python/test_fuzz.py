@@ -32,13 +32,24 @@ KNOWN: set[tuple[int, str, str]] = set()
 # (698889, Note [Reinplace: the rules], rule 2).
 FIXED_PROGRAMS = (650054, 650363, 650915, 652798, 654111, 654514, 661430, 661439, 661658, 662764,
                   663693, 664602, 665508, 666119, 669128, 671880, 681144, 698889, 708040)
-# Not bugs of ours: eager's kernels round otherwise on other layouts, and the programs read the
-# float bits as integers (see the tests below).
+# 668633 and 701202 are not bugs of ours: eager's kernels round otherwise on other layouts, and
+# the programs read the float bits as integers (see the tests below).
 OPEN_PROGRAMS: dict[int, set[tuple[str, str]]] = {
     668633: {(path, "value") for path in (
         "cap_mav", "cap_mut", "cpprip_mav", "cpprip_mut", "fx_mav", "fx_mut", "fxrip_mut",
         "ours_mav", "ours_mut", "rip_mav", "rip_mut")},
     701202: {(path, "value") for path in ("cap_mav", "cpprip_mav", "fx_mav", "ours_mav", "rip_mav")},
+    # Open, found by the twenty-eighth session's last run (seeds 730000..741031, on its final
+    # code; not yet reduced, nor checked against the code before that session): a random fill of an input that keeps its own
+    # base under make_fx, after a write through its transpose, draws in another order (733538);
+    # reinplace of a make_fx graph returns an unbind of such an input at offset 0 (737256);
+    # without views, out= resizes of such an input, written first, leave other storage elements
+    # (738332); a complex64 view of int64 input bits multiplied through its expand: other NaN
+    # payload bits than eager's (741763, possibly not ours: NaN bits are not specified).
+    733538: {("fx_mut", "value"), ("fxrip_mut", "value")},
+    737256: {("fxrip_mut", "value")},
+    738332: {("fx_mav", "value")},
+    741763: {(path, "value") for path in ("cap_mut", "cpprip_mut", "ours_mut", "rip_mut")},
 }
 
 
