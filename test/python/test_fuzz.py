@@ -50,6 +50,15 @@ OPEN_PROGRAMS: dict[int, set[tuple[str, str]]] = {
     737256: {("fxrip_mut", "value")},
     738332: {("fx_mav", "value")},
     741763: {(path, "value") for path in ("cap_mut", "cpprip_mut", "ours_mut", "rip_mut")},
+    # The same run, seeds 741032..750400: the random-fill order of 733538 after transpose_ and an
+    # out= write (743212); complex arithmetic written in place and read as int64, likely eager's
+    # in-place rounding as in 668633 (742771 mul_ of a slice, 749638 x /= x), not yet shown.
+    742771: {(path, "value") for path in (
+        "cap_mav", "cap_mut", "cpprip_mav", "cpprip_mut", "fx_mav", "fx_mut", "fxrip_mut",
+        "ours_mav", "rip_mav", "rip_mut")},
+    743212: {("fx_mut", "value"), ("fxrip_mut", "value")},
+    749638: {(path, "value") for path in (
+        "cap_mav", "cap_mut", "cpprip_mav", "cpprip_mut", "fx_mav", "fx_mut")},
 }
 
 
