@@ -226,6 +226,13 @@ bool written_unseen(const at::Tensor& original, const at::Tensor& value) {
          (original.requires_grad() && original.is_leaf() && value.grad_fn() == nullptr);
 }
 
+// The tensor through which the epilogue writes `base`'s elements into `original`'s storage: its
+// .data where the write records no history, a detached alias where autograd must not see it.
+at::Tensor storage_writer(const at::Tensor& original, const at::Tensor& base) {
+  if (without_history(original, base)) return unversioned(original);
+  return written_unseen(original, base) ? original.detach() : original;
+}
+
 // Note [Inputs: writes to a grown storage]
 // torch.ones((4, 3), out=x) grows x's storage from 6 to 12 elements and writes all 12; a later
 // x.resize_((2,)) leaves x covering 2. The epilogue replays the resizes on the caller's x (its
@@ -262,9 +269,7 @@ void write_grown_storage(const at::Tensor& original, const FunctionalTensorImpl&
       "functionalize: an input's storage grew (resize_ or an out= resize), was written, and the "
       "input then covers fewer elements; a graph without views (remove=\"mutations_and_views\" "
       "under a tracer) cannot write the others back. Use remove=\"mutations\".");
-  at::Tensor whole = without_history(original, base)  ? unversioned(original)
-                     : written_unseen(original, base) ? original.detach()
-                                                      : original;
+  const at::Tensor whole = storage_writer(original, base);
   whole.as_strided({base.numel()}, {1}, *start).copy_(base);
 }
 
@@ -305,9 +310,7 @@ void write_restored_storage(const at::Tensor& original, const FunctionalTensorIm
   const int64_t n = std::min(static_cast<int64_t>(original.storage().nbytes()),
                              static_cast<int64_t>(base.storage().nbytes())) /
                     item;
-  at::Tensor whole = without_history(original, base)  ? unversioned(original)
-                     : written_unseen(original, base) ? original.detach()
-                                                      : original;
+  const at::Tensor whole = storage_writer(original, base);
   whole.as_strided({n}, {1}, 0).copy_(base.as_strided({n}, {1}, 0));
 }
 
