@@ -432,7 +432,9 @@ std::optional<at::Tensor> scatter_at(const at::Tensor& base, const at::Tensor& v
 
 // See Note [Strides: what eager gives], case "inverted base".
 at::Tensor in_base_strides(const at::Tensor& base, at::Tensor value, bool views_kept) {
-  if (!same_sizes_other_strides(base, value) || !base.is_non_overlapping_and_dense()) {
+  if (!same_sizes_other_strides(base, value) || base.layout() != c10::kStrided ||
+      base.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      may_self_overlap(base.sizes(), base.strides())) {
     // See Note [Strides: what eager gives], case "written base", for dimensions of size 1.
     return views_kept ? with_size_one_strides_of(base, value) : value;
   }

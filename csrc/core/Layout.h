@@ -88,8 +88,11 @@ namespace tfz::detail {
 //   "inverted base"
 //     eager: the base never moves in memory, while an inverse may hand it back in another layout
 //            (x.t_(); torch.mm(a, b, out=x) inverts through the transpose step).
-//     how:   a dense base receives the inverted value copied into its own strides where they
-//            differ (in a dimension of size > 1), in both modes; size-1 dims as "written base".
+//     how:   a base whose elements do not share memory receives the inverted value copied
+//            into its own strides where they differ (in a dimension of size > 1), in both modes,
+//            gaps included: an input that keeps its own base (b[:, ::2] under make_fx) written
+//            through its transpose would otherwise report and fill in the transpose's order (a
+//            later uniform_ drew its numbers into other elements). Size-1 dims as "written base".
 //     where: core/AliasStorage.cpp in_base_strides (AliasStorage::folded_).
 //   "resized out="
 //     eager: resize_output gives contiguous strides; structured kernels (TensorIterator ops,

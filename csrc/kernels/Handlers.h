@@ -113,8 +113,10 @@ void run_on_values_eagerly(const c10::OperatorHandle& op, torch::jit::Stack* sta
 /// `t`, passed as written argument `arg_name`, must be a wrapper without internal overlap.
 void check_writable(std::string_view op_name, std::string_view arg_name, const at::Tensor& t);
 /// The written wrapper now holds `value`: replace, commit to its alias storage, sync. An out=
-/// wrapper of another shape is first resized as eager's resize_output does (resize_functional).
-void write_back(const at::Tensor& wrapper, const at::Tensor& value, bool counts_version = true);
+/// wrapper of another shape is first resized as eager's resize_output does (resize_functional),
+/// whose refusals name `op_name` (the out= op).
+void write_back(const at::Tensor& wrapper, const at::Tensor& value, bool counts_version = true,
+                std::string_view op_name = "aten::resize_");
 /// resize_ of a wrapper (Note [Kernel: resize_]); `layer` is the layer the wrapper belongs to.
 /// With `then_strides`, the resized wrapper is then restrided to them in place (as_strided_ at its
 /// offset), as a structured out= kernel restrides the output it resized

@@ -148,7 +148,8 @@ bool reads_input_under_autograd(const at::Tensor& wrapper, const at::Tensor& sel
 // triple x. Such a write is dropped: no commit, no generation, no epilogue copy.
 // Rejected: teaching each view inverse about empty writes (every inverse would need the case).
 // The written tensor's strides: Note [Strides: what eager gives], case "written base".
-void write_back(const at::Tensor& wrapper, const at::Tensor& value_in, bool counts_version) {
+void write_back(const at::Tensor& wrapper, const at::Tensor& value_in, bool counts_version,
+                std::string_view op_name) {
   auto* impl = unsafe_get_impl(wrapper);
   if (!wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() && wrapper.numel() == 0 &&
       wrapper.sym_sizes() == value_in.sym_sizes()) {
@@ -161,11 +162,9 @@ void write_back(const at::Tensor& wrapper, const at::Tensor& value_in, bool coun
     const Layer* layer = suspended_layer();  // write_back runs under the kernel's InnerCallGuard
     TORCH_INTERNAL_ASSERT(layer != nullptr && layer->id == impl->layer_id(),
                           "out= resize outside the wrapper's layer");
-    static const auto resize_op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("aten::resize_", "");
     const bool dense = value.layout() == c10::kStrided && value.is_non_overlapping_and_dense();
-    resize_functional(c10::toString(resize_op.operator_name()), wrapper, value.sizes().vec(),
-                      c10::IValue(), *layer, dense ? value.strides() : c10::IntArrayRef(),
+    resize_functional(op_name, wrapper, value.sizes().vec(), c10::IValue(), *layer,
+                      dense ? value.strides() : c10::IntArrayRef(),
                       /*overwritten=*/true, counts_version);
   }
   if (impl->chain().empty() && same_sizes_other_strides(wrapper, value)) {
@@ -323,9 +322,10 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
   // After the functional call, so that eager's own errors (list lengths, shapes) come first.
   check_no_read_of_written_memory(info, schema, args);
   for (const auto& w : info.written) {
-    zip_written(
-        args[w.index], fstack[w.functional_return],
-        [&](const at::Tensor& t, const at::Tensor& v) { write_back(t, v, info.bumps_versions); });
+    zip_written(args[w.index], fstack[w.functional_return],
+                [&](const at::Tensor& t, const at::Tensor& v) {
+                  write_back(t, v, info.bumps_versions, info.name);
+                });
   }
   if (C10_UNLIKELY(info.versions_counted_on_results) && info.bumps_versions) {
     bump_as_the_call_did(info, args, fstack);

@@ -28,9 +28,14 @@ using Stack = torch::jit::Stack;
 // then writes. So an out= tensor of another shape is resized through the resize_ rule first (an
 // as_strided step over its storage, replayed on the input by the epilogue), then written like any
 // in-place op. The strides it ends with: Note [Strides: what eager gives], case "resized out=".
-// Rejected: replacing x's value by the result: it drops the elements x no longer covers, and
-// views of x then regenerate from the new shape (wrong values). Only symbolic shapes keep that
-// replacement (the resize_ rule needs concrete sizes).
+// A view is resized the same way (torch.neg(t, out=y[:2]) with four elements writes y[:4], as
+// eager; a slice of an input grows the input's storage), and what resize_ refuses (a view
+// growing past its storage, which eager moves to a new storage its base does not see) is
+// refused by the out= op's name.
+// Rejected: refusing every view that needs a resize (a slice a caller passes, b.narrow(0, 1, 4),
+// could not receive a larger out= result); replacing x's value by the result: it drops the
+// elements x no longer covers, and views of x then regenerate from the new shape (wrong values).
+// Only symbolic shapes keep that replacement (the resize_ rule needs concrete sizes).
 
 bool is_real(const at::Tensor& t) {
   return t.layout() == c10::kStrided && !t.is_meta() &&

@@ -461,7 +461,7 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     check_eager_rules(name(), written, value, /*resizes=*/kOut);
     // The in-place path above ran eager's own kernel, so only the functional one needs this.
     check_reads(written, refs, std::make_index_sequence<kArgs>());
-    write_back(written, value);
+    write_back(written, value, /*counts_version=*/true, name());
     return written;
   }
 

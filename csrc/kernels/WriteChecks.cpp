@@ -39,24 +39,8 @@ void check_eager_rules(std::string_view op_name, const at::Tensor& written, cons
   TORCH_CHECK(c10::canCast(value.scalar_type(), written.scalar_type()), "functionalize: ", op_name,
               ": result type ", value.scalar_type(), " can't be cast to the desired output type ",
               written.scalar_type(), ".");
-  // An out= tensor of the wrong shape is resized by eager; a view cannot be resized here (its
-  // new extent would overwrite its base's other elements, which no view inverse expresses),
-  // so it is refused here rather than failing inside the scatter with torch's size-mismatch
-  // message.
-  if (resizes && written.sym_sizes() != value.sym_sizes()) {
-    auto* impl = maybe_get_impl(written);
-    // A tensor resized before (by resize_ or an earlier out=) has the resize's step as its chain
-    // but views nothing: its chain before its first metadata mutation is empty. A detached alias
-    // (torch.tensor([]), which lift_fresh hands over as a view of itself; x.detach()) views all
-    // of its base: the resize_ rule decides for it as for the base.
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        impl == nullptr || impl->chain().empty() || impl->entry_chain().empty() ||
-            impl->views_all_of_its_base(),
-        "functionalize: ", op_name, ": the out= tensor is a view of another tensor and has shape ",
-        written.sym_sizes(), " where the result has shape ", value.sym_sizes(),
-        "; resizing a view is not supported. Pass an out= tensor of the result's shape, or a "
-        "fresh tensor.");
-  }
+  // An out= tensor of the wrong shape is resized by eager, views included: write_back resizes it
+  // as resize_ does (kernels/special/Resize.cpp), whose refusals name what cannot be served.
 }
 
 // Note [Kernel: functional variants that clone a storage of partial elements]

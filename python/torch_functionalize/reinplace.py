@@ -26,9 +26,11 @@ _COPY_ = aten.copy_.default
 #    is static, and autograd does not record it with a tensor that requires grad (an in-place
 #    write could change a tensor saved for backward, or a leaf);
 # 2. `out` has a's dtype, sizes, strides (later views of out must see the same layout) and
-#    device, is a fresh allocation, and a addresses each byte once; where a user reads `out`
-#    through storage coordinates (as_strided counts from the storage's start), a starts where
-#    `out` does and is no graph input (a make_fx graph's input may come at any offset);
+#    device, is a fresh allocation, and a addresses each byte once; where anything computed
+#    from `out` is read through storage coordinates (as_strided counts from the storage's
+#    start; an offset travels through views and through ops that copy their input's layout),
+#    a starts where `out` does and is no graph input (a make_fx graph's input may come at any
+#    offset);
 # 3. no other operand of the op overlaps the written region W (a pointwise op may read exactly
 #    W: each element is read before it is written; any other overlap is the upstream bug
 #    pytorch/pytorch#198031);
@@ -246,6 +248,8 @@ class _Reinplacer:
         self.gm, self.graph, self.a, self.report = gm, gm.graph, analysis, report
         self.decisions: dict[fx.Node, Decision] = {}
         self.done: set[fx.Node] = set()
+        self.has_storage_coordinates = any(n.target in _STORAGE_COORDINATES
+                                           for n in gm.graph.nodes)
 
     def run(self) -> None:
         for _ in range(8):  # a rewrite frees buffers for earlier candidates: repeat until stable
@@ -336,11 +340,30 @@ class _Reinplacer:
                 _reads_values_only(user, node) for user in node.users):
             raise _Rejected(f"rule 2: result strides {out.strides} differ from the written "
                             f"tensor's {like.strides}, and a user depends on them")
-        if (out.offset != like.offset or like.storage in self.a.input_storages) and any(
-                user.target in _STORAGE_COORDINATES for user in _readers(node)):
+        if (out.offset != like.offset or like.storage in self.a.input_storages) and \
+                self._read_through_storage_coordinates(node):
             raise _Rejected("rule 2: a user reads the result through storage coordinates "
                             "(as_strided), and the written tensor starts elsewhere in its storage "
                             "or is an input's, whose offset a make_fx graph does not fix")
+
+    def _read_through_storage_coordinates(self, node: fx.Node) -> bool:
+        """Whether an as_strided reads `node`'s result or anything computed from it. Not only
+        direct readers: a value's offset travels through views and through ops whose result
+        copies their input's layout, and eager's kernels and their meta functions disagree on
+        which those are (CPU's select_scatter of a tensor at offset 1 returns one at offset 1,
+        its meta function one at offset 0), so any path from the result counts."""
+        if not self.has_storage_coordinates:
+            return False
+        seen: set[fx.Node] = set()
+        todo = [node]
+        while todo:
+            for reader in _readers(todo.pop()):
+                if reader.target in _STORAGE_COORDINATES:
+                    return True
+                if reader not in seen:
+                    seen.add(reader)
+                    todo.append(reader)
+        return False
 
     def _operands_apart(self, node: fx.Node, written: list[tuple[fx.Node, Region]],
                         skip: set[tuple[int, int | None]]) -> None:

@@ -29,34 +29,29 @@ KNOWN: set[tuple[int, str, str]] = set()
 # 690000..709460): such an input written through a row of an expanded view (681144,
 # Note [Alias: writes through an overlapping view]), a view of it taken before a write and resized
 # after it without views (708040), and a reinplaced foreach result read through as_strided
-# (698889, Note [Reinplace: the rules], rule 2).
+# (698889, Note [Reinplace: the rules], rule 2). Found by its last run (seeds 730000..750400) and
+# fixed the twenty-ninth session: a random fill of such an input after a write through its
+# transpose drew in the transpose's order (733538, 743212: the written base kept the inverse's
+# strides, Note [Strides: what eager gives], case "inverted base"); reinplace wrote an input read
+# through as_strided after a select_scatter that keeps its input's offset (737256, rule 2); a grown
+# storage written after a write through a slice was written back from the wrong element without
+# views (738332: the scatter's result keeps the input's offset; now refused by name, as unwritten).
 FIXED_PROGRAMS = (650054, 650363, 650915, 652798, 654111, 654514, 661430, 661439, 661658, 662764,
-                  663693, 664602, 665508, 666119, 669128, 671880, 681144, 698889, 708040)
-# 668633 and 701202 are not bugs of ours: eager's kernels round otherwise on other layouts, and
-# the programs read the float bits as integers (see the tests below).
+                  663693, 664602, 665508, 666119, 669128, 671880, 681144, 698889, 708040, 733538,
+                  737256, 738332, 743212)
+# 668633, 701202, 741763, 742771 and 749638 are not bugs of ours: eager's kernels round otherwise
+# (or pick another NaN's bits) on other layouts or in place, and the programs read the float bits
+# as integers (see the tests below).
 OPEN_PROGRAMS: dict[int, set[tuple[str, str]]] = {
     668633: {(path, "value") for path in (
         "cap_mav", "cap_mut", "cpprip_mav", "cpprip_mut", "fx_mav", "fx_mut", "fxrip_mut",
         "ours_mav", "ours_mut", "rip_mav", "rip_mut")},
     701202: {(path, "value") for path in ("cap_mav", "cpprip_mav", "fx_mav", "ours_mav", "rip_mav")},
-    # Open, found by the twenty-eighth session's last run (seeds 730000..741031, on its final
-    # code; not yet reduced, nor checked against the code before that session): a random fill of an input that keeps its own
-    # base under make_fx, after a write through its transpose, draws in another order (733538);
-    # reinplace of a make_fx graph returns an unbind of such an input at offset 0 (737256);
-    # without views, out= resizes of such an input, written first, leave other storage elements
-    # (738332); a complex64 view of int64 input bits multiplied through its expand: other NaN
-    # payload bits than eager's (741763, possibly not ours: NaN bits are not specified).
-    733538: {("fx_mut", "value"), ("fxrip_mut", "value")},
-    737256: {("fxrip_mut", "value")},
-    738332: {("fx_mav", "value")},
-    741763: {(path, "value") for path in ("cap_mut", "cpprip_mut", "ours_mut", "rip_mut")},
-    # The same run, seeds 741032..750400: the random-fill order of 733538 after transpose_ and an
-    # out= write (743212); complex arithmetic written in place and read as int64, likely eager's
-    # in-place rounding as in 668633 (742771 mul_ of a slice, 749638 x /= x), not yet shown.
+    741763: {(path, "value") for path in (
+        "cap_mut", "cpprip_mut", "fx_mut", "fxrip_mut", "ours_mut", "rip_mut")},
     742771: {(path, "value") for path in (
         "cap_mav", "cap_mut", "cpprip_mav", "cpprip_mut", "fx_mav", "fx_mut", "fxrip_mut",
         "ours_mav", "rip_mav", "rip_mut")},
-    743212: {("fx_mut", "value"), ("fxrip_mut", "value")},
     749638: {(path, "value") for path in (
         "cap_mav", "cap_mut", "cpprip_mav", "cpprip_mut", "fx_mav", "fx_mut")},
 }
@@ -118,3 +113,74 @@ def test_program_701202_differs_only_as_eager_differs_between_layouts():
     assert torch.equal(torch.sigmoid(make()[0]), eager_in_place)  # strided, out of place too
     assert not torch.equal(packed, eager_in_place)
     torch.testing.assert_close(packed, eager_in_place)  # equal up to rounding
+
+
+def test_program_741763_differs_only_in_the_nan_bits_eager_picks_in_place():
+    # x = b[1:, ::2] of int64 viewed as complex64 (its bits are NaNs), multiplied in place by a
+    # copy of its first element, read back as int64: eager's in-place mul_ and its out-of-place
+    # and out= forms give NaNs with other payload bits (IEEE 754 leaves them unspecified); the
+    # functional paths compute mul.
+    def make():
+        torch.manual_seed(410556434)
+        return torch.randint(-4, 5, (3, 2), dtype=torch.int64)[1:, ::2]
+
+    other = make().view(torch.complex64).expand(3, -1, 3).flatten()[:2].view(2, 1).clone()
+    in_place = make().view(torch.complex64)
+    in_place.mul_(other)
+    out_of_place = torch.mul(make().view(torch.complex64), other)
+    out = torch.empty_like(out_of_place)
+    torch.mul(make().view(torch.complex64), other, out=out)
+    from torch_functionalize import functionalize
+    ours = functionalize(
+        lambda t: t.view(torch.complex64).mul_(other).view(torch.int64), remove="mutations")(make())
+    assert torch.equal(ours, out_of_place.view(torch.int64))
+    assert torch.equal(out.view(torch.int64), out_of_place.view(torch.int64))
+    assert not torch.equal(in_place.view(torch.int64), out_of_place.view(torch.int64))
+    assert bool(in_place.isnan().all()) and bool(out_of_place.isnan().all())
+
+
+def test_program_742771_differs_only_as_eager_rounds_operands_sharing_a_storage():
+    # v = x[:, 2:] of a complex64 x, v.mul_(x[:, :2]), read as int64: eager's in-place kernel with
+    # both operands in one storage returns mul(x[:, :2], v)'s bits, one ulp from mul(v, x[:, :2])
+    # (complex products are not commutative bit for bit), which is what it computes when the
+    # operand is elsewhere, and what a functional mul computes.
+    def make():
+        torch.manual_seed(943354914)
+        return torch.randn((1, 4), dtype=torch.complex64)
+
+    shared = make()
+    shared[:, 2:].mul_(shared[:, :2])
+    apart = make()
+    apart_result = apart[:, 2:].clone().mul_(apart[:, :2].clone())
+    x = make()
+    assert torch.equal(apart_result, torch.mul(x[:, 2:], x[:, :2]))
+    assert torch.equal(shared[:, 2:], torch.mul(x[:, :2], x[:, 2:]))
+    assert not torch.equal(shared[:, 2:], apart_result)
+    torch.testing.assert_close(shared[:, 2:], apart_result)  # equal up to rounding
+    from torch_functionalize import functionalize
+    ours = functionalize(lambda t: t[:, 2:].mul_(t[:, :2]), remove="mutations_and_views")(make())
+    assert torch.equal(ours, apart_result)
+
+
+def test_program_749638_differs_only_as_eager_differs_between_in_place_and_out_of_place():
+    # x /= x of a complex64 x, read as int64: as 668633, eager's in-place div_ rounds the last
+    # bits otherwise than its div; graphs compute div.
+    def make():
+        torch.manual_seed(22927520)
+        return torch.randn((3, 1), dtype=torch.complex64).view(-1)
+
+    in_place = make()
+    in_place /= in_place
+    x = make()
+    out_of_place = torch.div(x, x)
+    from torch_functionalize import functionalize
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(t):
+        t /= t
+        return t
+
+    graph = make_fx(functionalize(f))(make())
+    assert torch.equal(graph(make()), out_of_place)
+    assert not torch.equal(in_place.view(torch.int64), out_of_place.view(torch.int64))
+    torch.testing.assert_close(in_place, out_of_place)  # equal up to rounding

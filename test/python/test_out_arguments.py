@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_functionalize.testing._internal.reference import assert_matches_eager
+from torch_functionalize.testing._internal.reference import assert_matches_eager, assert_trees_match
 from torch_functionalize import capture, functionalize
 
 
@@ -550,3 +550,64 @@ def test_growing_a_detached_alias_of_a_live_tensor_is_refused_by_name():
 
     with pytest.raises(NotImplementedError, match="resize_: growing a tensor past its storage"):
         functionalize(f)(torch.randn(3))
+
+
+def _storage_of(t):
+    return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage())
+
+
+def _grow_a_slice_input(x, y):
+    # b.narrow(0, 1, 4) receives 72 elements: eager grows the input's storage past its end.
+    x[1:] = 2
+    torch.stack([y, y], 0, out=x)
+    return x.sum()
+
+
+def _resize_a_view_of_the_input_within_its_storage(x, y):
+    v = x[1:3]
+    torch.neg(y[:4].view(2, 2), out=v)  # v covers x[1:5] from here
+    v.add_(1)
+    return v * 1
+
+
+def _resize_a_view_of_an_intermediate(x, y):
+    z = torch.zeros(6)
+    v = z[:2]
+    torch.mul(y[:4], x[:4], out=v)  # writes z[:4]
+    return z, v * 1
+
+
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+@pytest.mark.parametrize("graph", [None, "make_fx", "capture"])
+@pytest.mark.parametrize("program", [
+    _grow_a_slice_input, _resize_a_view_of_the_input_within_its_storage,
+    _resize_a_view_of_an_intermediate,
+], ids=lambda p: p.__name__.strip("_"))
+def test_out_resizes_a_view_as_eager(remove, program, graph):
+    # See Note [Kernel: out= resize]: views and slices of inputs are resized as eager's out= does
+    # (before: refused, "resizing a view is not supported").
+    def make():
+        base = torch.arange(10.0) - 3
+        return base.narrow(0, 1, 8), torch.arange(36.0).view(3, 4, 3).flatten()[:24], base
+
+    (e_x, e_y, e_base), (g_x, g_y, g_base) = make(), make()
+    expected = program(e_x, e_y)
+    fn = functionalize(program, remove=remove)
+    if graph == "make_fx" and remove == "mutations_and_views" and program is _grow_a_slice_input:
+        # Its own base (Note [Inputs: storage coordinates of a written own base]) holds the
+        # input's elements alone, not the caller's element after them: named.
+        with pytest.raises(NotImplementedError, match=r"aten::stack.out: growing an input past"):
+            make_fx(fn)(*make()[:2])
+        return
+    if graph == "make_fx":
+        fn = make_fx(fn)(*make()[:2])
+    elif graph == "capture":
+        fn = capture(fn, *make()[:2])
+    assert_trees_match(fn(g_x, g_y), expected, "outputs")
+    assert (g_x.shape, g_x.stride(), g_x.storage_offset()) == \
+        (e_x.shape, e_x.stride(), e_x.storage_offset())
+    assert torch.equal(g_x, e_x), "the input"
+    assert torch.equal(g_base, e_base), "the caller's buffer"
+    n = min(e_x.untyped_storage().nbytes(), g_x.untyped_storage().nbytes()) // 4
+    assert n >= e_x.storage_offset() + e_x.numel()
+    assert torch.equal(_storage_of(g_x)[:n], _storage_of(e_x)[:n]), "the input's grown storage"

@@ -409,3 +409,29 @@ def test_foreach_result_read_through_as_strided_is_not_written_into_an_input_at_
     assert_trees_match(rewritten(g_in), f(e_in), "outputs")
     assert torch.equal(g_base, e_base), "the input's storage"
     assert any("storage coordinates" in line for line in str(report).splitlines()), report
+
+
+def test_result_read_through_as_strided_after_a_scatter_is_not_written_into_an_input():
+    # Rule 2 follows every path from the result to an as_strided, not only direct readers: make_fx
+    # graph of x = b[1:, ::2] (own base, storage offset 1) has fill -> view -> select_scatter ->
+    # view -> as_strided(.., offset 0). With fill written into x, CPU's select_scatter of a view at
+    # offset 1 returns a tensor at offset 1 (its meta function says 0), and the as_strided read
+    # element 0 of that storage, never written: outputs and the input got garbage, silently.
+    def f(x):
+        x.fill_(0.5)
+        v0 = x.view(-1)
+        v1 = v0.unbind(0)[0]
+        v1.cumprod_(0)
+        return v0, v1
+
+    def make():
+        base = torch.arange(2.0).view(2, 1) + 3
+        return base[1:, ::2], base
+
+    gm = make_fx(tfz.functionalize(f))(make()[0])
+    assert aten.as_strided.default in _targets(gm)  # what the rule is about
+    rewritten, report = tfz.reinplace(gm, explain=True)
+    (e_in, e_base), (g_in, g_base) = make(), make()
+    assert_trees_match(rewritten(g_in), f(e_in), "outputs")
+    assert torch.equal(g_base, e_base), "the input's storage"
+    assert "storage coordinates" in _decision(report, "fill").rule, report

@@ -181,7 +181,7 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
     const at::Tensor& input = impl->alias_storage().caller_input();
     TORCH_CHECK_NOT_IMPLEMENTED(
         !input.defined() || impl->alias_storage().in_caller_storage(base) ||
-            own_elements_hold(input, size, strides, offset),
+            own_elements_hold(input, size, strides, offset - base.storage_offset()),
         "functionalize: ", op_name,
         ": resizing (a view of) an input that does not span its "
         "storage, after writing it, to elements of that storage outside the input's (its gaps, "
@@ -237,10 +237,13 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
     // In the caller's storage elements. The input's own base, still the caller's tensor, takes
     // the caller's storage offsets; once written (a fresh value) it counts from its first
     // element, the caller's element at the input's offset.
+    // A written own base's value may itself lie at an offset (a *_scatter's result copies its
+    // input's storage, offset included): its first element is the input's first.
     const bool caller_coordinates = impl->alias_storage().in_caller_coordinates(base);
     const int64_t grown_start =
         impl->alias_storage().grown_start().value_or(
-            caller_coordinates ? 0 : impl->alias_storage().caller_origin()) +
+            caller_coordinates ? 0
+                               : impl->alias_storage().caller_origin() - base.storage_offset()) +
         offset;
     const bool written_outside = impl->alias_storage().written_outside_members();
     impl->replace_storage_(grown);
