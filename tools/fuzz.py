@@ -16,7 +16,9 @@ twice with equal results) runs through
   cpprip_mut / _mav     capture's C++ graph after the C++ pass (tfz::reinplace), replayed,
   tf_mut / tf_mav       torch.func.functionalize(f), for the comparison,
 and outputs plus inputs afterwards (values, sizes, strides, storage offset; fuzz/check.py there)
-are compared with eager (output strides only with views kept: without views outputs are copies). Each program runs in a worker process, so a crash or a hang (30 s) is a
+are compared with eager (output strides only with views kept: without views outputs are copies;
+floats with a tolerance; integers read from floats' bytes may differ only in the bits of NaNs,
+which IEEE 754 leaves to the implementation). Each program runs in a worker process, so a crash or a hang (30 s) is a
 result, not the end of the run. A failure of ours is shrunk (the shortest failing prefix, then
 statements dropped while it still fails the same way) and written as a standalone reproducer
 (<out>/repro_<seed>_<path>.py, runnable with python). Named errors ("functionalize: ...",

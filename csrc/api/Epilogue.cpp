@@ -281,9 +281,12 @@ void write_grown_storage(const at::Tensor& original, const FunctionalTensorImpl&
 void write_restored_storage(const at::Tensor& original, const FunctionalTensorImpl& impl) {
   const AliasStorage& storage = impl.alias_storage();
   const at::Tensor& base = storage.base();
+  // An input left with no element (x.resize_(0) after the write) is checked too: every written
+  // element is then outside its final ones.
   if (!storage.caller_coordinates() || storage.in_caller_storage(base) || storage.grown_start() ||
-      !plain_strided(original) || !storage.caller_entry().defined() ||
-      base.scalar_type() != original.scalar_type()) {
+      original.layout() != c10::kStrided || !original.has_storage() ||
+      original.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      !storage.caller_entry().defined() || base.scalar_type() != original.scalar_type()) {
     return;
   }
   // The input's own copy writes its final elements, and the entry write its first ones

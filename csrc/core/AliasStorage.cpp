@@ -255,13 +255,24 @@ void AliasStorage::set_caller_input(const at::Tensor& input) {
   }
 }
 
-void AliasStorage::note_written(c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset) {
+// The written geometry is the chain replayed on the base, not the wrapper's own: with views kept
+// a written view mirrors its new value (a fresh tensor at offset 0) until its next sync.
+void AliasStorage::note_written(const ViewChain& chain) {
   MetaComputeGuard guard;
   c10::impl::ExcludeDispatchKeyGuard untraced(layer_hidden_keys());
-  const auto nbytes = at::detail::computeStorageNbytes(sizes, strides, 1, offset);
-  written_regions_.push_back(
-      at::empty({static_cast<int64_t>(nbytes)}, base_.options().device(c10::kMeta))
-          .as_strided(sizes, strides, offset));
+  const auto item = static_cast<int64_t>(base_.itemsize());
+  const int64_t elements =
+      std::max(static_cast<int64_t>(base_.storage().nbytes()) / item,
+               static_cast<int64_t>(at::detail::computeStorageNbytes(base_.sizes(), base_.strides(),
+                                                                     1, base_.storage_offset())));
+  const at::Tensor room = at::empty({elements}, base_.options().device(c10::kMeta));
+  at::Tensor view = room.as_strided(base_.sizes(), base_.strides(), base_.storage_offset());
+  try {
+    for (const ViewMeta* step : chain.steps()) view = step->forward_as_view(view);
+  } catch (const c10::Error&) {
+    view = room;  // a step not replayable on meta: the whole storage, written back whole
+  }
+  written_regions_.push_back(view);
 }
 
 void AliasStorage::set_base_(const at::Tensor& value) {

@@ -146,10 +146,10 @@ class AliasStorage : public c10::StorageImpl {
     return in_caller_storage(inner) || (caller_coordinates_ && inner.is_same(base_));
   }
   bool caller_coordinates() const { return caller_coordinates_; }
-  /// A write of a wrapper of this geometry (concrete), noted on a storage in the caller's
-  /// coordinates only: the epilogue writes the storage whole when one lies outside the input's
-  /// entry and final elements.
-  void note_written(c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset);
+  /// A write through `chain` (a view of the base, or the base itself when empty), noted on a
+  /// storage in the caller's coordinates only: the epilogue writes the storage whole when one
+  /// lies outside the input's entry and final elements.
+  void note_written(const ViewChain& chain);
   const std::vector<at::Tensor>& written_regions() const { return written_regions_; }
   /// A storage whose base's element 0 is not eager's storage element 0, so storage coordinates
   /// (as_strided) cannot be expressed on it. `why` (a string literal) completes the error that

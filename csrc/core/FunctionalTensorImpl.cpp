@@ -432,11 +432,11 @@ void FunctionalTensorImpl::commit_update_(bool counts_version) {
   // kernels do (Note [Inputs: version counters]).
   if (counts_version && version_counter().enabled()) bump_version();
   auto& storage = alias_storage();
-  // See Note [Inputs: storage coordinates of a written own base]: the wrapper's geometry once the
+  // See Note [Inputs: storage coordinates of a written own base]: the written geometry once the
   // base is placed in the caller's coordinates.
   auto note_written = [&] {
     if (C10_UNLIKELY(storage.caller_coordinates()) && !has_symbolic_sizes_strides()) {
-      storage.note_written(sizes(), strides(), storage_offset());
+      storage.note_written(chain_);
     }
   };
   if (chain_.empty() && !storage.has_pending_updates() && is_up_to_date()) {

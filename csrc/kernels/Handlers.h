@@ -97,8 +97,10 @@ void check_eager_rules(std::string_view op_name, const at::Tensor& written, cons
                        bool resizes);
 /// Argument `read_index` of `op` may not share memory with the written argument `written_index`
 /// in a way eager's kernel order would observe (Note [Kernel: writes that read their own memory]).
+/// `resized_to`: the sizes an out= resize gives `written` before the kernel writes it.
 void check_read_of_written(const c10::OperatorName& op, const at::Tensor& written,
-                           int written_index, const at::Tensor& read, int read_index);
+                           int written_index, const at::Tensor& read, int read_index,
+                           c10::OptionalIntArrayRef resized_to = std::nullopt);
 /// A write of the function's values into captured plain tensors, run eagerly as eager runs it;
 /// false (nothing done) under a tracer or a capture, or when a written tensor is a wrapper.
 /// See Note [Kernel: writes into captured tensors].
@@ -165,9 +167,11 @@ bool nothing_records(const at::Tensor& value);
 /// cannot make (Note [Kernel: functional variants that clone a storage of partial elements]).
 void check_whole_elements_for_clone(const OpInfo& info, const std::vector<c10::IValue>& inner);
 /// WriteChecks.cpp: no argument may read memory the op writes in a way eager's kernel order would
-/// observe (Note [Kernel: writes that read their own memory]); `args` are the wrappers.
+/// observe (Note [Kernel: writes that read their own memory]); `args` are the wrappers, and
+/// `results` (if given) the functional results, whose sizes an out= tensor is resized to.
 void check_no_read_of_written_memory(const OpInfo& info, const c10::FunctionSchema& schema,
-                                     const std::vector<c10::IValue>& args);
+                                     const std::vector<c10::IValue>& args,
+                                     const torch::jit::Stack* results = nullptr);
 /// OutArguments.cpp: out= results that resize their out= tensor take the strides eager's out=
 /// kernel leaves (Note [Strides: what eager gives], case "resized out="); `fstack` holds the
 /// functional results.

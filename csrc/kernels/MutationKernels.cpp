@@ -320,7 +320,7 @@ void run_mutable(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack
     }
   }
   // After the functional call, so that eager's own errors (list lengths, shapes) come first.
-  check_no_read_of_written_memory(info, schema, args);
+  check_no_read_of_written_memory(info, schema, args, &fstack);
   for (const auto& w : info.written) {
     zip_written(args[w.index], fstack[w.functional_return],
                 [&](const at::Tensor& t, const at::Tensor& v) {

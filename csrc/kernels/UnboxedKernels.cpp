@@ -331,21 +331,24 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
   }
 
   // Note [Kernel: writes that read their own memory], for each tensor argument but the written.
+  // `resized_to`: an out= tensor's result sizes (it is resized before the kernel writes).
   template <size_t I, class Refs>
-  static void check_read(const at::Tensor& written, Refs& refs) {
+  static void check_read(const at::Tensor& written, Refs& refs,
+                         c10::OptionalIntArrayRef resized_to) {
     using Arg = std::tuple_element_t<I, std::tuple<Args...>>;
     if constexpr (I != kWritten && (is_tensor_v<Arg> || is_optional_tensor_v<Arg>)) {
       const auto& read = std::get<I>(refs);
       if constexpr (is_tensor_v<Arg>) {
-        check_read_of_written(op_name(), written, kWritten, read, I);
+        check_read_of_written(op_name(), written, kWritten, read, I, resized_to);
       } else if (read.has_value()) {
-        check_read_of_written(op_name(), written, kWritten, *read, I);
+        check_read_of_written(op_name(), written, kWritten, *read, I, resized_to);
       }
     }
   }
   template <class Refs, size_t... I>
-  static void check_reads(const at::Tensor& written, Refs& refs, std::index_sequence<I...>) {
-    (check_read<I>(written, refs), ...);
+  static void check_reads(const at::Tensor& written, Refs& refs,
+                          c10::OptionalIntArrayRef resized_to, std::index_sequence<I...>) {
+    (check_read<I>(written, refs, resized_to), ...);
   }
   // Untraced without views, an out= whose inputs report other strides than their values takes
   // the boxed kernel's stride correction when it resizes out (torch.sigmoid(x2, out=x1) of a
@@ -460,7 +463,11 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     }
     check_eager_rules(name(), written, value, /*resizes=*/kOut);
     // The in-place path above ran eager's own kernel, so only the functional one needs this.
-    check_reads(written, refs, std::make_index_sequence<kArgs>());
+    c10::OptionalIntArrayRef resized_to;
+    if constexpr (kOut) {
+      if (!value.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) resized_to = value.sizes();
+    }
+    check_reads(written, refs, resized_to, std::make_index_sequence<kArgs>());
     write_back(written, value, /*counts_version=*/true, name());
     return written;
   }

@@ -5,9 +5,15 @@
 #include "kernels/Handlers.h"
 
 #include "core/Conversions.h"
+#include "core/DispatchKey.h"
 #include "core/FunctionalTensorImpl.h"
+#include "core/Layer.h"
+#include "core/Layout.h"
 #include "core/MemoryOverlap.h"
 
+#include <ATen/EmptyTensor.h>
+#include <ATen/Functions.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/function.h>
@@ -201,19 +207,50 @@ bool may_share_memory(const at::Tensor& a, const at::Tensor& b) {
   return spans_and_elements_overlap(a, b);
 }
 
+// Whether `read` shares memory with what out= tensor `out` covers once resized to `sizes`
+// (contiguous strides at its offset, eager's resize_output), both of one alias storage.
+bool shares_memory_once_resized(const at::Tensor& out, c10::IntArrayRef sizes,
+                                const at::Tensor& read) {
+  if (read.is_same(out)) return true;
+  if (out.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      read.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    return false;
+  }
+  MetaComputeGuard guard;
+  c10::impl::ExcludeDispatchKeyGuard untraced(layer_hidden_keys());
+  const at::Tensor resized = at::empty(sizes, out.options().device(c10::kMeta));
+  const auto strides = resized.strides();
+  const auto nbytes =
+      at::detail::computeStorageNbytes(sizes, strides, out.itemsize(), out.storage_offset());
+  const at::Tensor room =
+      at::empty({static_cast<int64_t>(nbytes)}, out.options().dtype(c10::kByte).device(c10::kMeta));
+  const at::Tensor covered =
+      room.view(out.scalar_type()).as_strided(sizes, strides, out.storage_offset());
+  return spans_and_elements_overlap(covered, meta_twin(read));
+}
+
 // The pair check of the Note: argument `read_index` (list position read_position) against the
 // written argument `written_index` (list position written_position), both of one alias storage.
+// An out= tensor resized before the kernel writes (`resized_to` other sizes than its own) is
+// checked as the kernel writes it: torch.mul(v, x, out=x.view(-1)) of a one-element x grown to
+// v's five elements reads x while writing the elements after it, in the kernel's order.
 void check_pair(bool elementwise, bool keeps_identical, const std::string& op_name,
                 const c10::FunctionSchema& schema, const at::Tensor& written, int written_index,
                 size_t written_position, const at::Tensor& read, int read_index,
-                size_t read_position) {
+                size_t read_position, c10::OptionalIntArrayRef resized_to = std::nullopt) {
   if (read_index == written_index) return;
-  if (keeps_identical && read.is_same(written)) return;
-  if (elementwise && read_position == written_position && same_geometry(read, written)) return;
+  const bool resized = resized_to.has_value() &&
+                       !written.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+                       written.sizes() != *resized_to;
+  if (!resized) {
+    if (keeps_identical && read.is_same(written)) return;
+    if (elementwise && read_position == written_position && same_geometry(read, written)) return;
+  }
+  const bool shares = resized ? shares_memory_once_resized(written, *resized_to, read)
+                              : may_share_memory(written, read);
   TORCH_CHECK_NOT_IMPLEMENTED(
-      !may_share_memory(written, read), "functionalize: ", op_name, ": '",
-      schema.arguments()[read_index].name(), "' shares memory with '",
-      schema.arguments()[written_index].name(),
+      !shares, "functionalize: ", op_name, ": '", schema.arguments()[read_index].name(),
+      "' shares memory with '", schema.arguments()[written_index].name(),
       "', which the op writes; eager's result then depends on the order its kernel reads and "
       "writes, which a functional program cannot reproduce. Pass a clone of '",
       schema.arguments()[read_index].name(), "' (or write into a fresh tensor).");
@@ -246,7 +283,8 @@ void for_each_positioned_tensor(const c10::IValue& v, Fn&& fn) {
 }  // namespace
 
 void check_no_read_of_written_memory(const OpInfo& info, const c10::FunctionSchema& schema,
-                                     const std::vector<c10::IValue>& args) {
+                                     const std::vector<c10::IValue>& args,
+                                     const torch::jit::Stack* results) {
   // Written wrappers sorted by alias storage, so a _foreach_ call over N tensors costs
   // O(N log N) pointer comparisons, not N * N.
   struct Written {
@@ -254,12 +292,18 @@ void check_no_read_of_written_memory(const OpInfo& info, const c10::FunctionSche
     at::Tensor tensor;
     int index;
     size_t position;
+    c10::OptionalIntArrayRef resized_to;  // an out= tensor's result sizes
   };
   c10::SmallVector<Written, 4> written;  // no heap allocation for the usual one or two
   for (const auto& w : info.written) {
+    c10::OptionalIntArrayRef resized_to;
+    if (w.is_out && results != nullptr && (*results)[w.functional_return].isTensor()) {
+      const at::Tensor& result = (*results)[w.functional_return].toTensor();
+      if (!result.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) resized_to = result.sizes();
+    }
     for_each_positioned_tensor(args[w.index], [&](const at::Tensor& t, size_t position) {
       if (auto* impl = maybe_get_impl(t)) {
-        written.push_back({&impl->alias_storage(), t, w.index, position});
+        written.push_back({&impl->alias_storage(), t, w.index, position, resized_to});
       }
     });
   }
@@ -274,14 +318,15 @@ void check_no_read_of_written_memory(const OpInfo& info, const c10::FunctionSche
       const auto [lo, hi] = std::equal_range(written.begin(), written.end(), key, by_storage);
       for (auto it = lo; it != hi; ++it) {
         check_pair(info.elementwise, info.keeps_identical_arguments, info.name, schema, it->tensor,
-                   it->index, it->position, read, static_cast<int>(j), position);
+                   it->index, it->position, read, static_cast<int>(j), position, it->resized_to);
       }
     });
   }
 }
 
 void check_read_of_written(const c10::OperatorName& op_name, const at::Tensor& written,
-                           int written_index, const at::Tensor& read, int read_index) {
+                           int written_index, const at::Tensor& read, int read_index,
+                           c10::OptionalIntArrayRef resized_to) {
   auto* wi = maybe_get_impl(written);
   auto* ri = maybe_get_impl(read);
   if (wi == nullptr || ri == nullptr || &wi->alias_storage() != &ri->alias_storage()) return;
@@ -290,7 +335,7 @@ void check_read_of_written(const c10::OperatorName& op_name, const at::Tensor& w
                                                                  op_name.overload_name.c_str());
   const OpInfo info = classify(op);
   check_pair(info.elementwise, info.keeps_identical_arguments, info.name, op.schema(), written,
-             written_index, 0, read, read_index, 0);
+             written_index, 0, read, read_index, 0, resized_to);
 }
 
 }  // namespace tfz::detail

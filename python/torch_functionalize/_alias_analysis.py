@@ -232,6 +232,9 @@ class AliasAnalysis:
         self.first_node: dict[int, fx.Node] = {}  # the node whose value first holds a storage
         self.members: dict[int, list[fx.Node]] = {}  # the nodes with a value in each storage
         self.input_storages: set[int] = set()
+        # Storages laid out as an input: their offsets, like an input's, are the traced input's,
+        # not every input's. See Note [Reinplace: results laid out as eager's kernels lay them out].
+        self.input_laid_out: set[int] = set()
         self._ids: dict[Any, int] = {}
         for i, node in enumerate(graph.nodes):
             self.position[node] = float(i)
@@ -241,6 +244,11 @@ class AliasAnalysis:
                 self.members.setdefault(r.storage, []).append(node)
                 if node.op in ("placeholder", "get_attr"):
                     self.input_storages.add(r.storage)
+            if node.target in _KEEP_INPUT_STORAGE and isinstance(node.args[0], fx.Node):
+                src, out = self.regions.get(node.args[0]), self.regions[node]
+                if isinstance(src, Region) and isinstance(out, Region) and \
+                        (src.storage in self.input_storages or src.storage in self.input_laid_out):
+                    self.input_laid_out.add(out.storage)
             self._add_uses(node)
 
     # -- regions -----------------------------------------------------------------------------
@@ -454,6 +462,39 @@ def _device_by_rule(node: fx.Node, values: dict[fx.Node, Any],
     return seen[0][1] if seen else None
 
 
+# Note [Reinplace: results laid out as eager's kernels lay them out]
+# The analysis runs ops' meta functions, which must place each result where eager's kernel
+# would: rule 2 compares offsets, and an as_strided reads storage coordinates. They do not for
+# the ops that start by copying their input's whole storage (torch's clone_preserve_strides:
+# select_, slice_, diagonal_ and as_strided_scatter, and the functional copy): on CPU and CUDA
+# their result keeps the input's strides and offset in a copy of its storage (a select_scatter of
+# x = b[1:, ::2] is at offset 2), their meta functions return a compact tensor at offset 0. Their
+# results are made so here (an input whose elements overlap is cloned compactly by torch too).
+# Rejected: trusting the meta functions (reinplace then wrote add_ into such a result and an
+# as_strided at offset 0 read the storage's first element, silently).
+_KEEP_INPUT_STORAGE = frozenset({
+    torch.ops.aten.select_scatter.default, torch.ops.aten.slice_scatter.default,
+    torch.ops.aten.diagonal_scatter.default, torch.ops.aten.as_strided_scatter.default,
+    torch.ops.aten.copy.default})
+
+
+def _in_input_storage(result: Any, base: Any) -> Any:
+    """``result`` moved into a fresh storage of ``base``'s size at ``base``'s geometry, where
+    eager's kernel puts it (Note [Reinplace: results laid out as eager's kernels lay them out])."""
+    if not isinstance(result, torch.Tensor) or not isinstance(base, torch.Tensor) or \
+            result.layout != torch.strided or base.layout != torch.strided or \
+            result.shape != base.shape or result.dtype != base.dtype:
+        return result
+    try:
+        if torch._debug_has_internal_overlap(base) == 1:  # MemOverlap::Yes: cloned compactly
+            return result
+        elements = base.untyped_storage().nbytes() // base.element_size()
+        buffer = torch.empty(elements, dtype=result.dtype, device=result.device)
+        return buffer.as_strided(base.shape, base.stride(), base.storage_offset())
+    except Exception:  # noqa: BLE001  (symbolic geometry: the meta result stays)
+        return result
+
+
 def _propagate(gm: fx.GraphModule, inputs: list[Any], mode: Any,
                constant: Callable[[torch.Tensor], torch.Tensor],
                input_devices: list[torch.device | None] | None
@@ -487,6 +528,8 @@ def _propagate(gm: fx.GraphModule, inputs: list[Any], mode: Any,
                 args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
                 try:
                     values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
+                    if node.target in _KEEP_INPUT_STORAGE:
+                        values[node] = _in_input_storage(values[node], args[0])
                 except Exception as error:
                     raise PropagationError(
                         f"{node.format_node()}: {type(error).__name__}: "

@@ -29,8 +29,8 @@ _COPY_ = aten.copy_.default
 #    device, is a fresh allocation, and a addresses each byte once; where anything computed
 #    from `out` is read through storage coordinates (as_strided counts from the storage's
 #    start; an offset travels through views and through ops that copy their input's layout),
-#    a starts where `out` does and is no graph input (a make_fx graph's input may come at any
-#    offset);
+#    a starts where `out` does and is no graph input nor laid out as one (a make_fx graph's
+#    input may come at any offset, and a *_scatter of it keeps that offset);
 # 3. no other operand of the op overlaps the written region W (a pointwise op may read exactly
 #    W: each element is read before it is written; any other overlap is the upstream bug
 #    pytorch/pytorch#198031);
@@ -340,11 +340,13 @@ class _Reinplacer:
                 _reads_values_only(user, node) for user in node.users):
             raise _Rejected(f"rule 2: result strides {out.strides} differ from the written "
                             f"tensor's {like.strides}, and a user depends on them")
-        if (out.offset != like.offset or like.storage in self.a.input_storages) and \
+        if (out.offset != like.offset or like.storage in self.a.input_storages or
+                like.storage in self.a.input_laid_out) and \
                 self._read_through_storage_coordinates(node):
             raise _Rejected("rule 2: a user reads the result through storage coordinates "
                             "(as_strided), and the written tensor starts elsewhere in its storage "
-                            "or is an input's, whose offset a make_fx graph does not fix")
+                            "or is (laid out as) an input's, whose offset a make_fx graph does not "
+                            "fix")
 
     def _read_through_storage_coordinates(self, node: fx.Node) -> bool:
         """Whether an as_strided reads `node`'s result or anything computed from it. Not only

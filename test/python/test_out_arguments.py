@@ -611,3 +611,26 @@ def test_out_resizes_a_view_as_eager(remove, program, graph):
     n = min(e_x.untyped_storage().nbytes(), g_x.untyped_storage().nbytes()) // 4
     assert n >= e_x.storage_offset() + e_x.numel()
     assert torch.equal(_storage_of(g_x)[:n], _storage_of(e_x)[:n]), "the input's grown storage"
+
+
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+@pytest.mark.parametrize("op", ["mul", "sum"])  # an unboxed kernel and a boxed one
+def test_out_resized_over_an_operand_is_refused_by_name(remove, op):
+    # The one-element out= grows to five elements over what the op reads: eager's numbers depend
+    # on the order its kernel reads and writes (mul gives x[3] = x[6] * 10, the x[2] it has just
+    # written; Note [Kernel: writes that read their own memory]). Checked at the resized extent
+    # (before: the one-element out= matched or missed what it read, and the functional result came
+    # back, silently other than eager's).
+    def f(x):
+        if op == "mul":
+            v = x[2:3]
+            torch.mul(x[5:10], v, out=v.view(-1))
+        else:
+            torch.sum(x[1:7].view(2, 3), 0, out=x[:1])  # eager: [4, 5, 9], not [5, 7, 9]
+        return x * 1
+
+    f(torch.arange(10.0))  # eager runs it
+    x = torch.arange(10.0)
+    with pytest.raises(NotImplementedError, match=rf"aten::{op}.*: '(self|other)' shares memory"):
+        functionalize(f, remove=remove)(x)
+    assert torch.equal(x, torch.arange(10.0))

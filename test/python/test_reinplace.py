@@ -435,3 +435,27 @@ def test_result_read_through_as_strided_after_a_scatter_is_not_written_into_an_i
     assert_trees_match(rewritten(g_in), f(e_in), "outputs")
     assert torch.equal(g_base, e_base), "the input's storage"
     assert "storage coordinates" in _decision(report, "fill").rule, report
+
+
+def test_result_written_into_a_scatter_of_an_input_keeps_its_offset():
+    # A select_scatter of x = b[1:, ::2] is a copy of b's storage with x at offset 2 (torch's
+    # clone_preserve_strides; its meta function says offset 0). make_fx's graph reads add's result
+    # through as_strided(.., offset 0): written into the scatter's result in place, the as_strided
+    # read the copy's element 0 (b[0, 0]) and the input got it, silently.
+    # Note [Reinplace: results laid out as eager's kernels lay them out].
+    def f(x):
+        v = x.prod(1)
+        x[:, 0] = 3
+        x.add_(v.unsafe_chunk(3, 0)[0], alpha=2)
+        return v
+
+    def make():
+        base = torch.arange(4.0).view(2, 2) + 2
+        return base[1:, ::2], base
+
+    gm = make_fx(tfz.functionalize(f))(make()[0])
+    rewritten, report = tfz.reinplace(gm, explain=True)
+    (e_in, e_base), (g_in, g_base) = make(), make()
+    assert_trees_match(rewritten(g_in), f(e_in), "outputs")
+    assert torch.equal(g_base, e_base), "the input's storage"
+    assert "storage coordinates" in _decision(report, "add").rule, report
