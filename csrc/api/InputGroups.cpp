@@ -6,6 +6,7 @@
 #include "core/DispatchKey.h"
 #include "core/Layout.h"
 #include "core/LayoutGuards.h"
+#include "core/MemoryOverlap.h"
 #include "core/Recorder.h"
 #include "core/Recording.h"
 
@@ -95,9 +96,11 @@ constexpr const char* kInsideLargerStorage =
 // clone_input's padded copies). Under a Python tracer (traced_without_guards()):
 //  - A lone input that does not span its storage keeps its own base, marked offset_base like a
 //    slice of a large buffer: the graph reads the input itself and is right on any input of its
-//    sizes; as_strided on it is refused by name.
-//  - The flat bases left (an input that spans its storage but overlaps itself, as an expanded
-//    one does; inputs sharing a storage) start the graph with a tfz::_guard_layout node per
+//    sizes; as_strided on it is refused by name. Not one whose elements overlap
+//    (b.as_strided((2, 2), (1, 1))): a copy of its elements would let a write to one of them
+//    miss the others that are the same memory.
+//  - The flat bases left (an input whose elements overlap, as an expanded one's do; inputs
+//    sharing a storage) start the graph with a tfz::_guard_layout node per
 //    member: strides, offset, the storage's size and the storage it shares, checked on replay.
 //  - A lone input whose layout the program depends on (as_strided, resize_, a write through
 //    unfold, a metadata change the epilogue replays as as_strided_ with its offset) gets that
@@ -136,7 +139,8 @@ void note_caller_origin(const at::Tensor& input, const at::Tensor& wrapper) {
 
 // `traced`: traced_without_guards(), read once per call.
 bool wants_flat_base(const at::Tensor& t, bool traced) {
-  return flat_base_suits(t) && (spans_its_storage(t) || !traced);
+  return flat_base_suits(t) &&
+         (spans_its_storage(t) || !traced || may_self_overlap(t.sizes(), t.strides()));
 }
 
 // An input with its own base whose storage coordinates are not its base's: one with elements

@@ -42,10 +42,14 @@ KNOWN: set[tuple[int, str, str]] = set()
 # read); a write through a view resized into an own-base input's gaps was noted at its value's
 # offset, not the view's (763903), or not checked where the input ended with no element (770938);
 # reinplace wrote into a select_scatter of an input, laid out as the input (771905,
-# Note [Reinplace: results laid out as eager's kernels lay them out]).
+# Note [Reinplace: results laid out as eager's kernels lay them out]). The same run found two bugs
+# older than that session's work: copy_ between sibling chunks after a write of one was taken for
+# a copy onto itself (766387), and an input whose elements overlap kept its own base under make_fx
+# (761000); both fixed.
 FIXED_PROGRAMS = (650054, 650363, 650915, 652798, 654111, 654514, 661430, 661439, 661658, 662764,
                   663693, 664602, 665508, 666119, 669128, 671880, 681144, 698889, 708040, 733538,
-                  737256, 738332, 743212, 761785, 763903, 766506, 770938, 771905, 773300)
+                  737256, 738332, 743212, 761000, 761785, 763903, 766387, 766506, 770938, 771905,
+                  773300)
 # Integers read from the bytes of NaNs that differ only in the NaNs' bits, which the comparator
 # accepts (fuzz/check.py differ_only_in_nan_bits; 741763 is shown below to be eager's own).
 NAN_BITS_PROGRAMS = (741763, 761082, 762858)

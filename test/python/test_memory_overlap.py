@@ -133,3 +133,17 @@ def test_write_to_an_empty_tensor_with_overlapping_strides_is_allowed(remove):
         return x + 0
 
     assert_matches_eager(f, torch.arange(6.0), remove=remove)
+
+
+def test_copy_between_sibling_views_after_a_write_of_one_is_a_copy(remove):
+    # v1.tril_(1) leaves v1 reporting its new value's geometry until it syncs; the copy_ row took
+    # v1.copy_(v0) of two chunks for a copy onto itself (same offset 0, sizes and strides) and
+    # dropped it under make_fx (fuzzer program 766387). The wrappers are synced before comparing.
+    def f(x):
+        v0, v1 = x.chunk(4, 1)[:2]
+        v1.tril_(1)
+        v1.copy_(v0)
+        return v0 * 1, v1 * 1
+
+    assert_matches_eager(f, make_inputs=lambda: (torch.arange(12.0).view(4, 3)[:, 1:],),
+                         remove=remove)
