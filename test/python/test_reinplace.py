@@ -459,3 +459,22 @@ def test_result_written_into_a_scatter_of_an_input_keeps_its_offset():
     assert_trees_match(rewritten(g_in), f(e_in), "outputs")
     assert torch.equal(g_base, e_base), "the input's storage"
     assert "storage coordinates" in _decision(report, "add").rule, report
+
+
+def test_empty_tensor_passed_as_self_and_as_source_stays_functional():
+    # index_copy_(t, 0, i, t) raises eager's overlap assert even for an empty t, so writing
+    # index_copy's result into its self, which is also its source, turned a working graph into
+    # one that raises (fuzzer program 780030, rule 3).
+    def f(x):
+        torch.neg(x, out=x.view(-1))
+        v = x * x.unsafe_split(1, 0)[0]  # in place into x's written value
+        v.index_copy_(0, torch.tensor([0]), x)  # whose self would then be its source
+        return v
+
+    def make():
+        return torch.zeros((1, 4, 0), dtype=torch.int32)
+
+    gm = make_fx(tfz.functionalize(f))(make())
+    rewritten, report = tfz.reinplace(gm, explain=True)
+    assert_trees_match(rewritten(make()), f(make()), "outputs")
+    assert "rule 3" in _decision(report, "index_copy").rule, report

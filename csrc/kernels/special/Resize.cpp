@@ -156,6 +156,23 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
       alias.restore_caller_coordinates(layer.reapply_views)) {
     impl->sync_();
   }
+  // Without views a written own base counts from the input's first element, which a *_scatter's
+  // result does not: torch copies the input's whole storage and keeps its offset (a write through
+  // x1.select(0, 1) of x1 = b1[1:, ::2] leaves the base at offset 1). The as_strided step made
+  // below addresses its base from element 0 on every later value, most of them compact: so the
+  // base is made compact first (one copy, on such a resize only).
+  if (!layer.reapply_views && alias.caller_input().defined() &&
+      !alias.in_caller_coordinates(alias.base()) && plain_strided(alias.base()) &&
+      alias.base().storage_offset() != 0) {
+    at::Tensor compact;
+    {
+      InnerCallGuard guard;
+      const at::Tensor& old = alias.base();
+      compact = restrided_copy(at::empty_strided(old.sizes(), old.strides(), old.options()), old);
+    }
+    alias.set_base_(compact);
+    impl->sync_();
+  }
   const at::Tensor base = impl->alias_storage().base();
   // Inputs that reinterpret each other's dtype share a byte base (Note [Inputs: aliased inputs]);
   // the as_strided step below counts in the base's elements, so it would hand back bytes.
@@ -181,7 +198,7 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
     const at::Tensor& input = impl->alias_storage().caller_input();
     TORCH_CHECK_NOT_IMPLEMENTED(
         !input.defined() || impl->alias_storage().in_caller_storage(base) ||
-            own_elements_hold(input, size, strides, offset - base.storage_offset()),
+            own_elements_hold(input, size, strides, offset),
         "functionalize: ", op_name,
         ": resizing (a view of) an input that does not span its "
         "storage, after writing it, to elements of that storage outside the input's (its gaps, "
@@ -237,13 +254,10 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
     // In the caller's storage elements. The input's own base, still the caller's tensor, takes
     // the caller's storage offsets; once written (a fresh value) it counts from its first
     // element, the caller's element at the input's offset.
-    // A written own base's value may itself lie at an offset (a *_scatter's result copies its
-    // input's storage, offset included): its first element is the input's first.
     const bool caller_coordinates = impl->alias_storage().in_caller_coordinates(base);
     const int64_t grown_start =
         impl->alias_storage().grown_start().value_or(
-            caller_coordinates ? 0
-                               : impl->alias_storage().caller_origin() - base.storage_offset()) +
+            caller_coordinates ? 0 : impl->alias_storage().caller_origin()) +
         offset;
     const bool written_outside = impl->alias_storage().written_outside_members();
     impl->replace_storage_(grown);
