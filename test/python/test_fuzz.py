@@ -226,6 +226,8 @@ def test_integers_read_from_floats_may_differ_only_in_the_bits_of_nans():
     assert not values_equal(nan_and_one, nan_and_two)
     assert not values_equal(torch.tensor([-4753770257135196318]),  # 742771: one ulp, no NaN
                             torch.tensor([-4753770252840229022]))
+    one = torch.tensor([3, 0], dtype=torch.int32).as_strided((1, 1), (2, 2))  # odd strides
+    assert not values_equal(one, torch.tensor([[4]], dtype=torch.int32))
 
 
 def test_program_780748_differs_only_as_eager_differs_between_in_place_and_out_of_place():

@@ -187,7 +187,9 @@ def differ_only_in_nan_bits(a, e) -> bool:
     if a.dtype.is_floating_point or a.dtype.is_complex or a.dtype == torch.bool or \
             width not in _FLOATS_OF_WIDTH:
         return False
-    a, e = a.contiguous().flatten(), e.contiguous().flatten()
+    # Fresh 1-D copies: a one-element tensor can keep another stride through flatten().
+    a = torch.empty(a.numel(), dtype=a.dtype).copy_(a.reshape(-1))
+    e = torch.empty(e.numel(), dtype=e.dtype).copy_(e.reshape(-1))
     differing = a != e
     explained = torch.zeros_like(differing)
     for fmt in _FLOATS_OF_WIDTH[width]:
