@@ -30,8 +30,8 @@ using Stack = torch::jit::Stack;
 // in-place op. The strides it ends with: Note [Strides: what eager gives], case "resized out=".
 // A view is resized the same way (torch.neg(t, out=y[:2]) with four elements writes y[:4], as
 // eager; a slice of an input grows the input's storage), and what resize_ refuses (a view
-// growing past its storage, which eager moves to a new storage its base does not see) is
-// refused by the out= op's name.
+// growing past its storage, which eager reallocates in place under every alias of it) is refused
+// by the out= op's name.
 // Rejected: refusing every view that needs a resize (a slice a caller passes, b.narrow(0, 1, 4),
 // could not receive a larger out= result); replacing x's value by the result: it drops the
 // elements x no longer covers, and views of x then regenerate from the new shape (wrong values).
