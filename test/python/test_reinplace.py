@@ -387,6 +387,18 @@ def test_torch_optim_sgd_step_after_reinplace(foreach):
     assert report.changed(), str(report)
 
 
+def _reinplaced_slice_graph(f, make):
+    """make_fx(functionalize(f)) traced on make()'s input (a slice of a buffer make() returns
+    beside it), reinplaced, and replayed on a fresh one: eager's outputs and the whole buffer.
+    Returns the traced graph and the reinplace report."""
+    gm = make_fx(tfz.functionalize(f))(make()[0])
+    rewritten, report = tfz.reinplace(gm, explain=True)
+    (e_in, e_base), (g_in, g_base) = make(), make()
+    assert_trees_match(rewritten(g_in), f(e_in), "outputs")
+    assert torch.equal(g_base, e_base), "the input's storage"
+    return gm, report
+
+
 def test_foreach_result_read_through_as_strided_is_not_written_into_an_input_at_an_offset():
     # Fuzzer program 698889, rule 2: make_fx's graph of x = b[1:, ::2] (its own base, at storage
     # offset 2) reads _foreach_mul's result for x through as_strided(.., offset 0) via a getitem;
@@ -402,12 +414,8 @@ def test_foreach_result_read_through_as_strided_is_not_written_into_an_input_at_
         base = torch.arange(4.0).view(2, 1, 2) + 1
         return base[1:, ::2], base
 
-    gm = make_fx(tfz.functionalize(f))(make()[0])
+    gm, report = _reinplaced_slice_graph(f, make)
     assert aten.as_strided.default in _targets(gm)  # what the rule is about
-    rewritten, report = tfz.reinplace(gm, explain=True)
-    (e_in, e_base), (g_in, g_base) = make(), make()
-    assert_trees_match(rewritten(g_in), f(e_in), "outputs")
-    assert torch.equal(g_base, e_base), "the input's storage"
     assert any("storage coordinates" in line for line in str(report).splitlines()), report
 
 
@@ -428,12 +436,8 @@ def test_result_read_through_as_strided_after_a_scatter_is_not_written_into_an_i
         base = torch.arange(2.0).view(2, 1) + 3
         return base[1:, ::2], base
 
-    gm = make_fx(tfz.functionalize(f))(make()[0])
+    gm, report = _reinplaced_slice_graph(f, make)
     assert aten.as_strided.default in _targets(gm)  # what the rule is about
-    rewritten, report = tfz.reinplace(gm, explain=True)
-    (e_in, e_base), (g_in, g_base) = make(), make()
-    assert_trees_match(rewritten(g_in), f(e_in), "outputs")
-    assert torch.equal(g_base, e_base), "the input's storage"
     assert "storage coordinates" in _decision(report, "fill").rule, report
 
 
@@ -453,11 +457,7 @@ def test_result_written_into_a_scatter_of_an_input_keeps_its_offset():
         base = torch.arange(4.0).view(2, 2) + 2
         return base[1:, ::2], base
 
-    gm = make_fx(tfz.functionalize(f))(make()[0])
-    rewritten, report = tfz.reinplace(gm, explain=True)
-    (e_in, e_base), (g_in, g_base) = make(), make()
-    assert_trees_match(rewritten(g_in), f(e_in), "outputs")
-    assert torch.equal(g_base, e_base), "the input's storage"
+    _, report = _reinplaced_slice_graph(f, make)
     assert "storage coordinates" in _decision(report, "add").rule, report
 
 
