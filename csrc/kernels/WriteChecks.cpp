@@ -16,6 +16,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/strides.h>
 #include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
@@ -218,14 +219,11 @@ bool shares_memory_once_resized(const at::Tensor& out, c10::IntArrayRef sizes,
   }
   MetaComputeGuard guard;
   c10::impl::ExcludeDispatchKeyGuard untraced(layer_hidden_keys());
-  const at::Tensor resized = at::empty(sizes, out.options().device(c10::kMeta));
-  const auto strides = resized.strides();
-  const auto nbytes =
-      at::detail::computeStorageNbytes(sizes, strides, out.itemsize(), out.storage_offset());
-  const at::Tensor room =
-      at::empty({static_cast<int64_t>(nbytes)}, out.options().dtype(c10::kByte).device(c10::kMeta));
+  const auto strides = c10::contiguous_strides(sizes);
+  const auto elements = at::detail::computeStorageNbytes(sizes, strides, 1, out.storage_offset());
   const at::Tensor covered =
-      room.view(out.scalar_type()).as_strided(sizes, strides, out.storage_offset());
+      at::empty({static_cast<int64_t>(elements)}, out.options().device(c10::kMeta))
+          .as_strided(sizes, strides, out.storage_offset());
   return spans_and_elements_overlap(covered, meta_twin(read));
 }
 

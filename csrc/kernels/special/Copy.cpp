@@ -19,7 +19,7 @@ namespace tfz::detail {
 // both modes report eager's geometry, so the test reads the wrappers.
 // Without views a wrapper's bits are those of its *_copy value, so eager's are the parity of the
 // bit-flipping steps in its view chain (x.conj().copy_(x) writes). Both wrappers are synced
-// first: a written view reports its new value's geometry until then. Any other copy_ goes the
+// first, so that both geometries are read against the same base. Any other copy_ goes the
 // mutation path (kernels/MutationKernels.cpp), and copy_'s other details live where their rules
 // are: the functional copy's clone of a storage of partial elements (kernels/WriteChecks.cpp) and
 // copy_ as an op that overwrites every element of a bool view (kernels/BoolViewWrites.cpp).
@@ -39,9 +39,10 @@ bool copies_onto_itself(const at::Tensor& self, const at::Tensor& src) {
       src.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
     return false;
   }
-  // A view written since its last sync reports its fresh value's geometry until it syncs
-  // (v1.tril_(1) of a chunk left v1 at offset 0 like its sibling v0, and v1.copy_(v0) was
-  // dropped as a copy onto itself).
+  // A wrapper not synced since its base was rewritten reports its geometry over the old base: a
+  // chunk v0 of an input that keeps its own base still at the caller's offset 1 while its written
+  // sibling v1 reports offset 1 over the new base (which counts from the input's first element),
+  // so v1.copy_(v0) looked like a copy onto itself.
   a->sync_();
   b->sync_();
   return self.storage_offset() == src.storage_offset() && self.sizes() == src.sizes() &&
