@@ -143,13 +143,15 @@ void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensor
 // sparse tensor's shallow copy holds its own indices and values, an inference tensor keeps eager's
 // error, a torch.func or subclass wrapper has no .data to give, and a recorded epilogue speaks of
 // the placeholder itself: those are written as they are.
-at::Tensor unversioned(const at::Tensor& t) {
+bool has_data_of_its_own(const at::Tensor& t) {
   static const auto wrapped_keys =
       c10::python_ks | c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
                                             c10::DispatchKey::FuncTorchGradWrapper});
-  const bool through_data = !calls_may_be_traced() && t.layout() == c10::kStrided &&
-                            !t.is_inference() && !t.key_set().has_any(wrapped_keys);
-  return through_data ? t.variable_data() : t;
+  return !calls_may_be_traced() && t.layout() == c10::kStrided && !t.is_inference() &&
+         !t.key_set().has_any(wrapped_keys);
+}
+at::Tensor unversioned(const at::Tensor& t) {
+  return has_data_of_its_own(t) ? t.variable_data() : t;
 }
 
 // A write of `value` into input `original` records no history: neither requires grad.
@@ -500,16 +502,22 @@ int covering_member(const std::vector<at::Tensor>& originals, c10::ArrayRef<size
 // count once more than eager, and a call that raises would leave versions bumped for writes
 // that never reached the input).
 // Note [Inputs: an input given other data]
-// `x.data = y` inside f (torch.nn.utils.vector_to_parameters, weight averaging) moves x's wrapper
-// into y's alias storage (Note [Wrapper: x.data = y keeps x's autograd identity]); eager's caller
-// then holds a tensor with y's data. The storage x's wrapper now lives in is not the caller's, and
-// may never have been written, so the per-storage write-back below would skip x: it is written
-// on its own, with its final value (resized to y's sizes where they differ, as its metadata then
-// is). The caller's x keeps its own memory, where eager's would share y's: the values are
-// eager's, the aliasing with y (a value made inside f) is not observable outside f unless f
-// returns y. Rejected: set_ of the caller's tensor onto the final value's storage (a graph
-// cannot express handing its internal buffer to the caller, and x would then alias memory the
-// function's outputs also hold).
+// `x.data = y` or x.set_(y) inside f on an input x (torch.nn.utils.vector_to_parameters, weight
+// averaging, parametrize) moves x's wrapper into y's alias storage
+// (Note [Wrapper: x.data = y keeps x's autograd identity]). Eager's caller then holds x with y's
+// memory, geometry and dtype, and x's old memory, which a buffer x views still shows, keeps its
+// values. Untraced, the caller's x is given the final value's memory as eager's `x.data =` gives
+// it (set_data): x keeps its autograd identity and version counter, and shares memory with what
+// f returns of y, as in eager. A graph cannot hand its internal buffer to the caller, nor change
+// its input's dtype or device, so under a tracer or capture the caller's x is resized to the
+// wrapper's sizes (its strides where they are dense, no version bump) and written in its own
+// memory. That is eager's only where nothing else views that memory: the traced input must span
+// its whole storage and keep its dtype and device (else refused by name), and make_fx's graph
+// checks that layout before it writes (capture's guards check every input's storage). Rejected:
+// writing x's own memory untraced too (what was done first: a buffer x views, such as a flat
+// parameter buffer whose slices are the parameters, silently took y's values, and a float64 y
+// was written into a float32 x), and set_ in a graph (every replay would hand the caller memory
+// the graph's next replay overwrites).
 namespace {
 bool moved_to_other_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
   // Only after x.data = y, and not where y lives in x's own memory. (An input that is itself a
@@ -518,6 +526,61 @@ bool moved_to_other_data(const at::Tensor& original, const FunctionalTensorImpl&
   return impl.data_replaced() && original.unsafeGetTensorImpl()->has_storage() &&
          maybe_get_impl(original) == nullptr && !storage.flat() && !storage.bytes() &&
          !storage.in_caller_storage(original);
+}
+
+void give_other_data(const at::Tensor& original, const at::Tensor& wrapper) {
+  const auto& impl = *unsafe_get_impl(wrapper);
+  if (original.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    return write_data(original, impl);  // nothing specialized on a concrete layout
+  }
+  // Eager's geometry is the wrapper's: without views its value may be laid out otherwise.
+  const bool dense = wrapper.layout() == c10::kStrided && wrapper.is_non_overlapping_and_dense();
+  const at::Tensor& value = impl.value();
+  if (has_data_of_its_own(original) && value.layout() == original.layout() &&
+      original.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(value.key_set())) {
+    // Eager's own `x.data = value`: x's autograd metadata and version counter stay.
+    at::Tensor data;
+    {
+      c10::AutoGradMode no_grad(false);
+      data =
+          dense && same_sizes_other_strides(wrapper, value)
+              ? restrided_copy(
+                    at::empty_strided(wrapper.sizes(), wrapper.strides(), value.options()), value)
+              : value.detach();
+    }
+    original.set_data(data);
+    return;
+  }
+  const std::string what = "input given other data (x.data = y or x.set_(y) inside the function)";
+  const bool owns_its_memory =
+      original.layout() == c10::kStrided && original.has_storage() &&
+      (original.numel() == 0 ? original.storage().nbytes() == 0 : is_whole_storage(original));
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      owns_its_memory, "functionalize: an ", what,
+      " is not supported under a tracer or capture when the input does not span its whole "
+      "storage (a view of a larger buffer): eager's x leaves that buffer as it was and takes "
+      "other memory, which a graph cannot hand to the caller. Pass a tensor that owns its "
+      "memory (x.clone()), or call the function without tracing.");
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      original.dtype() == wrapper.dtype() && original.device() == wrapper.device(),
+      "functionalize: an ", what, " of another dtype or device (", original.dtype(), " on ",
+      original.device(), " given ", wrapper.dtype(), " on ", wrapper.device(),
+      ") is not supported under a tracer or capture: eager's x changes dtype or device, which no "
+      "op of a graph does to its input. Return the converted tensor instead, or call the "
+      "function without tracing.");
+  if (traced_without_guards()) record_layout_guard(original, what);
+  const bool resized = original.sizes() != wrapper.sizes();
+  const bool restrided = dense && original.strides() != wrapper.strides();
+  if (resized || restrided) {
+    // Eager's `x.data =` bumps no version; set_ bumped the wrapper's (brought over below).
+    at::AutoDispatchBelowADInplaceOrView uncounted;
+    if (resized) original.resize_(wrapper.sizes());
+    if (dense && original.strides() != wrapper.strides()) {
+      original.as_strided_(wrapper.sizes(), wrapper.strides(), 0);
+    }
+  }
+  write_data(original, impl);
 }
 }  // namespace
 
@@ -623,7 +686,7 @@ void write_back_inputs(const std::vector<at::Tensor>& originals,
       if (final_written.count(i) == 0) write_data(originals[i], *unsafe_get_impl(wrappers[i]));
     }
   }
-  for (size_t i : moved) write_data(originals[i], *unsafe_get_impl(wrappers[i]));
+  for (size_t i : moved) give_other_data(originals[i], wrappers[i]);
   // See Note [Inputs: version counters].
   for (size_t i = 0; i < wrappers.size(); ++i) {
     const at::Tensor& original = originals[i];

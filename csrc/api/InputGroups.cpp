@@ -348,6 +348,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
     const at::Tensor& t = inputs[i];
     if (!t.defined() || maybe_get_impl(t) != nullptr) continue;
     auto* impl = unsafe_get_impl(out[i]);
+    impl->mark_input();
     if (t.unsafeGetTensorImpl()->has_storage()) {
       impl->alias_storage().mark_caller_storage(t.storage().unsafeGetStorageImpl());
     }

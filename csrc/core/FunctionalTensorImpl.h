@@ -129,6 +129,13 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   /// This wrapper is an input of a flat storage (Note [Inputs: aliased inputs]): the steps its
   /// resize_ / as_strided_ give it count as a member's.
   void mark_flat_member() { flat_member_ = true; }
+  /// This wrapper stands for one of the function's inputs (wrap_inputs marks it; its shallow
+  /// copies and views do not stand for it).
+  void mark_input() { input_ = true; }
+  bool is_input() const { return input_; }
+  /// Whether giving this input `other`'s data would move it within its own memory to another
+  /// geometry, which the epilogue does not replay (Note [Inputs: an input given other data]).
+  bool moves_within_its_memory(const FunctionalTensorImpl& other) const;
 
   // TensorImpl overrides.
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
@@ -168,6 +175,7 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   bool data_replaced_ = false;
   bool chain_is_resize_ = false;
   bool flat_member_ = false;  // an input of a flat storage (see mark_flat_member)
+  bool input_ = false;        // see mark_input
   // Grad mode when this view was taken: its chain replays under it (see sync_).
   bool replays_with_grad_ = true;
   // torch's owning pointer to an autograd Node: std::shared_ptr up to torch 2.11,

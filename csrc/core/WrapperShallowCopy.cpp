@@ -67,12 +67,24 @@ c10::intrusive_ptr<c10::TensorImpl> FunctionalTensorImpl::shallow_copy_and_detac
 // the same edge and backward accumulates into the same leaf. Rejected: taking y's autograd state
 // along with its value (x would stop requiring grad: "element 0 of tensors does not require
 // grad" at the next backward, where eager trains on).
+bool FunctionalTensorImpl::moves_within_its_memory(const FunctionalTensorImpl& other) const {
+  return input_ && other.storage_.unsafeGetStorageImpl() == storage_.unsafeGetStorageImpl() &&
+         (other.sym_sizes() != sym_sizes() || other.sym_strides() != sym_strides() ||
+          other.sym_storage_offset() != sym_storage_offset());
+}
+
 void FunctionalTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
   auto* other = dynamic_cast<FunctionalTensorImpl*>(impl.get());
   TORCH_CHECK(other != nullptr,
               "functionalize: cannot shallow-copy a plain tensor into a functional tensor "
               "(tensor.data = ... mixing plain and functional tensors)");
   other->sync_();  // a write through a view of it may be pending (y.diagonal().fill_(1))
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !moves_within_its_memory(*other),
+      "functionalize: `x.data = y` of an input x onto a tensor y in x's own memory with other "
+      "sizes, strides or offset (x.data = x[1:], or y another input viewing the same storage) is "
+      "not supported: the caller's x would take y's geometry in its storage, which the epilogue "
+      "does not replay. Assign a copy (y.clone()) or slice the input outside the function.");
   // A requires_grad_() not yet adopted (torch.zeros(3, requires_grad=True), nn.Parameter(t)):
   // the value must be the leaf before it is replaced, or the leaf stops requiring grad.
   sync_requires_grad_();

@@ -313,3 +313,31 @@ def test_saved_tensor_hooks_pushed_outside_f_keep_their_identity():
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         assert torch._C._autograd._top_saved_tensors_default_hooks(True) == (pack, unpack)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "under a tracer without views, autograd runs on the inner values, whose *_copy results are "
+    "contiguous: mm's backward reads w.t()'s strides as row-major and takes the other product "
+    "order, so the gradient of w reports strides (1, 3) where eager's are (4, 1) (and "
+    "parameters_to_vector's .view(-1) of it raises)"))
+@pytest.mark.parametrize("tracer", ["make_fx", "capture"])
+def test_gradient_through_a_transposed_operand_has_eager_strides_in_graphs_without_views(tracer):
+    def f(w, x):
+        (gw,) = torch.autograd.grad((x @ w.t()).square().sum(), (w,))
+        return gw, gw.stride()
+
+    w, x = torch.randn(3, 4, requires_grad=True), torch.ones(2, 4)
+    expected = f(w, x)[1]
+    assert functionalize(f, remove="mutations_and_views")(w, x)[1] == expected  # untraced: eager's
+    strides = []
+
+    def record(w, x):
+        gw, stride = f(w, x)
+        strides.append(stride)
+        return gw
+
+    if tracer == "make_fx":
+        make_fx(functionalize(record, remove="mutations_and_views"))(w, x)
+    else:
+        torch_functionalize.capture(record, w, x, remove="mutations_and_views")
+    assert strides[-1] == expected

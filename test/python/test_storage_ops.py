@@ -1,5 +1,6 @@
-"""Ops that change a tensor's storage: resize_ (Note [Kernel: resize_]) and set_ (refused, Note
-[Kernel: set_]), compared with eager or checked for their error.
+"""Ops that change a tensor's storage: resize_ (Note [Kernel: resize_]) and set_ (Note [Kernel:
+set_]: served onto tensors of the function, inputs included, refused otherwise), compared with
+eager or checked for their error.
 """
 
 import itertools
@@ -215,7 +216,6 @@ def test_resize_unsupported_raises_not_implemented_naming_op(name, op, message, 
 
 
 SET_CASES = [
-    ("source_tensor", lambda x, y: x.set_(y)),
     ("source_storage", lambda x, y: x.set_(y.untyped_storage())),
     ("source_storage_offset", lambda x, y: x.set_(y.untyped_storage(), 1, (2,), (1,))),
     ("no_source", lambda x, y: x.set_()),
@@ -268,6 +268,69 @@ def _old_view_after_set(x, y):
 @pytest.mark.parametrize("name", sorted(SET_ONTO_TENSOR))
 def test_set_of_a_tensor_made_inside_onto_another_matches_eager(name, remove):
     assert_matches_eager(SET_ONTO_TENSOR[name], torch.randn(3), torch.randn(4), remove=remove)
+
+
+# An input set_ onto another tensor of f ends with that tensor's values and geometry, as eager's;
+# a view of an input set_ elsewhere leaves the input as it was
+# (Note [Inputs: an input given other data]).
+SET_OF_INPUT = {
+    "onto_an_intermediate_then_written": lambda x, y: x.set_(y * 2).add_(1) * 1,
+    "onto_a_transposed_intermediate": lambda x, y: x.set_((y * 2).view(2, 2).t()) + 0,
+    "onto_the_other_input_then_written": lambda x, y: x.set_(y).mul_(3) + y,
+    "source_written_after": lambda x, y: _set_input_then_write_source(x, y),
+    "view_of_the_input_set_elsewhere": lambda x, y: (x[1:].set_(y * 2).add_(1), x.add_(2)),
+}
+
+
+def _set_input_then_write_source(x, y):
+    w = y * 1
+    x.set_(w)
+    w.add_(5)
+    return x + 0, w
+
+
+@pytest.mark.parametrize("name", sorted(SET_OF_INPUT))
+def test_set_of_an_input_onto_another_tensor_matches_eager(name, remove):
+    assert_matches_eager(SET_OF_INPUT[name], torch.randn(3), torch.randn(4), remove=remove)
+
+
+@pytest.mark.parametrize("name", sorted(SET_OF_INPUT))
+def test_set_of_an_input_viewing_a_buffer_leaves_the_buffer_as_eager(name, remove):
+    # Eager's x takes other memory and the buffer x viewed keeps its values (checked as the
+    # inputs' base). Under a tracer or capture such an input is refused by name: a graph cannot
+    # give the caller's x other memory.
+    def make_inputs():
+        return torch.arange(10.0)[1:4], torch.arange(4.0) - 2
+
+    assert_matches_eager(SET_OF_INPUT[name], make_inputs=make_inputs, remove=remove,
+                         check_graph=False)
+    if name != "view_of_the_input_set_elsewhere":
+        with pytest.raises(NotImplementedError, match="does not span its whole storage"):
+            capture(SET_OF_INPUT[name], *make_inputs(), remove=remove)
+
+
+def test_set_of_an_input_onto_a_tensor_in_its_own_memory_is_refused_by_name(remove):
+    # Eager's x would take y's geometry in the storage both view, which no epilogue replays.
+    def f(x, y):
+        x.set_(y)
+        return x * 1
+
+    buffer = torch.arange(10.0)
+    with pytest.raises(NotImplementedError, match=r"aten::set_.source_Tensor: .*outside its memory"):
+        functionalize(f, remove=remove)(buffer[1:4], buffer[5:9])
+    assert torch.equal(buffer, torch.arange(10.0))
+
+
+def test_graph_of_an_input_set_elsewhere_refuses_an_input_viewing_a_buffer(remove):
+    # Traced with an input that owns its memory, the graph writes that memory: it checks the
+    # layout first, so a view of a larger buffer is refused at replay, not written.
+    f = SET_OF_INPUT["onto_an_intermediate_then_written"]
+    gm = make_fx(functionalize(f, remove=remove))(torch.randn(3), torch.randn(4))
+    buffer = torch.randn(10)
+    before = buffer.clone()
+    with pytest.raises(RuntimeError, match="input given other data"):
+        gm(buffer[1:4], torch.randn(4))
+    assert torch.equal(buffer, before)
 
 
 @pytest.mark.parametrize("remove", ["mutations", "mutations_and_views"])

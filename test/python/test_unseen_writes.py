@@ -7,9 +7,9 @@ import torch
 import torch.nn.utils.parametrize
 import torch.nn.utils.prune
 
-from torch_functionalize import functionalize
+from torch_functionalize import capture, functionalize
 from torch_functionalize.testing._internal.reference import (
-    REMOVE_MODES, assert_client_matches_eager,
+    REMOVE_MODES, assert_client_matches_eager, assert_matches_eager,
 )
 
 
@@ -349,3 +349,86 @@ def _data_write_of_a_saved_leaf(w, x):
 def test_data_write_of_a_saved_tensor_is_seen_by_the_backward_as_in_eager(remove):
     assert_client_matches_eager(_data_write_of_a_saved_leaf,
                                 lambda: (_leaf(3), torch.randn(3)), remove=remove)
+
+
+# `x.data = y` of an input: the caller's x ends with y's values, sizes and strides, its version
+# and autograd identity unchanged, and memory x viewed keeps its values
+# (Note [Inputs: an input given other data]).
+def _sgd_through_vector_to_parameters(w, b, x):
+    loss = (x @ w + b).square().sum()
+    gw, gb = torch.autograd.grad(loss, (w, b))
+    with torch.no_grad():
+        vec = torch.nn.utils.parameters_to_vector((w, b))
+        grads = torch.nn.utils.parameters_to_vector((gw, gb))
+        torch.nn.utils.vector_to_parameters(vec - 0.1 * grads, (w, b))
+    return loss.detach(), (x @ w + b).detach()
+
+
+def _parameters_viewing_a_flat_buffer():
+    # Flat-parameter optimizers keep every parameter as a view of one buffer.
+    flat = torch.linspace(-1.0, 1.0, 16)
+    return flat[:12].view(4, 3).requires_grad_(), flat[12:15].requires_grad_(), torch.ones(2, 4)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_vector_to_parameters_viewing_a_flat_buffer_leaves_the_buffer_as_eager(remove):
+    # Eager's parameters take the new memory and the buffer keeps its values; before, the
+    # epilogue wrote the new values into the buffer, silently. A graph cannot give the caller's
+    # parameters other memory: capture refuses such inputs by name. Without views the new memory
+    # holds only the parameter's elements, at offset 0 where eager's views the vector at 12.
+    assert_matches_eager(_sgd_through_vector_to_parameters,
+                         make_inputs=_parameters_viewing_a_flat_buffer, remove=remove,
+                         check_graph=False, check_input_strides=remove == "mutations")
+    with pytest.raises(NotImplementedError, match="does not span its whole storage"):
+        capture(_sgd_through_vector_to_parameters, *_parameters_viewing_a_flat_buffer(),
+                remove=remove)
+
+
+def _assign_data(x, y):
+    x.data = y
+    return x * 1
+
+
+DATA_ASSIGNED = {
+    # Eager's x takes y's strides; before, the caller's x kept its own.
+    "transposed": lambda x: _assign_data(x, (x * 2).view(3, 2).t()),
+    # Eager's `x.data =` bumps no version; before, the caller's resize_ bumped one.
+    "of_other_sizes": lambda x: _assign_data(x, x[0] * 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DATA_ASSIGNED))
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_data_assigned_to_an_input_gives_eager_geometry_and_version(name, remove):
+    assert_client_matches_eager(DATA_ASSIGNED[name], lambda: (torch.randn(2, 3),), remove=remove,
+                                graphs=())
+    assert_matches_eager(DATA_ASSIGNED[name], torch.randn(2, 3), remove=remove)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_data_assigned_another_geometry_of_the_input_memory_is_refused_by_name(remove):
+    # The caller's x would take another geometry in its own storage, which the epilogue does not
+    # replay; before, it kept its old one (silently), or torch's overlap error surfaced.
+    buffer = torch.arange(10.0)
+    for f, args in ((lambda x: _assign_data(x, x[1:]), (buffer[1:5],)),
+                    (_assign_data, (buffer[1:4], buffer[5:9]))):
+        with pytest.raises(NotImplementedError, match=r"x.data = y.* in x's own memory"):
+            functionalize(f, remove=remove)(*args)
+        assert torch.equal(buffer, torch.arange(10.0))
+    same = torch.arange(4.0)
+    assert torch.equal(functionalize(lambda x: _assign_data(x, x.detach()), remove=remove)(same),
+                       torch.arange(4.0))
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_data_assigned_another_dtype_converts_the_input_untraced_and_is_refused_in_graphs(remove):
+    # `w.data = w.data.double()`: eager's caller ends with a float64 w. A graph cannot change its
+    # input's dtype; before, it wrote the values into the float32 input, silently.
+    def f(w, x):
+        w.data = w.data.double()
+        return (w * x.double()).sum()
+
+    assert_client_matches_eager(f, lambda: (torch.randn(3), torch.randn(3)), remove=remove,
+                                graphs=())
+    with pytest.raises(NotImplementedError, match="of another dtype or device"):
+        capture(f, torch.randn(3), torch.randn(3), remove=remove)

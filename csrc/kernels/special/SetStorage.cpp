@@ -80,26 +80,22 @@ namespace {
 // and x's old views keep its old storage, as eager's do). torch.nn.utils.parametrize relies on
 // it: register_parametrization calls original.set_(right_inverse(original)) (original.set_(
 // original) without a right inverse), and remove_parametrizations sets the original to the
-// parametrized value. Eager's rules first: the same dtype, and a leaf that requires grad only
-// with grad mode off. Refused: an input x or a view of one (after the call the caller's tensor
-// would share y's storage, which no epilogue gives it; a detached alias of an input such as
-// nn.Parameter(x) is served: parametrizing a module built around an input) or a tensor resized or
-// restrided before, and grad mode on
-// with a tensor that requires grad (set_'s derivative is not served). Rejected: the generic plan
-// with aten::set's functional variant, see Note [Kernel: set_].
+// parametrized value. An input x is served too: the epilogue gives the caller's x the final value
+// as eager's set_ leaves it (Note [Inputs: an input given other data]); a view of an input is a
+// tensor of the function, whose set_ leaves the input as it was. Eager's rules first: the same
+// dtype, and a leaf that requires grad only with grad mode off. Refused: a tensor resized or
+// restrided before (its wrapper's metadata ops are replayed on the caller's tensor), an input set_
+// onto another geometry in its own memory (the caller's tensor would take it in its storage, which
+// no epilogue replays), and grad mode on with a tensor that requires grad (set_'s derivative is
+// not served). Rejected: the generic
+// plan with aten::set's functional variant, see Note [Kernel: set_].
 bool set_onto_functional_tensor(const OpInfo& info, Stack* stack) {
   const at::Tensor self = (stack->end() - 2)->toTensor();
   const at::Tensor source = (stack->end() - 1)->toTensor();
   auto* impl = maybe_get_impl(self);
   auto* from = maybe_get_impl(source);
   if (impl == nullptr || from == nullptr || impl->layer_id() != from->layer_id()) return false;
-  // An input would have to share source's storage after the call, which no epilogue writes; one
-  // resized or restrided before (its storage may be a new one) is refused with it.
-  // A detached alias of an input (nn.Parameter(x), x.detach()) is another tensor: it leaves the
-  // input's storage, as eager's does, and the input keeps its own.
-  const bool input_or_view_of_one =
-      impl->alias_storage().has_caller_storage() && !impl->chain().cuts_history();
-  if (input_or_view_of_one || impl->has_metadata_mutation()) return false;
+  if (impl->has_metadata_mutation() || impl->moves_within_its_memory(*from)) return false;
   TORCH_CHECK(self.dtype() == source.dtype(), "Could not set tensor of type ", source.dtype(),
               " to a tensor of type ", self.dtype());
   const bool grad = c10::GradMode::is_enabled();
@@ -200,8 +196,9 @@ void set_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
   if (num_args == 2 && (stack->end() - 1)->isTensor()) {
     TORCH_CHECK_NOT_IMPLEMENTED(set_onto_functional_tensor(info, stack),
                                 "functionalize: ", info.name, ": ", kSetRefusal,
-                                " (supported: a tensor of the function other than an input or a "
-                                "view of one, set_ onto another tensor of the function).");
+                                " (supported: set_ onto another tensor of the function, of a "
+                                "tensor whose sizes or strides no op changed before, and for an "
+                                "input onto a tensor outside its memory or of its own geometry).");
     return;
   }
   if (set_onto_functional_storage(info, op, stack, layer)) return;
