@@ -8,6 +8,7 @@
 #include "core/DispatchKey.h"
 #include "core/Layout.h"
 #include "core/Recorder.h"
+#include "kernels/CallRoute.h"
 #include "kernels/Subclasses.h"
 #include "kernels/WatchedDraws.h"
 
@@ -139,6 +140,49 @@ void read_traced_saved_outputs(torch::jit::Stack* stack, size_t num_args) {
   }
 }
 
+namespace {
+// The Plain and PlainUntraced routes: an op none of whose arguments is a wrapper of ours.
+void run_on_plain_tensors(const KernelPlan& plan, const c10::OperatorHandle& op,
+                          torch::jit::Stack* stack, Layer* layer, Route route) {
+  const OpInfo& info = plan.info;
+  const size_t num_args = op.schema().arguments().size();
+  if (layer != nullptr && !layer->reapply_views && info.kind == OpKind::View &&
+      !info.wraps_plain_outputs) {  // lift_fresh wraps, below
+    if (C10_UNLIKELY(ops_are_recorded())) read_traced_saved_outputs(stack, num_args);
+    lift_captured_self(op, stack, *layer);
+    return view_kernel(info, op, stack, *layer);
+  }
+  if (route == Route::PlainUntraced) {
+    // Below our keys with Python still hidden. See Note [Layer: torch's untraced regions].
+    MetaComputeGuard guard;
+    return op.callBoxed(stack);
+  }
+  if (plan.special != nullptr && plan.special->handle == &collective_kernel) {
+    check_plain_collective(op);  // See Note [Collectives: captured tensors]
+  }
+  const bool wrap = layer != nullptr && info.wraps_plain_outputs;
+  if (C10_UNLIKELY(layer != nullptr && ops_are_recorded())) {
+    // See Note [Autograd: formula temporaries written in place].
+    if (info.kind == OpKind::Mutable && write_formula_temporary(info, op, stack)) return;
+    read_traced_saved_outputs(stack, num_args);
+  }
+  {
+    InnerCallGuard guard;
+    op.callBoxed(stack);
+  }
+  if (wrap) {
+    wrap_outputs(stack, op.schema().returns().size(), layer->id);
+  } else if (C10_UNLIKELY(layer != nullptr && ops_are_recorded())) {
+    // See Note [Autograd: saved outputs under a tracer], the create_graph case.
+    const size_t num_returns = op.schema().returns().size();
+    for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end();
+         ++it) {
+      for_each_tensor(*it, note_traced_plain_output);
+    }
+  }
+}
+}  // namespace
+
 // Note [Kernel: efficient zero tensors]
 // Forward-mode AD gives an undefined tangent as an efficient zero tensor (_efficientzerotensor: no
 // storage, the ZeroTensor bit), and torch's ZeroTensor kernels, below our key, implement ops on
@@ -164,14 +208,10 @@ void read_traced_saved_outputs(torch::jit::Stack* stack, size_t num_args) {
 // (the run without a tracer would still differ from the traced one).
 void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                       torch::jit::Stack* stack) {
-  // A torch.func transform pushed inside the layer is processing this op: it is autograd's, not
-  // ours (Note [Functorch: torch.func transforms]).
-  if (C10_UNLIKELY(functorch_processing())) return call_autograd_kernel(op, ks, stack);
-  const OpInfo& info = plan.info;
-  const size_t num_args = op.schema().arguments().size();
+  // See Note [Kernel: one route into every call] for the order of the routes below.
   Layer* layer = current_layer();
-  // See Note [Layer: tracers started inside].
-  if (C10_UNLIKELY(tracer_started_inside(layer))) {
+  if (const auto early = route_before_scan(layer)) {
+    if (*early == Route::Autograd) return call_autograd_kernel(op, ks, stack);
     PythonUnhiddenGuard unhidden;  // the tracer's dispatch needs the Python key enabled
     // Through PythonTLSSnapshot, which records the TLS the Python key's fallback asserts on in
     // torch 2.11 ("tls_on_entry.has_value()"), as every op reaching the Python key from below it.
@@ -179,73 +219,36 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
         c10::DispatchKeySet({c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::Python}),
         stack);
   }
+  const OpInfo& info = plan.info;
+  const size_t num_args = op.schema().arguments().size();
   // See Note [Graphs: generator state set outside the dispatcher] (generator_watch.py).
   std::optional<WatchedDraw> watched;
   if (C10_UNLIKELY(info.seeded) && layer != nullptr) watched.emplace(info, op, *stack);
-  const int64_t layer_id = layer != nullptr ? layer->id : 0;
   if (C10_UNLIKELY(lifts_closures(layer) && !layer->substitutes.empty())) {
     substitute_closures(*layer, stack, num_args);
   }
-  // One pass over the arguments: are any ours, and are they all of the current layer?
-  bool any_functional = false;
-  bool any_subclass = false;
+  ArgScan scan(layer);
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end(); ++it) {
-    for_each_tensor(*it, [&](const at::Tensor& t) {
-      auto* impl = maybe_get_impl(t);
-      if (impl == nullptr) {
-        any_subclass = any_subclass || (layer != nullptr && is_wrapper_subclass(t));
-        return;
-      }
-      any_functional = true;
-      if (layer == nullptr || impl->layer_id() != layer_id) {
-        report_foreign_wrapper(info.name, *impl, layer);
-      }
-    });
+    for_each_tensor(*it, [&](const at::Tensor& t) { scan.scan(t); });
   }
-  if (any_subclass) {  // See Note [Kernel: wrapper subclasses]
-    SubclassCallGuard guard;
-    return op.redispatchBoxed(subclass_dispatch_keys(ks), stack);
-  }
-  if (!any_functional && layer != nullptr && !layer->reapply_views && info.kind == OpKind::View &&
-      !info.wraps_plain_outputs) {  // lift_fresh wraps, below
-    if (C10_UNLIKELY(ops_are_recorded())) read_traced_saved_outputs(stack, num_args);
-    lift_captured_self(op, stack, *layer);
-    return view_kernel(info, op, stack, *layer);
-  }
-  if (!any_functional && layer != nullptr && in_untraced_region(*layer)) {
-    // Below our keys with Python still hidden. See Note [Layer: torch's untraced regions].
-    MetaComputeGuard guard;
-    return op.callBoxed(stack);
-  }
-  if (!any_functional) {
-    if (plan.special != nullptr && plan.special->handle == &collective_kernel) {
-      check_plain_collective(op);  // See Note [Collectives: captured tensors]
+  const Route route = route_after_scan(scan, ks, layer, info.name, info.kind == OpKind::View);
+  switch (route) {
+    case Route::LiftClosure:
+      // A closure not substituted above: noted for the caller's retry with it lifted.
+      report_foreign_wrapper(info.name, *scan.foreign(), layer);
+    case Route::Subclass: {  // See Note [Kernel: wrapper subclasses]
+      SubclassCallGuard guard;
+      return op.redispatchBoxed(subclass_dispatch_keys(ks), stack);
     }
-    const bool wrap = layer != nullptr && info.wraps_plain_outputs;
-    if (C10_UNLIKELY(layer != nullptr && ops_are_recorded())) {
-      // See Note [Autograd: formula temporaries written in place].
-      if (info.kind == OpKind::Mutable && write_formula_temporary(info, op, stack)) return;
-      read_traced_saved_outputs(stack, num_args);
-    }
-    {
-      InnerCallGuard guard;
-      op.callBoxed(stack);
-    }
-    if (wrap) {
-      wrap_outputs(stack, op.schema().returns().size(), layer_id);
-    } else if (C10_UNLIKELY(layer != nullptr && ops_are_recorded())) {
-      // See Note [Autograd: saved outputs under a tracer], the create_graph case.
-      const size_t num_returns = op.schema().returns().size();
-      for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end();
-           ++it) {
-        for_each_tensor(*it, note_traced_plain_output);
-      }
-    }
-    return;
-  }
-  // Note [Kernel: efficient zero tensors]; view ops excepted (see there).
-  if (C10_UNLIKELY(ks.has(c10::DispatchKey::ZeroTensor)) && info.kind != OpKind::View) {
-    return op.redispatchBoxed(zero_tensor_keys(), stack);
+    case Route::ZeroTensor:  // See Note [Kernel: efficient zero tensors].
+      return op.redispatchBoxed(zero_tensor_keys(), stack);
+    case Route::Plain:
+    case Route::PlainUntraced:
+      return run_on_plain_tensors(plan, op, stack, layer, route);
+    case Route::Wrappers:
+    case Route::Autograd:  // (these two were decided before the scan)
+    case Route::TracerInside:
+      break;
   }
   // A functional value written into a plain temporary of a backward formula.
   // See Note [Autograd: formula temporaries written in place].

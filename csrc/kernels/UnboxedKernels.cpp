@@ -2,6 +2,7 @@
 // ops of a training step, and the in-place / out= twins of the pointwise ones). Each does what
 // the boxed kernel does for its op, without boxing arguments into a stack. Which ops get one is
 // decided at registration from the op's classification. See Note [Kernel: unboxed fast path].
+#include "kernels/CallRoute.h"
 #include "kernels/CallerMemoryWrites.h"
 #include "kernels/Registration.h"
 #include "kernels/Subclasses.h"
@@ -32,15 +33,16 @@ namespace tfz::detail {
 // (benchmarks/README.md, "Where the per-op time goes").
 // So for a fixed list of frequent ops we register a kernel that takes the op's C++ signature
 // directly (from the generated at::_ops::<op>::schema) and does, argument by argument, what the
-// boxed kernel does over the stack:
-//   Functional (Unboxed):  wrapper args are checked for their layer (else the escaped-wrapper
-//       error), synced and passed as their inner value; a result that *is* an argument's inner
-//       value returns that argument's wrapper, any other defined result becomes a fresh base
-//       wrapper.
+// boxed kernel does over the stack. Both first take the same route
+// (Note [Kernel: one route into every call]); on the Wrappers route:
+//   Functional (Unboxed):  wrapper args are synced and passed as their inner value; a result
+//       that *is* an argument's inner value returns that argument's wrapper, any other defined
+//       result becomes a fresh base wrapper.
 //   In-place / out= (UnboxedMutable): the written argument must be a wrapper without internal
 //       overlap; the functional variant runs on the inner values; eager's shape and dtype rules
 //       are checked; the written wrapper gets the new value (write_back) and is returned.
-//   No wrapper among the arguments: the op runs as is under InnerCallGuard (pass-through).
+// The rarer routes and cases (a tracer started inside, closures to lift, a write the boxed
+// kernel serves otherwise) go to the boxed kernel with the same arguments.
 // Registration.cpp installs a listed op's unboxed kernel only where its KernelPlan is exactly the
 // plan the kernel implements (`matches`): no special row (Note [Kernel: special ops]) and either
 // plain Functional, or Mutable with that functional variant, its arguments in the same order, and
@@ -70,38 +72,21 @@ constexpr bool is_tensor_list_v =
     std::is_same_v<Bare<T>, at::ITensorListRef> || std::is_same_v<Bare<T>, at::TensorList> ||
     std::is_same_v<Bare<T>, c10::List<std::optional<at::Tensor>>>;
 
-// One call's view of its tensor arguments: the layer check, then unwrapping, remembering which
-// inner value came from which wrapper (for results that are an argument itself).
+// One call's view of its tensor arguments: the scan that decides its route, then unwrapping,
+// remembering which inner value came from which wrapper (for results that are an argument itself).
 template <size_t MaxTensors>
 class Call {
  public:
-  explicit Call(Layer* layer) : layer_(layer) {}
+  explicit Call(Layer* layer) : layer_(layer), scan_(layer) {}
 
-  void scan(const at::Tensor& t) {
-    auto* impl = maybe_get_impl(t);
-    if (impl == nullptr) {
-      subclass_ = subclass_ || (layer_ != nullptr && is_wrapper_subclass(t));
-      return;
-    }
-    any_ = true;
-    reference_ = reference_ || impl->has_reference_metadata();
-    if (foreign_ == nullptr && (layer_ == nullptr || impl->layer_id() != layer_->id)) {
-      foreign_ = impl;
-    }
-  }
+  void scan(const at::Tensor& t) { scan_.scan(t); }
   void scan(const std::optional<at::Tensor>& t) {
-    if (t.has_value()) scan(*t);
+    if (t.has_value()) scan_.scan(*t);
   }
   template <class T, std::enable_if_t<!is_tensor_v<T> && !is_optional_tensor_v<T>, int> = 0>
   void scan(const T& /*not a tensor*/) {}
 
-  bool any() const { return any_; }
-  /// Some wrapper reports other metadata than its value's (without views): the caller checks
-  /// Note [Strides: what eager gives], case "op results".
-  bool reference() const { return reference_; }
-  /// A wrapper subclass is among the arguments (Note [Kernel: wrapper subclasses]).
-  bool subclass() const { return subclass_; }
-  const FunctionalTensorImpl* foreign() const { return foreign_; }
+  const ArgScan& scanned() const { return scan_; }
 
   const at::Tensor& unwrap(const at::Tensor& t) {
     auto* impl = maybe_get_impl(t);
@@ -152,10 +137,7 @@ class Call {
     const at::Tensor* wrapper;
   };
   Layer* layer_;
-  bool any_ = false;
-  bool reference_ = false;
-  bool subclass_ = false;
-  const FunctionalTensorImpl* foreign_ = nullptr;
+  ArgScan scan_;
   std::array<Seen, MaxTensors> seen_{};
   size_t count_ = 0;
   std::array<at::Tensor, MaxTensors> held_;  // traced tensors handed out in place of plain ones
@@ -222,50 +204,61 @@ struct Unboxed<Op, Ret(Args...)> {
   static_assert(kTensors > 0, "factories stay on the boxed kernel (their outputs are wrapped)");
 
   static Ret call(c10::DispatchKeySet ks, Args... args) {
-    if (C10_UNLIKELY(functorch_processing())) {  // See run_boxed_kernel.
-      return Op::redispatch(autograd_delegate_keys(ks), args...);
+    // See Note [Kernel: one route into every call].
+    Layer* layer = current_layer();
+    if (const auto early = route_before_scan(layer)) {
+      if (*early == Route::Autograd) return Op::redispatch(autograd_delegate_keys(ks), args...);
+      return from_boxed_kernel(ks, args...);
     }
-    if (C10_UNLIKELY(tracer_started_inside(current_layer()))) {  // See run_boxed_kernel.
-      torch::jit::Stack stack = run_on_boxed_kernel<Op>(ks, args...);
-      return c10::impl::PopResult<Ret>::call(stack);
-    }
-    Call<kTensors> call(current_layer());
+    Call<kTensors> call(layer);
     (call.scan(args), ...);
-    if (call.foreign() != nullptr) {
-      if (lifts_closures(current_layer())) {  // See Note [Control flow: closures]
-        torch::jit::Stack stack = run_on_boxed_kernel<Op>(ks, args...);
-        return c10::impl::PopResult<Ret>::call(stack);
+    switch (route_after_scan(call.scanned(), ks, layer, name(), /*is_view=*/false)) {
+      case Route::Subclass: {
+        SubclassCallGuard guard;
+        return Op::redispatch(subclass_dispatch_keys(ks), args...);
       }
-      report_foreign_wrapper(c10::toString(c10::OperatorName(Op::name, Op::overload_name)),
-                             *call.foreign(), current_layer());
+      case Route::ZeroTensor:
+        return Op::redispatch(zero_tensor_keys(), args...);
+      case Route::PlainUntraced: {
+        MetaComputeGuard guard;
+        return Op::call(args...);
+      }
+      case Route::Plain: {
+        InnerCallGuard guard;
+        // See the boxed kernel: saved tensors under a tracer read as the traced ones, and results
+        // are noted (Note [Autograd: saved outputs under a tracer], the create_graph case).
+        if (C10_UNLIKELY(ops_are_recorded())) {
+          Ret out = Op::call(call.unwrap(args)...);
+          note_plain_results(out);
+          return out;
+        }
+        return Op::call(args...);
+      }
+      case Route::Wrappers:
+        break;
+      case Route::Autograd:
+      case Route::TracerInside:
+      case Route::LiftClosure:
+        return from_boxed_kernel(ks, args...);
     }
-    if (C10_UNLIKELY(call.subclass())) {
-      SubclassCallGuard guard;
-      return Op::redispatch(subclass_dispatch_keys(ks), args...);
-    }
-    if (C10_UNLIKELY(call.any() && ks.has(c10::DispatchKey::ZeroTensor))) {
-      return Op::redispatch(zero_tensor_keys(), args...);  // See run_boxed_kernel.
-    }
-    if (C10_UNLIKELY(call.reference()) && !current_layer()->reapply_views &&
+    if (C10_UNLIKELY(call.scanned().reference()) && !layer->reapply_views &&
         (reports_eager_strides_of_results(as_ivalue(args)) || ...)) {
       // The boxed kernel runs the meta replay this needs; calls without such an argument pay one
       // flag read per wrapper (in scan). See Note [Strides: what eager gives], case "op results".
-      torch::jit::Stack stack = run_on_boxed_kernel<Op>(ks, args...);
-      return c10::impl::PopResult<Ret>::call(stack);
+      return from_boxed_kernel(ks, args...);
     }
     InnerCallGuard guard;
-    if (!call.any()) {
-      // See the boxed kernel: saved tensors under a tracer read as the traced ones, and results
-      // are noted (Note [Autograd: saved outputs under a tracer], the create_graph case).
-      if (C10_UNLIKELY(ops_are_recorded())) {
-        Ret out = Op::call(call.unwrap(args)...);
-        note_plain_results(out);
-        return out;
-      }
-      return Op::call(args...);
-    }
     Ret out = Op::call(call.unwrap(args)...);
     return call.wrap(std::move(out));
+  }
+
+  static Ret from_boxed_kernel(c10::DispatchKeySet ks, const Args&... args) {
+    torch::jit::Stack stack = run_on_boxed_kernel<Op>(ks, args...);
+    return c10::impl::PopResult<Ret>::call(stack);
+  }
+  static const std::string& name() {
+    static const std::string n = c10::toString(c10::OperatorName(Op::name, Op::overload_name));
+    return n;
   }
 
   static c10::KernelFunction kernel() {
@@ -355,7 +348,7 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
   // transposed x2 would resize x1 contiguous where eager follows x2).
   // See Note [Strides: what eager gives], case "op results".
   static bool out_reads_reference(const Call<kTensors>& call, const Args&... args) {
-    return C10_UNLIKELY(call.reference()) && !current_layer()->reapply_views &&
+    return C10_UNLIKELY(call.scanned().reference()) && !current_layer()->reapply_views &&
            (reports_eager_strides_of_results(as_ivalue(args)) || ...);
   }
   static const c10::OperatorName& op_name() {
@@ -364,39 +357,46 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
   }
 
   static at::Tensor& call(c10::DispatchKeySet ks, Args... args) {
-    if (C10_UNLIKELY(functorch_processing())) {  // See run_boxed_kernel.
-      return MutOp::redispatch(autograd_delegate_keys(ks), args...);
-    }
+    // See Note [Kernel: one route into every call].
+    Layer* layer = current_layer();
     auto refs = std::tie(args...);
     at::Tensor& written = std::get<kWritten>(refs);
-    if (C10_UNLIKELY(tracer_started_inside(current_layer()))) {  // See run_boxed_kernel.
+    if (const auto early = route_before_scan(layer)) {
+      if (*early == Route::Autograd) {
+        return MutOp::redispatch(autograd_delegate_keys(ks), args...);
+      }
       run_on_boxed_kernel<MutOp>(ks, args...);
       return written;
     }
-    Call<kTensors> call(current_layer());
+    Call<kTensors> call(layer);
     (call.scan(args), ...);
-    if (call.foreign() != nullptr) {
-      if (lifts_closures(current_layer())) {  // See Note [Control flow: closures]
+    switch (route_after_scan(call.scanned(), ks, layer, name(), /*is_view=*/false)) {
+      case Route::Subclass: {
+        SubclassCallGuard guard;
+        return MutOp::redispatch(subclass_dispatch_keys(ks), args...);
+      }
+      case Route::ZeroTensor:
+        return MutOp::redispatch(zero_tensor_keys(), args...);
+      case Route::PlainUntraced: {
+        MetaComputeGuard guard;
+        return MutOp::call(args...);
+      }
+      case Route::Plain:
+        if (C10_UNLIKELY(ops_are_recorded())) {
+          // The boxed kernel: Note [Autograd: formula temporaries written in place].
+          run_on_boxed_kernel<MutOp>(ks, args...);
+          return written;
+        } else {
+          InnerCallGuard guard;
+          return MutOp::call(args...);
+        }
+      case Route::Wrappers:
+        break;
+      case Route::Autograd:
+      case Route::TracerInside:
+      case Route::LiftClosure:
         run_on_boxed_kernel<MutOp>(ks, args...);
         return written;
-      }
-      report_foreign_wrapper(name(), *call.foreign(), current_layer());
-    }
-    if (C10_UNLIKELY(call.subclass())) {
-      SubclassCallGuard guard;
-      return MutOp::redispatch(subclass_dispatch_keys(ks), args...);
-    }
-    if (!call.any()) {
-      if (C10_UNLIKELY(ops_are_recorded())) {
-        // The boxed kernel: Note [Autograd: formula temporaries written in place].
-        run_on_boxed_kernel<MutOp>(ks, args...);
-        return written;
-      }
-      InnerCallGuard guard;
-      return MutOp::call(args...);
-    }
-    if (C10_UNLIKELY(ks.has(c10::DispatchKey::ZeroTensor))) {
-      return MutOp::redispatch(zero_tensor_keys(), args...);  // See run_boxed_kernel.
     }
     const auto* written_impl = maybe_get_impl(written);
     if (C10_UNLIKELY(written_impl == nullptr || written_impl->alias_storage().captured())) {
