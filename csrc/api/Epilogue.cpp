@@ -552,32 +552,35 @@ void give_other_data(const at::Tensor& original, const at::Tensor& wrapper) {
     original.set_data(data);
     return;
   }
-  const std::string what = "input given other data (x.data = y or x.set_(y) inside the function)";
-  const bool owns_its_memory =
-      original.layout() == c10::kStrided && original.has_storage() &&
-      (original.numel() == 0 ? original.storage().nbytes() == 0 : is_whole_storage(original));
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      owns_its_memory, "functionalize: an ", what,
-      " is not supported under a tracer or capture when the input does not span its whole "
-      "storage (a view of a larger buffer): eager's x leaves that buffer as it was and takes "
-      "other memory, which a graph cannot hand to the caller. Pass a tensor that owns its "
-      "memory (x.clone()), or call the function without tracing.");
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      original.dtype() == wrapper.dtype() && original.device() == wrapper.device(),
-      "functionalize: an ", what, " of another dtype or device (", original.dtype(), " on ",
-      original.device(), " given ", wrapper.dtype(), " on ", wrapper.device(),
-      ") is not supported under a tracer or capture: eager's x changes dtype or device, which no "
-      "op of a graph does to its input. Return the converted tensor instead, or call the "
-      "function without tracing.");
-  if (traced_without_guards()) record_layout_guard(original, what);
+  if (calls_may_be_traced()) {
+    const std::string what = "input given other data (x.data = y or x.set_(y) inside the function)";
+    const bool owns_its_memory =
+        original.layout() == c10::kStrided && original.has_storage() &&
+        (original.numel() == 0 ? original.storage().nbytes() == 0 : is_whole_storage(original));
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        owns_its_memory, "functionalize: an ", what,
+        " is not supported under a tracer or capture when the input does not span its whole "
+        "storage (a view of a larger buffer): eager's x leaves that buffer as it was and takes "
+        "other memory, which a graph cannot hand to the caller. Pass a tensor that owns its "
+        "memory (x.clone()), or call the function without tracing.");
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        original.dtype() == wrapper.dtype() && original.device() == wrapper.device(),
+        "functionalize: an ", what, " of another dtype or device (", original.dtype(), " on ",
+        original.device(), " given ", wrapper.dtype(), " on ", wrapper.device(),
+        ") is not supported under a tracer or capture: eager's x changes dtype or device, which no "
+        "op of a graph does to its input. Return the converted tensor instead, or call the "
+        "function without tracing.");
+    if (traced_without_guards()) record_layout_guard(original, what);
+  }
   const bool resized = original.sizes() != wrapper.sizes();
-  const bool restrided = dense && original.strides() != wrapper.strides();
+  // (A torch.func wrapper of the input has no storage to restride: written as it is.)
+  const bool restrided = dense && original.has_storage() && original.strides() != wrapper.strides();
   if (resized || restrided) {
     // Eager's `x.data =` bumps no version; set_ bumped the wrapper's (brought over below).
     at::AutoDispatchBelowADInplaceOrView uncounted;
     if (resized) original.resize_(wrapper.sizes());
-    if (dense && original.strides() != wrapper.strides()) {
-      original.as_strided_(wrapper.sizes(), wrapper.strides(), 0);
+    if (dense && original.has_storage() && original.strides() != wrapper.strides()) {
+      original.as_strided_(wrapper.sizes(), wrapper.strides(), original.storage_offset());
     }
   }
   write_data(original, impl);
