@@ -19,6 +19,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <optional>
+#include <string_view>
 
 namespace tfz::detail {
 
@@ -231,7 +232,8 @@ void run_boxed_kernel(const KernelPlan& plan, const c10::OperatorHandle& op, c10
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_args); it != stack->end(); ++it) {
     for_each_tensor(*it, [&](const at::Tensor& t) { scan.scan(t); });
   }
-  const Route route = route_after_scan(scan, ks, layer, info.name, info.kind == OpKind::View);
+  const Route route = route_after_scan(
+      scan, ks, layer, [&] { return std::string_view(info.name); }, info.kind == OpKind::View);
   switch (route) {
     case Route::LiftClosure:
       // A closure not substituted above: noted for the caller's retry with it lifted.

@@ -14,7 +14,6 @@
 #include <c10/core/DispatchKeySet.h>
 
 #include <optional>
-#include <string_view>
 
 namespace tfz::detail {
 
@@ -98,13 +97,15 @@ class ArgScan {
   const FunctionalTensorImpl* foreign_ = nullptr;
 };
 
-/// The route after the scan; raises for a foreign wrapper outside a layer that lifts closures.
+/// The route after the scan; raises for a foreign wrapper outside a layer that lifts closures,
+/// naming the op `op_name()` returns (called only then: the fast paths build no name per call).
 /// `is_view`: view ops do not take the ZeroTensor route (see its Note).
-inline Route route_after_scan(const ArgScan& scan, c10::DispatchKeySet ks, const Layer* layer,
-                              std::string_view op_name, bool is_view) {
+template <class OpName>
+Route route_after_scan(const ArgScan& scan, c10::DispatchKeySet ks, const Layer* layer,
+                       const OpName& op_name, bool is_view) {
   if (C10_UNLIKELY(scan.foreign() != nullptr)) {
     if (lifts_closures(layer)) return Route::LiftClosure;
-    report_foreign_wrapper(op_name, *scan.foreign(), layer);
+    report_foreign_wrapper(op_name(), *scan.foreign(), layer);
   }
   if (C10_UNLIKELY(scan.subclass())) return Route::Subclass;
   if (!scan.any()) {

@@ -212,7 +212,7 @@ struct Unboxed<Op, Ret(Args...)> {
     }
     Call<kTensors> call(layer);
     (call.scan(args), ...);
-    switch (route_after_scan(call.scanned(), ks, layer, name(), /*is_view=*/false)) {
+    switch (route_after_scan(call.scanned(), ks, layer, &name, /*is_view=*/false)) {
       case Route::Subclass: {
         SubclassCallGuard guard;
         return Op::redispatch(subclass_dispatch_keys(ks), args...);
@@ -370,7 +370,7 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     }
     Call<kTensors> call(layer);
     (call.scan(args), ...);
-    switch (route_after_scan(call.scanned(), ks, layer, name(), /*is_view=*/false)) {
+    switch (route_after_scan(call.scanned(), ks, layer, &name, /*is_view=*/false)) {
       case Route::Subclass: {
         SubclassCallGuard guard;
         return MutOp::redispatch(subclass_dispatch_keys(ks), args...);
