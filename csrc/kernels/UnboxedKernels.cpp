@@ -192,6 +192,41 @@ torch::jit::Stack run_on_boxed_kernel(c10::DispatchKeySet ks, A&&... args) {
   return stack;
 }
 
+// The route (Note [Kernel: one route into every call]) as both fast paths take it: the routes
+// that need nothing of the op are served here by typed redispatches; `to_boxed()` hands the call
+// to the boxed kernel, `on_plain()` and `on_wrappers()` are the op's own handling.
+template <class Ret, class OpT, class CallT, class ToBoxed, class OnPlain, class OnWrappers,
+          class... A>
+Ret take_route(c10::DispatchKeySet ks, Layer* layer, CallT& call, const std::string& (*name)(),
+               ToBoxed&& to_boxed, OnPlain&& on_plain, OnWrappers&& on_wrappers, A&... args) {
+  if (const auto early = route_before_scan(layer)) {
+    if (*early == Route::Autograd) return OpT::redispatch(autograd_delegate_keys(ks), args...);
+    return to_boxed();
+  }
+  (call.scan(args), ...);
+  switch (route_after_scan(call.scanned(), ks, layer, name, /*is_view=*/false)) {
+    case Route::Subclass: {
+      SubclassCallGuard guard;
+      return OpT::redispatch(subclass_dispatch_keys(ks), args...);
+    }
+    case Route::ZeroTensor:
+      return OpT::redispatch(zero_tensor_keys(), args...);
+    case Route::PlainUntraced: {
+      MetaComputeGuard guard;
+      return OpT::call(args...);
+    }
+    case Route::Plain:
+      return on_plain();
+    case Route::Wrappers:
+      return on_wrappers();
+    case Route::Autograd:  // (decided before the scan, with TracerInside)
+    case Route::TracerInside:
+    case Route::LiftClosure:
+      break;
+  }
+  return to_boxed();
+}
+
 template <class Op, class Sig = typename Op::schema>
 struct Unboxed;
 
@@ -204,43 +239,27 @@ struct Unboxed<Op, Ret(Args...)> {
   static_assert(kTensors > 0, "factories stay on the boxed kernel (their outputs are wrapped)");
 
   static Ret call(c10::DispatchKeySet ks, Args... args) {
-    // See Note [Kernel: one route into every call].
     Layer* layer = current_layer();
-    if (const auto early = route_before_scan(layer)) {
-      if (*early == Route::Autograd) return Op::redispatch(autograd_delegate_keys(ks), args...);
-      return from_boxed_kernel(ks, args...);
-    }
     Call<kTensors> call(layer);
-    (call.scan(args), ...);
-    switch (route_after_scan(call.scanned(), ks, layer, &name, /*is_view=*/false)) {
-      case Route::Subclass: {
-        SubclassCallGuard guard;
-        return Op::redispatch(subclass_dispatch_keys(ks), args...);
-      }
-      case Route::ZeroTensor:
-        return Op::redispatch(zero_tensor_keys(), args...);
-      case Route::PlainUntraced: {
-        MetaComputeGuard guard;
-        return Op::call(args...);
-      }
-      case Route::Plain: {
-        InnerCallGuard guard;
-        // See the boxed kernel: saved tensors under a tracer read as the traced ones, and results
-        // are noted (Note [Autograd: saved outputs under a tracer], the create_graph case).
-        if (C10_UNLIKELY(ops_are_recorded())) {
-          Ret out = Op::call(call.unwrap(args)...);
-          note_plain_results(out);
-          return out;
-        }
-        return Op::call(args...);
-      }
-      case Route::Wrappers:
-        break;
-      case Route::Autograd:
-      case Route::TracerInside:
-      case Route::LiftClosure:
-        return from_boxed_kernel(ks, args...);
-    }
+    return take_route<Ret, Op>(
+        ks, layer, call, &name, [&]() -> Ret { return from_boxed_kernel(ks, args...); },
+        [&]() -> Ret {
+          InnerCallGuard guard;
+          // See the boxed kernel: saved tensors under a tracer read as the traced ones, and
+          // results are noted (Note [Autograd: saved outputs under a tracer], the create_graph
+          // case).
+          if (C10_UNLIKELY(ops_are_recorded())) {
+            Ret out = Op::call(call.unwrap(args)...);
+            note_plain_results(out);
+            return out;
+          }
+          return Op::call(args...);
+        },
+        [&]() -> Ret { return on_wrappers(ks, layer, call, args...); }, args...);
+  }
+
+  static Ret on_wrappers(c10::DispatchKeySet ks, Layer* layer, Call<kTensors>& call,
+                         Args&... args) {
     if (C10_UNLIKELY(call.scanned().reference()) && !layer->reapply_views &&
         (reports_eager_strides_of_results(as_ivalue(args)) || ...)) {
       // The boxed kernel runs the meta replay this needs; calls without such an argument pay one
@@ -357,47 +376,31 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
   }
 
   static at::Tensor& call(c10::DispatchKeySet ks, Args... args) {
-    // See Note [Kernel: one route into every call].
     Layer* layer = current_layer();
-    auto refs = std::tie(args...);
-    at::Tensor& written = std::get<kWritten>(refs);
-    if (const auto early = route_before_scan(layer)) {
-      if (*early == Route::Autograd) {
-        return MutOp::redispatch(autograd_delegate_keys(ks), args...);
-      }
-      run_on_boxed_kernel<MutOp>(ks, args...);
-      return written;
-    }
     Call<kTensors> call(layer);
-    (call.scan(args), ...);
-    switch (route_after_scan(call.scanned(), ks, layer, &name, /*is_view=*/false)) {
-      case Route::Subclass: {
-        SubclassCallGuard guard;
-        return MutOp::redispatch(subclass_dispatch_keys(ks), args...);
-      }
-      case Route::ZeroTensor:
-        return MutOp::redispatch(zero_tensor_keys(), args...);
-      case Route::PlainUntraced: {
-        MetaComputeGuard guard;
-        return MutOp::call(args...);
-      }
-      case Route::Plain:
-        if (C10_UNLIKELY(ops_are_recorded())) {
-          // The boxed kernel: Note [Autograd: formula temporaries written in place].
+    at::Tensor& written = std::get<kWritten>(std::tie(args...));
+    return take_route<at::Tensor&, MutOp>(
+        ks, layer, call, &name,
+        [&]() -> at::Tensor& {
           run_on_boxed_kernel<MutOp>(ks, args...);
           return written;
-        } else {
+        },
+        [&]() -> at::Tensor& {
+          if (C10_UNLIKELY(ops_are_recorded())) {
+            // The boxed kernel: Note [Autograd: formula temporaries written in place].
+            run_on_boxed_kernel<MutOp>(ks, args...);
+            return written;
+          }
           InnerCallGuard guard;
           return MutOp::call(args...);
-        }
-      case Route::Wrappers:
-        break;
-      case Route::Autograd:
-      case Route::TracerInside:
-      case Route::LiftClosure:
-        run_on_boxed_kernel<MutOp>(ks, args...);
-        return written;
-    }
+        },
+        [&]() -> at::Tensor& { return on_wrappers(ks, layer, call, args...); }, args...);
+  }
+
+  static at::Tensor& on_wrappers(c10::DispatchKeySet ks, Layer* layer, Call<kTensors>& call,
+                                 Args&... args) {
+    auto refs = std::tie(args...);
+    at::Tensor& written = std::get<kWritten>(refs);
     const auto* written_impl = maybe_get_impl(written);
     if (C10_UNLIKELY(written_impl == nullptr || written_impl->alias_storage().captured())) {
       // The boxed kernel: Note [Autograd: formula temporaries written in place],
@@ -416,7 +419,7 @@ struct UnboxedMutable<MutOp, FuncOp, kOut, at::Tensor&(Args...)> {
     }
     if constexpr (!kOut) {
       // See Note [Undo: writes into the caller's memory]: the boxed kernel takes those.
-      if (C10_UNLIKELY(writes_through_view_of_caller_memory(written, *current_layer()))) {
+      if (C10_UNLIKELY(writes_through_view_of_caller_memory(written, *layer))) {
         run_on_boxed_kernel<MutOp>(ks, args...);
         return written;
       }
