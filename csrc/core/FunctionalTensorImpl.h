@@ -136,6 +136,10 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   /// Whether giving this input `other`'s data would move it within its own memory to another
   /// geometry, which the epilogue does not replay (Note [Inputs: an input given other data]).
   bool moves_within_its_memory(const FunctionalTensorImpl& other) const;
+  /// An input given other data: a wrapper standing where it stood in its own memory when it
+  /// first moved, so that the epilogue writes that memory as eager left it (undefined if it
+  /// never moved).
+  const at::Tensor& left_behind() const { return left_behind_; }
 
   // TensorImpl overrides.
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
@@ -176,6 +180,7 @@ class FunctionalTensorImpl final : public c10::TensorImpl {
   bool chain_is_resize_ = false;
   bool flat_member_ = false;  // an input of a flat storage (see mark_flat_member)
   bool input_ = false;        // see mark_input
+  at::Tensor left_behind_;    // see left_behind
   // Grad mode when this view was taken: its chain replays under it (see sync_).
   bool replays_with_grad_ = true;
   // torch's owning pointer to an autograd Node: std::shared_ptr up to torch 2.11,

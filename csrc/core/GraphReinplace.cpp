@@ -293,6 +293,17 @@ Verdict Reinplacer::dead_after(int64_t n, int64_t a, int64_t out, int64_t& copy_
   if (old_bytes_read(s, n, copy_back)) {
     return "rule 4: the old value is read afterwards (a later op or an output)";
   }
+  // The result's buffer becomes a's: a later write into it (an earlier rewrite made one, such as
+  // a foreach written in place on the result) would change a's memory under readers that expect
+  // a's value.
+  const Storage fresh = storage_of(out);
+  if (fresh != nullptr && fresh != s) {
+    for (int64_t r = n + 1; r < num_nodes_; ++r) {
+      if (removed_[r] == 0 && r != copy_back && writes_storage(r, fresh)) {
+        return "rule 4: node " + std::to_string(r) + " writes the result's buffer later";
+      }
+    }
+  }
   return std::nullopt;
 }
 

@@ -69,7 +69,8 @@ c10::intrusive_ptr<c10::TensorImpl> FunctionalTensorImpl::shallow_copy_and_detac
 // grad" at the next backward, where eager trains on).
 bool FunctionalTensorImpl::moves_within_its_memory(const FunctionalTensorImpl& other) const {
   return input_ && other.storage_.unsafeGetStorageImpl() == storage_.unsafeGetStorageImpl() &&
-         (other.sym_sizes() != sym_sizes() || other.sym_strides() != sym_strides() ||
+         (other.dtype() != dtype() || other.sym_sizes() != sym_sizes() ||
+          other.sym_strides() != sym_strides() ||
           other.sym_storage_offset() != sym_storage_offset());
 }
 
@@ -82,12 +83,24 @@ void FunctionalTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::Tenso
   TORCH_CHECK_NOT_IMPLEMENTED(
       !moves_within_its_memory(*other),
       "functionalize: `x.data = y` of an input x onto a tensor y in x's own memory with other "
-      "sizes, strides or offset (x.data = x[1:], or y another input viewing the same storage) is "
-      "not supported: the caller's x would take y's geometry in its storage, which the epilogue "
-      "does not replay. Assign a copy (y.clone()) or slice the input outside the function.");
+      "sizes, strides, offset or dtype (x.data = x[1:], or y another input viewing the same "
+      "storage) is not supported: the caller's x would take y's geometry in its storage, which "
+      "the epilogue does not replay. Assign a copy (y.clone()) or slice the input outside the "
+      "function.");
+  // The input's own memory at its own geometry and dtype (x.data = x.detach(), x.expand_as(x)):
+  // eager's x shows what it showed, so the wrapper keeps its value, chain and the metadata
+  // changes the epilogue replays on the caller's x (a t_() before).
+  if (input_ && other->storage_.unsafeGetStorageImpl() == storage_.unsafeGetStorageImpl()) return;
   // A requires_grad_() not yet adopted (torch.zeros(3, requires_grad=True), nn.Parameter(t)):
   // the value must be the leaf before it is replaced, or the leaf stops requiring grad.
   sync_requires_grad_();
+  if (input_ && !left_behind_.defined()) {
+    // Writes made before the move stay in the input's old memory, which eager's caller still
+    // sees through other views of it (Note [Inputs: an input given other data]).
+    auto ghost = c10::make_intrusive<FunctionalTensorImpl>(ShallowCopy{}, *this);
+    ghost->flat_member_ = flat_member_;
+    left_behind_ = at::Tensor(std::move(ghost));
+  }
   at::Tensor old = value_;
   storage_ = other->storage_;
   other->copy_fields_to_(*this);

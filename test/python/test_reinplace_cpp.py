@@ -568,3 +568,21 @@ def test_client_workloads_give_eager_results_after_the_cpp_pass(name):
     rewritten = [line for line in explain
                  if re.search(r": (in place as|scatter in place|out= as)", line)]
     assert rewritten, "\n".join(explain)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_result_written_in_place_later_is_not_moved_into_an_input(remove):
+    # Fuzzer program 862103 (C++ pass, views removed): v = z.scatter(...) copied into z, then
+    # _foreach_mul_ over [y, v]. The foreach went in place on v's buffer in a first sweep; a later
+    # sweep moved v into z, so the multiply reached z, silently. A later write into the result's
+    # buffer now keeps the op (rule 4), as the Python pass does.
+    def f(x, y, z):
+        head = x.split(4, 1)[0]
+        v = z.scatter(0, torch.tensor([0, 1, 0]), -0.25)
+        z.copy_(v)
+        torch._foreach_mul_([y, v], 2)
+        return head * 1
+
+    base = torch.randn(4, 5, 1)
+    _cpp_reinplaced_matches_eager(f, base[..., ::2], base[..., ::2][::2], torch.randn(4),
+                                  remove=remove, same_path_as_python=False)

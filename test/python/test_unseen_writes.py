@@ -432,3 +432,83 @@ def test_data_assigned_another_dtype_converts_the_input_untraced_and_is_refused_
                                 graphs=())
     with pytest.raises(NotImplementedError, match="of another dtype or device"):
         capture(f, torch.randn(3), torch.randn(3), remove=remove)
+
+
+# `x.data = y` / x.set_(y) of an input x that views a buffer, after writing x: eager's buffer keeps
+# those writes (x's old memory), and x takes y's memory. Before, the writes were lost, silently.
+def _write_then_assign(x, y):
+    x.add_(1)
+    x.data = y * 2
+    return x * 1
+
+
+def _write_then_set(x, y):
+    x.add_(1)
+    x.set_(y * 2)
+    return x * 1
+
+
+def _write_a_view_then_assign(x, y):
+    v = x[1:]
+    x.data = y * 2
+    v.mul_(3)  # a view taken before the move still writes x's old memory
+    return x * 1, v * 1
+
+
+@pytest.mark.parametrize("f", [_write_then_assign, _write_then_set, _write_a_view_then_assign],
+                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_input_written_before_it_is_given_other_data_leaves_its_buffer_as_eager(f, remove):
+    def make_inputs():
+        return torch.arange(6.0)[1:4], torch.ones(3)
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove=remove, check_graph=False,
+                         check_input_strides=remove == "mutations")
+
+
+# x given the data of another input y (a view of y, or y itself): eager's x shares y's memory.
+# Untraced, x is given a tensor on y's memory (exact while y's storage holds the caller's
+# coordinates); under a tracer, and after f wrote y's memory where it does not, refused by name.
+def _data_of_a_view_of_another_input(x, y):
+    x.data = y[1:3]
+    return x * 1
+
+
+def _set_onto_another_input_then_write_x(x, y):
+    x.set_(y)
+    x.mul_(2)
+    return x * 1
+
+
+@pytest.mark.parametrize("f", [_data_of_a_view_of_another_input,
+                               _set_onto_another_input_then_write_x], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_input_given_another_inputs_data_shares_its_memory_as_eager(f, remove):
+    def make_inputs():  # y does not span its storage (a flat base) in the second pair
+        return torch.zeros(2), torch.arange(8.0)[::2]
+
+    for make in (lambda: (torch.zeros(2), torch.arange(4.0)), make_inputs):
+        e, a = make(), make()
+        torch.testing.assert_close(functionalize(f, remove=remove)(*a), f(*e))
+        for got, want in zip(a, e):
+            torch.testing.assert_close(got, want)
+        assert a[0].untyped_storage().data_ptr() == a[1].untyped_storage().data_ptr()
+    # (set_ of an input is refused in graphs at the op, by name.)
+    with pytest.raises(NotImplementedError, match="onto another input's memory is not supported "
+                       "under a tracer|aten::set_.*outside tracers and capture"):
+        capture(f, *make_inputs(), remove=remove)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_input_given_the_data_of_another_input_grown_inside_is_refused_by_name(remove):
+    # torch.ones(4, out=y) reallocates y's storage; eager's x would share it. Refused before any
+    # input is written.
+    def f(x, y):
+        torch.ones(4, out=y)
+        x.data = y[1:3]
+        return x * 1
+
+    x, y = torch.zeros(2), torch.zeros(2)
+    with pytest.raises(NotImplementedError, match="another input whose storage grew"):
+        functionalize(f, remove=remove)(x, y)
+    assert torch.equal(x, torch.zeros(2)) and torch.equal(y, torch.zeros(2))

@@ -82,20 +82,25 @@ namespace {
 // original) without a right inverse), and remove_parametrizations sets the original to the
 // parametrized value. An input x is served too: the epilogue gives the caller's x the final value
 // as eager's set_ leaves it (Note [Inputs: an input given other data]); a view of an input is a
-// tensor of the function, whose set_ leaves the input as it was. Eager's rules first: the same
-// dtype, and a leaf that requires grad only with grad mode off. Refused: a tensor resized or
-// restrided before (its wrapper's metadata ops are replayed on the caller's tensor), an input set_
-// onto another geometry in its own memory (the caller's tensor would take it in its storage, which
-// no epilogue replays), and grad mode on with a tensor that requires grad (set_'s derivative is
-// not served). Rejected: the generic
-// plan with aten::set's functional variant, see Note [Kernel: set_].
-bool set_onto_functional_tensor(const OpInfo& info, Stack* stack) {
+// tensor of the function, whose set_ leaves the input as it was. Under a tracer or capture an
+// input's set_ is refused: a graph cannot give its input another tensor's memory, and the caller's
+// x would keep a storage of its own size (which the `x.data =` path accepts, see the Note above).
+// Eager's rules first: the same dtype, and a leaf that requires grad only with grad mode off.
+// Refused: a tensor resized or restrided before (its wrapper's metadata ops are replayed on the
+// caller's tensor), an input set_ onto another geometry in its own memory (the caller's tensor
+// would take it in its storage, which no epilogue replays), and grad mode on with a tensor that
+// requires grad (set_'s derivative is not served). Rejected: the generic plan with aten::set's
+// functional variant, see Note [Kernel: set_].
+bool set_onto_functional_tensor(const OpInfo& info, Stack* stack, const Layer& layer) {
   const at::Tensor self = (stack->end() - 2)->toTensor();
   const at::Tensor source = (stack->end() - 1)->toTensor();
   auto* impl = maybe_get_impl(self);
   auto* from = maybe_get_impl(source);
   if (impl == nullptr || from == nullptr || impl->layer_id() != from->layer_id()) return false;
   if (impl->has_metadata_mutation() || impl->moves_within_its_memory(*from)) return false;
+  // A graph cannot give its input the memory of another tensor: under a tracer the caller's x
+  // would keep its own storage, of another size than eager's.
+  if (impl->is_input() && (layer.entered_under_modes || ops_are_recorded())) return false;
   TORCH_CHECK(self.dtype() == source.dtype(), "Could not set tensor of type ", source.dtype(),
               " to a tensor of type ", self.dtype());
   const bool grad = c10::GradMode::is_enabled();
@@ -194,11 +199,12 @@ void set_kernel(const OpInfo& info, const c10::OperatorHandle& op, Stack* stack,
                 const Layer& layer) {
   const size_t num_args = op.schema().arguments().size();
   if (num_args == 2 && (stack->end() - 1)->isTensor()) {
-    TORCH_CHECK_NOT_IMPLEMENTED(set_onto_functional_tensor(info, stack),
+    TORCH_CHECK_NOT_IMPLEMENTED(set_onto_functional_tensor(info, stack, layer),
                                 "functionalize: ", info.name, ": ", kSetRefusal,
                                 " (supported: set_ onto another tensor of the function, of a "
                                 "tensor whose sizes or strides no op changed before, and for an "
-                                "input onto a tensor outside its memory or of its own geometry).");
+                                "input onto a tensor outside its memory or of its own geometry, "
+                                "outside tracers and capture).");
     return;
   }
   if (set_onto_functional_storage(info, op, stack, layer)) return;
