@@ -569,7 +569,8 @@ OtherData plan_other_data(const std::vector<at::Tensor>& originals,
   if (storage.has_caller_storage()) {
     // y lies in another input's memory: eager's x shares it. Untraced, x is given a tensor on
     // that memory at the wrapper's geometry, which is in the caller's coordinates where the
-    // storage's base is (a flat base of y's dtype, or y's own unwritten base).
+    // storage's base is (a flat base of y's dtype, y's own unwritten base, or a written one laid
+    // out as an input that is its whole storage).
     TORCH_CHECK_NOT_IMPLEMENTED(
         !calls_may_be_traced(), "functionalize: an ", what,
         " onto another input's memory is not supported under a tracer or capture: eager's x "
