@@ -659,3 +659,23 @@ def test_out_resize_of_a_view_after_a_write_through_a_select_in_a_graph_without_
     (e_in, e_base), (g_in, g_base) = make(), make()
     assert_trees_match(gm(*g_in), f(*e_in), "outputs")
     assert torch.equal(g_base, e_base), "the input's storage"
+
+
+def test_out_resize_of_a_view_of_a_scatter_result_is_refused_without_views():
+    # Fuzzer program 889251: v0 = x.diagonal_scatter(..) of a strided x holds in eager a copy of
+    # x's whole storage; out= into v0[:, 0] resizes that view over it, to elements between v0's.
+    # Without views v0 holds its own elements alone, and the resized view wrote v0[0, 1] where
+    # eager writes a gap, silently. Refused by name there; with views, eager's.
+    def f(x):
+        v0 = x.diagonal_scatter(torch.full((2,), 7.0))
+        v2 = v0[:, 0]
+        torch.index_select(x.unsqueeze(0), 2, torch.tensor([0]), out=v2)
+        return v0, v2
+
+    def make_inputs():
+        return (torch.arange(9.0).view(3, 3)[1:, ::2],)
+
+    assert_matches_eager(f, make_inputs=make_inputs, remove="mutations")
+    with pytest.raises(NotImplementedError, match="aten::index_select.out: the tensor is .* the "
+                       "result of a \\*_scatter op"):
+        functionalize(f, remove="mutations_and_views")(*make_inputs())

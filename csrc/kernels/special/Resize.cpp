@@ -193,6 +193,13 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
       0, static_cast<int64_t>(base.storage().nbytes() / base.itemsize()) - offset);
   int64_t view_offset = offset;
   if (!layer.reapply_views && needed <= capacity) {
+    // Without views a *_scatter result (or a copy of a view) holds the view's elements alone:
+    // taking eager's strides (above) puts them at eager's storage positions only for the result
+    // itself at offset 0. A view of it, or a result at an offset, would have the as_strided step
+    // below address other elements (out= into v0[:, 0] of v0 = x.diagonal_scatter(..), resized).
+    TORCH_CHECK_NOT_IMPLEMENTED(impl->alias_storage().offset_base_reason() != kCopiedViewStorage ||
+                                    (impl->chain().empty() && offset == 0),
+                                "functionalize: ", op_name, ": ", kCopiedViewStorage, ".");
     // Without views a written own base keeps the input's elements alone, counted from its first
     // (Note [Inputs: storage coordinates of a written own base]).
     const at::Tensor& input = impl->alias_storage().caller_input();
