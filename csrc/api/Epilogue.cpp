@@ -2,14 +2,14 @@
 #include "api/Epilogue.h"
 
 #include "api/InputGroups.h"
+#include "api/InputOtherData.h"
+#include "api/InputWrite.h"
 
-#include "core/AutogradHistory.h"
-#include "core/Conversions.h"
 #include "core/DispatchKey.h"
 #include "core/Layout.h"
 #include "core/LayoutGuards.h"
 #include "core/MemoryOverlap.h"
-#include "core/Recorder.h"
+#include "core/Recording.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
@@ -138,27 +138,6 @@ void apply_metadata_mutations(const at::Tensor& original, const FunctionalTensor
   replay_detach(original, impl);
 }
 
-// `t`'s .data, through which a write bumps no version, where the write records no history and
-// .data exists: the wrapper counted eager's writes already (Note [Inputs: version counters]). A
-// sparse tensor's shallow copy holds its own indices and values, an inference tensor keeps eager's
-// error, a torch.func or subclass wrapper has no .data to give, and a recorded epilogue speaks of
-// the placeholder itself: those are written as they are.
-bool has_data_of_its_own(const at::Tensor& t) {
-  static const auto wrapped_keys =
-      c10::python_ks | c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
-                                            c10::DispatchKey::FuncTorchGradWrapper});
-  return !calls_may_be_traced() && t.layout() == c10::kStrided && !t.is_inference() &&
-         !t.key_set().has_any(wrapped_keys);
-}
-at::Tensor unversioned(const at::Tensor& t) {
-  return has_data_of_its_own(t) ? t.variable_data() : t;
-}
-
-// A write of `value` into input `original` records no history: neither requires grad.
-bool without_history(const at::Tensor& original, const at::Tensor& value) {
-  return !original.requires_grad() && !value.requires_grad();
-}
-
 // Note [Inputs: writes before a metadata change]
 // x.add_(1); x.resize_(2) (or torch.neg(y, out=x) with a smaller result, or a write through a view
 // of x after it shrank): eager wrote every element of x's storage that x covered on entry, and x
@@ -208,31 +187,14 @@ bool write_entry_elements(const at::Tensor& original, const at::Tensor& wrapper)
     const auto needed = static_cast<int64_t>(at::detail::computeStorageNbytes(
         original.sizes(), original.strides(), 1, original.storage_offset()));
     if (needed > base.numel()) return false;
-    (without_history(original, base) ? unversioned(original) : original)
+    (records_no_history(original, base) ? unversioned(original) : original)
         .copy_(at::as_strided_copy(base, original.sizes(), original.strides(),
                                    original.storage_offset()));
     return covers_final;
   }
   if (base.sizes() != original.sizes()) return false;
-  (without_history(original, base) ? unversioned(original) : original).copy_(base);
+  (records_no_history(original, base) ? unversioned(original) : original).copy_(base);
   return covers_final;
-}
-
-// Whether `value`, the final value of input `original`, was written only where autograd does not
-// see: it kept the input's own gradient edge, or it is a leaf's value with no history (in grad
-// mode eager raises on writing such a leaf, so it was written under no_grad, through .data, or
-// while f had turned its requires_grad off). Its write-back then records no history either, so
-// the input keeps its grad_fn or stays a leaf (Note [Autograd: writes autograd does not see]).
-bool written_unseen(const at::Tensor& original, const at::Tensor& value) {
-  return has_history_of(value, original) ||
-         (original.requires_grad() && original.is_leaf() && value.grad_fn() == nullptr);
-}
-
-// The tensor through which the epilogue writes `base`'s elements into `original`'s storage: its
-// .data where the write records no history, a detached alias where autograd must not see it.
-at::Tensor storage_writer(const at::Tensor& original, const at::Tensor& base) {
-  if (without_history(original, base)) return unversioned(original);
-  return written_unseen(original, base) ? original.detach() : original;
 }
 
 // Note [Inputs: writes to a grown storage]
@@ -319,45 +281,6 @@ void write_restored_storage(const at::Tensor& original, const FunctionalTensorIm
   whole.as_strided({n}, {1}, 0).copy_(base.as_strided({n}, {1}, 0));
 }
 
-void write_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
-  const at::Tensor& value = impl.value();
-  // An input whose elements share memory (x.expand(3, 3)) is written through its whole storage
-  // (write_whole_storage); where that cannot be done, copy_ into it would raise torch's
-  // internal-overlap error, so the reason is named instead.
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      original.layout() != c10::kStrided ||
-          original.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-          at::has_internal_overlap(original) != at::MemOverlap::Yes,
-      "functionalize: writing back an input of sizes ", original.sizes(), " and strides ",
-      original.strides(),
-      ", whose elements share memory (expand, as_strided with a zero stride), is not supported "
-      "in a graph without views (remove=\"mutations_and_views\" under a tracer) or after its "
-      "metadata changed. Use remove=\"mutations\", or pass the tensor before it is expanded.");
-  if (!impl.has_metadata_mutation() && original.sym_sizes() != value.sym_sizes()) {
-    original.resize__symint(value.sym_sizes());
-  }
-  // See written_unseen. Every other write-back records the copy, so gradients flow through
-  // written inputs as through eager's in-place op.
-  const bool unseen = written_unseen(original, value);
-  // A leaf value over an input that does not require grad: a write with no history (below).
-  if (unseen ||
-      (!original.requires_grad() && (!value.requires_grad() || value.grad_fn() == nullptr))) {
-    // No history to record. Eagerly through x.data, which bumps no version: the wrapper counted
-    // eager's writes, and a write through x.data counts none (Note [Inputs: version counters]).
-    // Grad mode changes only where it matters, so a graph switches it only for such inputs.
-    at::AutoGradMode no_grad(!unseen && c10::GradMode::is_enabled());
-    unversioned(original).copy_(value);
-    // A leaf value that requires grad over an input that does not: f wrote the input, then
-    // called requires_grad_() on it, and eager's input ends a leaf that requires grad (a graph's
-    // caller sets that flag itself: no op records it).
-    if (!original.requires_grad() && value.requires_grad() && !calls_may_be_traced()) {
-      original.requires_grad_(true);
-    }
-    return;
-  }
-  original.copy_(value);
-}
-
 // Note [Inputs: writes outside every input's elements]
 // x = b[..., ::2] (or x with x[1:]) gets the flat storage as its base, and f may write elements
 // of that storage that no input covers: x.as_strided((2,), (1,), 13).zero_() writes element 13.
@@ -401,7 +324,7 @@ bool write_whole_storage(const std::vector<at::Tensor>& originals, c10::ArrayRef
     return false;
   }
   at::Tensor whole = through->as_strided({base.numel()}, {1}, 0);
-  if (without_history(*through, base)) {
+  if (records_no_history(*through, base)) {
     unversioned(*through).as_strided({base.numel()}, {1}, 0).copy_(base);
     return true;
   }
@@ -501,186 +424,6 @@ int covering_member(const std::vector<at::Tensor>& originals, c10::ArrayRef<size
 // Rejected: sharing the caller's counter with the wrapper (the epilogue's copy_ would
 // count once more than eager, and a call that raises would leave versions bumped for writes
 // that never reached the input).
-// Note [Inputs: an input given other data]
-// `x.data = y` or x.set_(y) inside f on an input x (torch.nn.utils.vector_to_parameters, weight
-// averaging, parametrize) moves x's wrapper into y's alias storage
-// (Note [Wrapper: x.data = y keeps x's autograd identity]). Eager's caller then holds x with y's
-// memory, geometry and dtype, and x's old memory, which a buffer x views still shows, keeps the
-// values it had, writes made before the move included. So the wrapper leaves a copy of itself
-// behind in its old storage (left_behind), which the epilogue writes back as any input; then,
-// untraced, the caller's x is given the final value's memory as eager's `x.data =` gives it
-// (set_data): x keeps its autograd identity and version counter, and shares memory with what f
-// returns of y. Where y lies in another input's memory, x is given a tensor on that memory at
-// its geometry, which is in the caller's coordinates while the storage's base holds them (a flat
-// base of y's dtype, an unwritten base, or a written one laid out as an input that is its whole
-// storage); otherwise refused by name. A graph cannot hand its internal buffer to the caller, nor
-// change its input's dtype or device, so under a tracer or capture the caller's x is resized to
-// the wrapper's sizes (its strides where they are dense, no version bump) and written in its own
-// memory, a storage of x's size: eager's values only where nothing else views that memory, so the
-// traced input must own its whole storage alone and keep its dtype and device (else refused by
-// name), and make_fx's graph checks that layout before it writes (capture's guards check every
-// input's storage). Every refusal is decided before any input is written. Rejected: writing x's
-// own memory untraced too (what was done first: a buffer x views, such as a flat parameter
-// buffer whose slices are the parameters, silently took y's values, a float64 y was written into
-// a float32 x, and writes made before the move were lost), and set_ in a graph (every replay
-// would hand the caller memory the graph's next replay overwrites).
-namespace {
-bool moved_to_other_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
-  // Only after x.data = y, and not where y lives in x's own memory. (An input that is itself a
-  // wrapper, of an enclosing functionalize, marks no caller storage.)
-  const AliasStorage& storage = impl.alias_storage();
-  return impl.data_replaced() && original.unsafeGetTensorImpl()->has_storage() &&
-         maybe_get_impl(original) == nullptr && !storage.in_caller_storage(original);
-}
-
-// How the caller's input `original` takes its wrapper's other data, decided (and refused) before
-// any input is written, so a refusal leaves every input as it was.
-struct OtherData {
-  size_t index;          // of the input
-  at::Tensor in_caller;  // untraced, a tensor on another input's memory: the data to give
-  bool eager_data;       // untraced: set_data with the wrapper's value (or in_caller)
-};
-
-OtherData plan_other_data(const std::vector<at::Tensor>& originals,
-                          const std::vector<at::Tensor>& wrappers, size_t i) {
-  const at::Tensor& original = originals[i];
-  const at::Tensor& wrapper = wrappers[i];
-  const auto& impl = *unsafe_get_impl(wrapper);
-  const AliasStorage& storage = impl.alias_storage();
-  const std::string what = "input given other data (x.data = y or x.set_(y) inside the function)";
-  OtherData plan{i, at::Tensor(), false};
-  if (original.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-      wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
-    return plan;  // written as any input; nothing specialized on a concrete layout
-  }
-  // Another input's storage that a resize grew is the caller's too, reallocated (it no longer
-  // names the caller's): eager's x shares it.
-  const bool grown_input_storage =
-      storage.grown_start() &&
-      std::any_of(wrappers.begin(), wrappers.end(), [&](const at::Tensor& w) {
-        return w.defined() && !w.is_same(wrapper) && maybe_get_impl(w) != nullptr &&
-               &unsafe_get_impl(w)->alias_storage() == &storage;
-      });
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      !grown_input_storage, "functionalize: an ", what,
-      " onto the memory of another input whose storage grew inside the function is not "
-      "supported: eager's x then shares that reallocated storage. Assign a copy (y.clone()) "
-      "instead.");
-  if (storage.has_caller_storage()) {
-    // y lies in another input's memory: eager's x shares it. Untraced, x is given a tensor on
-    // that memory at the wrapper's geometry, which is in the caller's coordinates where the
-    // storage's base is (a flat base of y's dtype, y's own unwritten base, or a written one laid
-    // out as an input that is its whole storage).
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        !calls_may_be_traced(), "functionalize: an ", what,
-        " onto another input's memory is not supported under a tracer or capture: eager's x "
-        "then shares that input's memory, which no graph gives its input. Assign a copy "
-        "(y.clone()), or call the function without tracing.");
-    const at::Tensor* holder = nullptr;
-    for (size_t j = 0; j < originals.size() && holder == nullptr; ++j) {
-      if (j != i && originals[j].defined() && maybe_get_impl(originals[j]) == nullptr &&
-          storage.in_caller_storage(originals[j])) {
-        holder = &originals[j];
-      }
-    }
-    // A written own base of an input that is its whole storage is laid out as that input (its
-    // strides, from offset 0): its coordinates are still the caller's.
-    const at::Tensor& base = storage.base();
-    const bool caller_coordinates =
-        storage.flat()
-            ? !storage.bytes() && base.scalar_type() == wrapper.scalar_type()
-            : storage.in_caller_coordinates(base) ||
-                  (holder != nullptr && plain_strided(*holder) && is_whole_storage(*holder) &&
-                   plain_strided(base) && base.storage_offset() == 0 &&
-                   base.sizes() == holder->sizes() && base.strides() == holder->strides() &&
-                   base.scalar_type() == holder->scalar_type());
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        caller_coordinates && holder != nullptr && wrapper.layout() == c10::kStrided &&
-            has_data_of_its_own(original),
-        "functionalize: an ", what,
-        " onto another input's memory, after the function wrote that memory, is not supported "
-        "there (its values are no longer held in the caller's coordinates). Assign a copy "
-        "(y.clone()) instead.");
-    plan.in_caller =
-        at::empty({0}, holder->options().dtype(wrapper.scalar_type()))
-            .set_(holder->storage(), wrapper.storage_offset(), wrapper.sizes(), wrapper.strides());
-    plan.eager_data = true;
-    return plan;
-  }
-  const at::Tensor& value = impl.value();
-  if (has_data_of_its_own(original) && value.layout() == original.layout() &&
-      original.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(value.key_set())) {
-    plan.eager_data = true;
-    return plan;
-  }
-  if (calls_may_be_traced()) {
-    const bool owns_its_memory =
-        original.layout() == c10::kStrided && original.has_storage() &&
-        (original.numel() == 0 ? original.storage().nbytes() == 0 : is_whole_storage(original));
-    const bool shared = std::any_of(originals.begin(), originals.end(), [&](const at::Tensor& o) {
-      return o.defined() && !o.is_same(original) && o.has_storage() &&
-             o.storage().is_alias_of(original.storage());
-    });
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        owns_its_memory && !shared, "functionalize: an ", what,
-        " is not supported under a tracer or capture when the input does not span its whole "
-        "storage (a view of a larger buffer) or shares it with another input: eager's x leaves "
-        "that memory as it was and takes other memory, which a graph cannot hand to the caller. "
-        "Pass a tensor that owns its memory (x.clone()), or call the function without tracing.");
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        original.dtype() == wrapper.dtype() && original.device() == wrapper.device(),
-        "functionalize: an ", what, " of another dtype or device (", original.dtype(), " on ",
-        original.device(), " given ", wrapper.dtype(), " on ", wrapper.device(),
-        ") is not supported under a tracer or capture: eager's x changes dtype or device, which "
-        "no op of a graph does to its input. Return the converted tensor instead, or call the "
-        "function without tracing.");
-    // The graph writes x's own memory: it checks the layout that makes that eager's first.
-    if (traced_without_guards()) record_layout_guard(original, what);
-  }
-  return plan;
-}
-
-void give_other_data(const at::Tensor& original, const at::Tensor& wrapper, const OtherData& plan) {
-  const auto& impl = *unsafe_get_impl(wrapper);
-  if (plan.in_caller.defined()) {
-    original.set_data(plan.in_caller);  // eager's own `x.data =`: autograd and version stay
-    return;
-  }
-  if (original.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-      wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
-    return write_data(original, impl);
-  }
-  // Eager's geometry is the wrapper's: without views its value may be laid out otherwise.
-  const bool dense = wrapper.layout() == c10::kStrided && wrapper.is_non_overlapping_and_dense();
-  const at::Tensor& value = impl.value();
-  if (plan.eager_data) {
-    at::Tensor data;
-    {
-      c10::AutoGradMode no_grad(false);
-      data =
-          dense && same_sizes_other_strides(wrapper, value)
-              ? restrided_copy(
-                    at::empty_strided(wrapper.sizes(), wrapper.strides(), value.options()), value)
-              : value.detach();
-    }
-    original.set_data(data);  // eager's own `x.data =`: autograd and version stay
-    return;
-  }
-  const bool resized = original.sizes() != wrapper.sizes();
-  // (A torch.func wrapper of the input has no storage to restride: written as it is.)
-  const bool restrided = dense && original.has_storage() && original.strides() != wrapper.strides();
-  if (resized || restrided) {
-    // Eager's `x.data =` bumps no version; set_ bumped the wrapper's (brought over below).
-    at::AutoDispatchBelowADInplaceOrView uncounted;
-    if (resized) original.resize_(wrapper.sizes());
-    if (dense && original.has_storage() && original.strides() != wrapper.strides()) {
-      original.as_strided_(wrapper.sizes(), wrapper.strides(), original.storage_offset());
-    }
-  }
-  write_data(original, impl);
-}
-}  // namespace
-
 void write_back_inputs(const std::vector<at::Tensor>& originals,
                        const std::vector<at::Tensor>& wrappers) {
   TORCH_CHECK(originals.size() == wrappers.size(), "functionalize: write-back got ",
