@@ -1,7 +1,8 @@
-// The C++ reinplacing pass's state and steps (Note [Reinplace: the C++ pass]), private to its two
-// sources: core/GraphReinplace.cpp (the analysis, the in-place and scatter rewrites, the rebuilt
-// graph) and core/GraphReinplaceRegions.cpp (the rewrites that write regions of inputs: out=, and
-// scatters into inputs written region by region).
+// The C++ reinplacing pass's state and steps (Note [Reinplace: the C++ pass]), private to its three
+// sources: core/GraphReinplace.cpp (the analysis, the in-place rewrites, the rebuilt graph),
+// core/GraphReinplaceScatter.cpp (scatters written through their views) and
+// core/GraphReinplaceRegions.cpp (the rewrites that write regions of inputs: out=, and scatters
+// into inputs written region by region).
 #pragma once
 
 #include "core/Graph.h"
