@@ -246,16 +246,25 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
         impl->storage().use_count() == 1, "functionalize: ", op_name,
         ": growing a tensor past its storage while views of it are alive is not supported (the "
         "views would no longer match eager). Resize before taking views, or clone first.");
+    const bool from_start = layer.reapply_views || impl->alias_storage().generation() != 0;
     at::Tensor grown;
     {
       InnerCallGuard guard;
       if (flat) {
         grown = at::resize(base, {offset + needed});
       } else {
-        const at::Tensor old = layer.reapply_views
-                                   ? base.as_strided({capacity}, {1}, offset)
-                                   : at::as_strided_copy(base, {capacity}, {1}, offset);
-        grown = at::resize(old, {needed});
+        // Eager's reallocated storage keeps the elements before the tensor's offset, which the
+        // function may have written (x.add_(1); x.as_strided_(.., 5); an out= into x that grows
+        // it): a written base grows from its first element, and so does one with views kept
+        // (as_strided may read those elements). Rejected: always from the first element: a graph
+        // without views would then have to write an unwritten storage's first elements back, which
+        // it cannot (write_grown_storage refuses).
+        const int64_t from = from_start ? 0 : offset;
+        const int64_t held = std::max<int64_t>(
+            0, static_cast<int64_t>(base.storage().nbytes() / base.itemsize()) - from);
+        const at::Tensor old = layer.reapply_views ? base.as_strided({held}, {1}, from)
+                                                   : at::as_strided_copy(base, {held}, {1}, from);
+        grown = at::resize(old, {offset - from + needed});
       }
     }
     // In the caller's storage elements. The input's own base, still the caller's tensor, takes
@@ -265,14 +274,14 @@ void resize_functional(std::string_view op_name, const at::Tensor& self,
     const int64_t grown_start =
         impl->alias_storage().grown_start().value_or(
             caller_coordinates ? 0 : impl->alias_storage().caller_origin()) +
-        offset;
+        (from_start ? 0 : offset);
     const bool written_outside = impl->alias_storage().written_outside_members();
     impl->replace_storage_(grown);
     if (flat) {
       impl->alias_storage().mark_flat(layer.reapply_views);
       if (written_outside) impl->alias_storage().mark_written_outside_members();
     } else {
-      view_offset = 0;
+      if (!from_start) view_offset = 0;
       impl->alias_storage().mark_grown(grown_start);  // Note [Inputs: writes to a grown storage]
       // The base's element 0 is eager's element grown_start: as_strided's storage coordinates
       // would address the wrong elements.
