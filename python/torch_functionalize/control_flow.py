@@ -42,6 +42,14 @@ if TYPE_CHECKING:
 # back as outputs written by the enclosing layer (Note [Control flow: branches that write]),
 # and a cond, scan or map on tensors that require grad is traced with its gradient
 # (Note [Control flow: gradients]).
+# Registering a kernel at a key adds the key to the operator's dispatch mask, and our autograd-level
+# key carries the autograd functionality bit, which every backend's autograd key shares: an
+# operator that falls through AutogradCPU and AutogradCUDA (print, auto_functionalized,
+# with_effects) got it back, and then raised "could not find kernel ... at AutogradCPU" for every
+# caller once this module was imported (torch.compile with aot_eager and torch.export's
+# run_decompositions of a program with a mutating custom op, torch's own print). Such an operator
+# gets our kernel at the backend key alone, which our wrappers reach below the autograd key it
+# falls through.
 # capture records dispatcher ops only, so it refuses the operator by name (a graph that
 # inlined the taken branch would be wrong for inputs that take the other). Rejected: routing
 # operands through dynamo (it would need a fake form of our TensorImpl), and patching torch.cond
@@ -427,5 +435,6 @@ def install() -> None:
             # runs is the subgraph on the operands.
             dense = _call_subgraph
         for key in _OUR_KEYS:
-            if key not in op.py_kernels:
+            # Not at a key the operator falls through (its mask lacks it): see the Note above.
+            if key not in op.py_kernels and op.non_fallthrough_keys.has(key):
                 op.py_impl(key)(dense if op.name() in _RECORDED_AS_OPS else _kernel(op, dense))

@@ -473,3 +473,62 @@ def test_scan_results_used_with_real_tensors_trace_and_replay(graph, remove):
         e_in = make(sign)
         assert_trees_match(gm(*a_in), cumulative_into_a_buffer(*e_in), f"replay, sign {sign}")
         assert_trees_match(a_in, e_in, f"inputs after replay, sign {sign}")
+
+
+# Operators that fall through autograd (Note [Control flow: higher-order operators], last
+# paragraph): once torch_functionalize was imported, torch's own uses of them raised "could not
+# find kernel ... at dispatch key AutogradCPU", outside any functionalized function.
+@torch.library.custom_op("tfz_test_control_flow::add_one_", mutates_args=("x",))
+def _add_one_(x: torch.Tensor) -> None:
+    x.add_(1)
+
+
+@_add_one_.register_fake
+def _(x):
+    return None
+
+
+def _doubled_then_written_by_a_custom_op(x):
+    y = x * 2
+    _add_one_(y)
+    return y + 1
+
+
+class _WrittenByACustomOp(torch.nn.Module):
+    def forward(self, x):
+        return _doubled_then_written_by_a_custom_op(x)
+
+
+def test_torch_print_runs_eagerly_after_import(capsys):
+    x = torch.tensor([1.0, 2.0])
+    torch._higher_order_ops.print("x is {x}", x=x)
+    assert capsys.readouterr().out == f"x is {x}\n"
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_torch_print_inside_f_prints_the_written_value_as_eager(remove, capsys):
+    def f(x):
+        x.add_(1)
+        torch._higher_order_ops.print("x is {x}", x=x)
+        return x * 2
+
+    x = torch.tensor([1.0, 2.0], requires_grad=True).clone()
+    expected = f(x.detach().clone())
+    eager_out = capsys.readouterr().out
+    assert_trees_match(functionalize(f, remove=remove)(x.detach().clone()), expected, "output")
+    assert capsys.readouterr().out == eager_out
+
+
+def test_auto_functionalized_runs_under_torch_compile_aot_eager_after_import():
+    # AOTAutograd's runtime runs auto_functionalized_v2 on plain tensors.
+    x = torch.randn(3)
+    compiled = torch.compile(_doubled_then_written_by_a_custom_op, backend="aot_eager")
+    assert_trees_match(compiled(x.clone()), _doubled_then_written_by_a_custom_op(x.clone()),
+                       "aot_eager")
+
+
+def test_export_run_decompositions_of_a_mutating_custom_op_after_import():
+    x = torch.randn(3)
+    ep = torch.export.export(_WrittenByACustomOp(), (x.clone(),)).run_decompositions()
+    assert_trees_match(ep.module()(x.clone()), _doubled_then_written_by_a_custom_op(x.clone()),
+                       "exported")
