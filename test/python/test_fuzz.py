@@ -63,7 +63,7 @@ FIXED_PROGRAMS = (650054, 650363, 650915, 652798, 654111, 654514, 661430, 661439
 # Integers read from the bytes of NaNs that differ only in the NaNs' bits, which the comparator
 # accepts (fuzz/check.py differ_only_in_nan_bits; 741763 is shown below to be eager's own).
 NAN_BITS_PROGRAMS = (741763, 761082, 762858)
-# 668633, 701202, 742771, 749638, 780748 and 785649 are not bugs of ours: eager's kernels round
+# 668633, 701202, 742771, 749638, 780748, 785649 and 927368 are not bugs of ours: eager's kernels round
 # otherwise on other layouts or in place, and the programs read the float bits as integers or
 # divide by zero (see the tests below).
 OPEN_PROGRAMS: dict[int, set[tuple[str, str]]] = {
@@ -86,6 +86,12 @@ OPEN_PROGRAMS: dict[int, set[tuple[str, str]]] = {
     785649: {(path, "value") for path in (
         "cap_mav", "cap_mut", "cpprip_mav", "cpprip_mut", "fx_mav", "fx_mut", "ours_mav",
         "ours_mut")},
+    # Found by the thirty-first session's run (seeds 920000..928515): x.div_(x) of a complex64
+    # x (668633's last bits), then x.addcdiv_(x, 0j), whose division by zero turns them into
+    # +-inf where eager's exact zeros give nan (test below).
+    927368: {(path, "value") for path in (
+        "cap_mav", "cap_mut", "cpprip_mav", "cpprip_mut", "fx_mav", "fx_mut", "ours_mav",
+        "ours_mut", "rip_mut")},
 }
 
 
@@ -260,3 +266,32 @@ def test_program_780748_differs_only_as_eager_differs_between_in_place_and_out_o
     assert torch.equal(ours, out_of_place)
     assert bool((in_place.imag == 0).all()) and not bool((out_of_place.imag == 0).all())
     torch.testing.assert_close(in_place, out_of_place)  # equal up to rounding
+
+
+def test_program_927368_differs_only_as_eager_differs_between_in_place_and_out_of_place():
+    # x.div_(x) of a complex64 x: eager's in-place kernel gives exactly 1 + 0j where its div gives
+    # imaginary parts of 1e-8 (668633); addcdiv_ by a complex zero then divides them: eager's
+    # out-of-place program gives +-inf imaginary parts where its in-place one gives nan. The
+    # functional paths compute div and addcdiv, eager's out-of-place bits.
+    def make():
+        torch.manual_seed(582989673)
+        return torch.randn((4,), dtype=torch.complex64)[1:]
+
+    zero = torch.zeros((), dtype=torch.complex64)
+    in_place = make()
+    in_place.div_(in_place)
+    in_place.addcdiv_(in_place, zero, value=0.5)
+    quotient = torch.div(make(), make())
+    out_of_place = torch.addcdiv(quotient, quotient, zero, value=0.5)
+    from torch_functionalize import functionalize
+
+    def f(x):
+        x.div_(x)
+        x.addcdiv_(x, zero, value=0.5)
+        return x
+
+    ours = functionalize(f)(make())
+    assert torch.equal(torch.view_as_real(ours).isinf(), torch.view_as_real(out_of_place).isinf())
+    assert torch.equal(ours.isnan(), out_of_place.isnan())
+    assert bool(torch.view_as_real(in_place)[:, 1].isnan().all())
+    assert not bool(torch.view_as_real(out_of_place)[:, 1].isnan().all())
