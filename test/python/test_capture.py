@@ -106,6 +106,35 @@ def test_pytrees_and_keyword_arguments_round_trip(remove):
     assert_trees_match(state_g, state_e, "state")
 
 
+def test_lists_of_tensors_are_checked_as_captured(remove):
+    # An optimizer step's arguments: lists of tensors, read without pytree (capture.py,
+    # _tensor_sequence_leaves); a list of another length or a tuple for a list is named as a
+    # structure mismatch, another number as the constant the graph holds, and a number where a
+    # tensor was captured by name (it was pybind's argument error).
+    def step(params, grads, lr):
+        torch._foreach_add_(params, grads, alpha=-lr)
+        return params[0].sum()
+
+    def inputs():
+        torch.manual_seed(0)
+        return [torch.randn(3) for _ in range(4)], [torch.randn(3) for _ in range(4)]
+
+    gm = capture(step, *inputs(), 0.5, remove=remove)
+    params_g, grads_g = inputs()
+    params_e, grads_e = inputs()
+    assert_trees_match(gm(params_g, grads_g, 0.5), step(params_e, grads_e, 0.5), "output")
+    assert_trees_match(params_g, params_e, "params")
+    params, grads = inputs()
+    with pytest.raises(TypeError, match="captured for arguments of structure"):
+        gm(params[:3], grads[:3], 0.5)
+    with pytest.raises(TypeError, match="captured for arguments of structure"):
+        gm(tuple(params), grads, 0.5)
+    with pytest.raises(ValueError, match="a constant in the graph"):
+        gm(params, grads, 0.25)
+    with pytest.raises(TypeError, match="captured with a tensor for grads_4 and is called with"):
+        gm(params, grads[:3] + [1.0], 0.5)
+
+
 def test_closure_tensors_become_buffers_of_the_graph_module(remove):
     w = torch.randn(4, 4)
     table = torch.tensor([1.0, 2.0, 3.0, 4.0])
