@@ -63,13 +63,26 @@ OtherData plan_other_data(const std::vector<at::Tensor>& originals,
     return plan;  // written as any input; nothing specialized on a concrete layout
   }
   // Another input's storage that a resize grew is the caller's too, reallocated (it no longer
-  // names the caller's): eager's x shares it.
-  const bool grown_input_storage =
-      storage.grown_start() &&
-      std::any_of(wrappers.begin(), wrappers.end(), [&](const at::Tensor& w) {
-        return w.defined() && !w.is_same(wrapper) && maybe_get_impl(w) != nullptr &&
-               &unsafe_get_impl(w)->alias_storage() == &storage;
-      });
+  // names the caller's): eager's x shares it. A flat storage grows as a whole, from its first
+  // element, without a grown start: its base then outgrows the input's storage.
+  const auto base_bytes = [&] {
+    const at::Tensor& base = storage.base();
+    return base.unsafeGetTensorImpl()->has_symbolic_sizes_strides()
+               ? 0
+               : (base.storage_offset() + base.numel()) * static_cast<int64_t>(base.itemsize());
+  };
+  bool grown_input_storage = false;
+  for (size_t j = 0; j < wrappers.size() && !grown_input_storage; ++j) {
+    const at::Tensor& w = wrappers[j];
+    if (j == i || !w.defined() || maybe_get_impl(w) == nullptr ||
+        &unsafe_get_impl(w)->alias_storage() != &storage) {
+      continue;
+    }
+    grown_input_storage =
+        storage.grown_start().has_value() ||
+        (storage.flat() && originals[j].defined() && originals[j].has_storage() &&
+         base_bytes() > static_cast<int64_t>(originals[j].storage().nbytes()));
+  }
   TORCH_CHECK_NOT_IMPLEMENTED(
       !grown_input_storage, "functionalize: an ", what,
       " onto the memory of another input whose storage grew inside the function is not "

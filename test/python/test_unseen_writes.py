@@ -512,3 +512,27 @@ def test_input_given_the_data_of_another_input_grown_inside_is_refused_by_name(r
     with pytest.raises(NotImplementedError, match="another input whose storage grew"):
         functionalize(f, remove=remove)(x, y)
     assert torch.equal(x, torch.zeros(2)) and torch.equal(y, torch.zeros(2))
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_input_given_the_data_of_a_strided_input_grown_inside_is_refused_by_name(remove):
+    # y = b[::2] has a flat storage, which an out= resize grows as a whole: x was given a copy of
+    # y's values in memory of its own where eager's x shares y's reallocated storage (a mini-fuzz
+    # of fuzzer programs with `.data =` inserted, thirty-first session).
+    def f(x, y):
+        torch.clamp(x * 2, -0.5, 0.5, out=y)
+        x.data = y.select(1, 4)
+        return x * 1
+
+    def make_inputs():
+        torch.manual_seed(0)
+        return torch.randn(2, 5), torch.randn(4)[::2]
+
+    eager_x, eager_y = make_inputs()
+    f(eager_x, eager_y)
+    assert eager_x.untyped_storage().data_ptr() == eager_y.untyped_storage().data_ptr()
+    x, y = make_inputs()
+    with pytest.raises(NotImplementedError, match="another input whose storage grew"):
+        functionalize(f, remove=remove)(x, y)
+    x0, y0 = make_inputs()
+    assert torch.equal(x, x0) and torch.equal(y, y0)
