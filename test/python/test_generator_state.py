@@ -95,10 +95,10 @@ def seeded_module_built_inside(x):
 
 
 # Cases that name a generator of their own in a make_fx graph (capture records one itself; it
-# records a restored state through make_fx).
+# records a restored state, and a generator f makes and reseeds, through make_fx).
 _NAMED_GENERATORS = {"made_inside", "made_inside_and_reseeded", "init_with_a_generator",
                      "outside_generator_drawn", "outside_generator_saved_and_restored"}
-_THROUGH_MAKE_FX = {"outside_generator_saved_and_restored"}
+_THROUGH_MAKE_FX = {"outside_generator_saved_and_restored", "made_inside_and_reseeded"}
 # Cases that seed a generator the caller keeps: a trace leaves it seeded, as a call does.
 _SETS_WITHOUT_DRAWING = {"seeded_then_drawn", "seeded_after_drawing", "seeded_without_drawing",
                          "default_generator_seeded_by_its_method", "seeded_module_built_inside"}
