@@ -36,8 +36,9 @@ Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 # break may write through an output that eager made a view of an input (y = x.view(-1); break;
 # y.add_(1)). The backend finds such outputs at compile time from dynamo's fake values (output
 # and input share a fake storage) and, after each run, rebuilds each as an as_strided view of its
-# input with eager's sizes, strides and offset, read from the fake output (symbolic ones
-# evaluated against the real inputs' sizes). Outputs that alias each other keep doing so because
+# input with eager's sizes, strides, offset, dtype and conjugate/negative bits, read from the
+# fake output (symbolic ones evaluated against the real inputs' sizes); an output that is an input
+# itself (dynamo returns one that an in-place operator rebound: `x *= 2`) is the caller's tensor. Outputs that alias each other keep doing so because
 # remove="mutations" (the default) keeps views in the graph; with remove="mutations_and_views"
 # two outputs that are views of one intermediate come back as separate tensors, so a write
 # through one after a graph break is not seen through the other (use the default there).
@@ -100,12 +101,14 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
         bindings = None
         for index, (input_index, fake_out) in aliases.items():
             base = args[input_index]
+            if fake_out is None:  # the input itself (x *= 2 rebinds x to x)
+                outs[index] = base
+                continue
             if _same_storage(outs[index], base):
                 continue  # the graph's view of an unmutated input is already an alias
             if bindings is None:
                 bindings = _bind(shape_env, fake_inputs, args)
-            size, stride, offset = _eager_geometry(fake_out, bindings)
-            outs[index] = base.as_strided(size, stride, offset)
+            outs[index] = _view_of(base, fake_out, bindings)
         if single:
             return outs[0]
         return type(outputs)(outs) if isinstance(outputs, tuple) else outs
@@ -228,8 +231,14 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _output_aliases(gm: torch.fx.GraphModule,
-                    fake_inputs: list[Any]) -> dict[int, tuple[int, torch.Tensor]]:
-    """{output index: (input index, fake output)} for outputs eager makes views of an input."""
+                    fake_inputs: list[Any]) -> dict[int, tuple[int, torch.Tensor | None]]:
+    """{output index: (input index, fake output)} for outputs eager makes views of an input;
+    the fake output is None where the output is the input itself. Dynamo returns an input that
+    an in-place op rebound (`x *= 2` is `x = x.__imul__(2)`, which is x) as an output, and the
+    code after the graph break goes on with that output as x: it must be the caller's tensor,
+    not a view of it (x.resize_(..) of a view leaves x as it was) nor a copy."""
+    # dynamo's own fake inputs (fake_inputs are detached copies): the output is one of them
+    raw_inputs = [example_value(n, ("example_value", "val")) for n in placeholders(gm.graph)]
     storages: dict[StorageWeakRef, int] = {}
     for i, value in enumerate(fake_inputs):
         if isinstance(value, torch.Tensor) and value.layout == torch.strided:
@@ -240,11 +249,35 @@ def _output_aliases(gm: torch.fx.GraphModule,
     aliases = {}
     for index, node in enumerate(flat):
         value = example_value(node, ("example_value",)) if isinstance(node, torch.fx.Node) else None
-        if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+        same = next((i for i, v in enumerate(raw_inputs)
+                     if value is not None and v is value), None)
+        if same is not None:
+            aliases[index] = (same, None)
+        elif isinstance(value, torch.Tensor) and value.layout == torch.strided:
             input_index = storages.get(StorageWeakRef(value.untyped_storage()))
             if input_index is not None:
                 aliases[index] = (input_index, value)
     return aliases
+
+
+def _view_of(base: torch.Tensor, fake_out: torch.Tensor, bindings: Mapping[Any, Any]
+             ) -> torch.Tensor:
+    """A view of input `base` laid out as eager's output `fake_out`: its sizes, strides and
+    offset, and its dtype and conjugate/negative bits (x.view(torch.int32), x.conj(): as_strided
+    alone keeps the input's, which gave an output of the input's dtype, or conjugated values)."""
+    size, stride, offset = _eager_geometry(fake_out, bindings)
+    view = base
+    if fake_out.dtype != base.dtype:
+        # The whole storage as one row, read in the output's dtype: offsets and strides are then
+        # counted in the output's elements, as eager's view(dtype) counts them.
+        whole = base.untyped_storage().nbytes() // base.element_size()
+        view = base.as_strided((whole,), (1,), 0).view(fake_out.dtype)
+    view = view.as_strided(size, stride, offset)
+    if view.is_conj() != fake_out.is_conj():
+        view = view.conj()
+    if view.is_neg() != fake_out.is_neg():
+        view = torch._neg_view(view)
+    return view
 
 
 def _shape_env(fake_inputs: list[Any]) -> Any:

@@ -105,6 +105,39 @@ def test_output_view_of_input_written_after_graph_break(remove, mutate_first):
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_input_rebound_by_an_in_place_operator_before_a_graph_break(remove):
+    # `x *= -0.25` rebinds x to x itself; dynamo returns it from the first graph and the code after
+    # the break resizes it: it must be the caller's tensor, not a view of it (which resize_ left
+    # the caller's x as it was) (a fuzzer program through torch.compile, thirty-first session).
+    def f(x, y):
+        x *= -0.25
+        torch._dynamo.graph_break()
+        x.resize_as_(y)
+        x.zero_()
+        return y * 1
+
+    compile_matches_eager(f, torch.randn(4), torch.randn(3, 2), remove=remove, calls=2)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("view", ["int32", "conj", "real"])
+def test_output_view_of_input_of_another_dtype_or_bit_after_a_graph_break(remove, view):
+    # An output viewing an input is rebuilt on the input with the output's dtype and conjugate
+    # bit, not the input's (x.view(torch.int32) came back float32; x.conj() unconjugated).
+    views = {"int32": lambda x: x.view(torch.int32), "conj": lambda x: x.conj(),
+             "real": lambda x: torch.view_as_real(x)}
+
+    def f(x):
+        x.mul_(2)
+        y = views[view](x)[1:]
+        torch._dynamo.graph_break()
+        return y * 1, y.dtype, y.is_conj()
+
+    x = torch.randn(4) if view == "int32" else torch.randn(4, dtype=torch.complex64)
+    compile_matches_eager(f, x, remove=remove, calls=2)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
 def test_output_view_of_input_with_dynamic_shapes(remove):
     def f(x):
         x.mul_(2)
