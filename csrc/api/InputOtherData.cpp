@@ -78,10 +78,9 @@ OtherData plan_other_data(const std::vector<at::Tensor>& originals,
         &unsafe_get_impl(w)->alias_storage() != &storage) {
       continue;
     }
-    grown_input_storage =
-        storage.grown_start().has_value() ||
-        (storage.flat() && originals[j].defined() && originals[j].has_storage() &&
-         base_bytes() > static_cast<int64_t>(originals[j].storage().nbytes()));
+    grown_input_storage = storage.grown_start().has_value() ||
+                          (storage.flat() && originals[j].defined() && originals[j].has_storage() &&
+                           base_bytes() > static_cast<int64_t>(originals[j].storage().nbytes()));
   }
   TORCH_CHECK_NOT_IMPLEMENTED(
       !grown_input_storage, "functionalize: an ", what,
