@@ -59,8 +59,10 @@ bool spans_and_elements_overlap(const at::Tensor& a, const at::Tensor& b) {
 }
 
 bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
-  return a.itemsize() == b.itemsize() && a.storage_offset() == b.storage_offset() &&
-         a.sizes() == b.sizes() && a.strides() == b.strides();
+  // The symbolic forms: under dynamic shapes (torch.compile(dynamic=True), make_fx's symbolic
+  // mode) the concrete accessors raise; comparing symbols guards on the answer.
+  return a.itemsize() == b.itemsize() && a.sym_storage_offset() == b.sym_storage_offset() &&
+         a.sym_sizes() == b.sym_sizes() && a.sym_strides() == b.sym_strides();
 }
 
 }  // namespace tfz::detail
