@@ -154,8 +154,10 @@ def test_write_through_a_view_reading_itself_with_dynamic_shapes():
     assert_trees_match(compiled_base, eager_base, "the input's base")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open bug (fuzzer program 933781 through torch.compile): an input b[1:, ::2] (storage offset "
+@pytest.mark.xfail(
+    tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 14), strict=True, reason=(
+    "open bug, seen with torch 2.11 and 2.13 (2.14 and 2.15 give eager's values), fuzzer program "
+    "933781 through torch.compile: an input b[1:, ::2] (storage offset "
     "5, a size-1 dimension of stride 10) viewed as x.view(25), written through a slice of that "
     "view and then doubled by x += x, comes back with its rows shifted by one through the "
     "backend when dynamo compiles the function a second time (after torch._dynamo.reset(); the "
