@@ -137,21 +137,29 @@ def test_output_view_of_input_of_another_dtype_or_bit_after_a_graph_break(remove
     compile_matches_eager(f, x, remove=remove, calls=2)
 
 
+def _flat_view_written_then_doubled(x):
+    # Fuzzer program 933781, shortened: x = b[1:, ::2] has storage offset 5 and a size-1
+    # dimension of stride 10.
+    v = x.view(25)
+    v[18:] += -2
+    x += x
+    return v
+
+
+def _compiled_matches_eager_on_a_strided_slice(dynamic, label):
+    f = _flat_view_written_then_doubled
+    eager_base, compiled_base = torch.arange(30).view(6, 1, 5), torch.arange(30).view(6, 1, 5)
+    expected = f(eager_base[1:, ::2])
+    actual = torch.compile(f, backend="tfz", dynamic=dynamic)(compiled_base[1:, ::2])
+    assert_trees_match(actual, expected, f"output, {label}")
+    assert_trees_match(compiled_base, eager_base, f"the input's base, {label}")
+
+
 def test_write_through_a_view_reading_itself_with_dynamic_shapes():
     # v[18:] += -2 copies a value into a view of itself, which the overlap check compares by
     # geometry: with symbolic sizes that comparison raised torch's "Cannot call storage_offset()
-    # on tensor with symbolic sizes/strides" (found with the program below, 933781).
-    def f(x):
-        v = x.view(25)
-        v[18:] += -2
-        x += x
-        return v
-
-    eager_base, compiled_base = torch.arange(30).view(6, 1, 5), torch.arange(30).view(6, 1, 5)
-    expected = f(eager_base[1:, ::2])
-    actual = torch.compile(f, backend="tfz", dynamic=True)(compiled_base[1:, ::2])
-    assert_trees_match(actual, expected, "output")
-    assert_trees_match(compiled_base, eager_base, "the input's base")
+    # on tensor with symbolic sizes/strides".
+    _compiled_matches_eager_on_a_strided_slice(True, "dynamic shapes")
 
 
 @pytest.mark.xfail(
@@ -164,20 +172,9 @@ def test_write_through_a_view_reading_itself_with_dynamic_shapes():
     "first compile is right, and so is dynamic=True); functionalize, make_fx and capture of the "
     "same program are right"))
 def test_input_at_an_offset_written_through_a_flat_view_then_in_place():
-    def f(x):
-        v = x.view(25)
-        v[18:] += -2
-        x += x
-        return v
-
-    for compile_number in range(2):  # the first compile of f gives eager's values, the second not
+    for compile_number in range(2):  # a second compile of the function goes wrong
         torch._dynamo.reset()
-        eager_base = torch.arange(30).view(6, 1, 5)
-        compiled_base = torch.arange(30).view(6, 1, 5)
-        expected = f(eager_base[1:, ::2])
-        actual = torch.compile(f, backend="tfz", dynamic=False)(compiled_base[1:, ::2])
-        assert_trees_match(actual, expected, f"output of compile {compile_number}")
-        assert_trees_match(compiled_base, eager_base, f"the input's base, compile {compile_number}")
+        _compiled_matches_eager_on_a_strided_slice(False, f"compile {compile_number}")
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
