@@ -128,7 +128,7 @@ def functionalize(func: F, *, remove: Remove = "mutations") -> F:
         if tracer is None:
             outputs = _C._call(inputs, remove, alias, run)
         else:  # See Note [Autograd: saved outputs under a tracer], the checkpoint case.
-            with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+            with torch.utils.checkpoint.set_checkpoint_early_stop(False), _fake_cache_off():
                 outputs = _C._call(inputs, remove, alias, run)
         if tracer is not None:
             _tidy_autograd_detaches(tracer, last_node, outputs, remove != "mutations")
@@ -341,6 +341,31 @@ def _outside_dynamo(call: Callable[..., Any], args: tuple, kwargs: dict[str, Any
 # the local program).
 def _is_wrapper_subclass(t: object) -> bool:
     return type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t)
+
+
+# Note [API: the fake-tensor cache under a tracer]
+# FakeTensorMode caches the metadata of op results by the metadata of their arguments, in one
+# table for every mode of the process. Under a fake tracer the engine reads the storage offset of
+# fake results: a *_scatter of a view at an offset keeps the offset (torch copies the view's whole
+# storage), and the input's own base is addressed from it. Served from the cache, such a result
+# came back at offset 0 from the second trace on, in any mode: make_fx(functionalize(f),
+# tracing_mode="fake") of f(b[1:, ::2]) wrote the input's elements shifted by its offset, silently,
+# on every trace but the first in a process, and so did functionalize_graph and the torch.compile
+# backend. So the functionalized call runs with the tracer's fake mode not caching, and restores
+# the mode's setting after. Rejected: dropping the cache's entries (the table is torch's, shared,
+# and its keys are private), and recomputing offsets from sizes (a scatter's result has the
+# offset, its sizes do not say it).
+@contextlib.contextmanager
+def _fake_cache_off() -> Iterator[None]:
+    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if mode is None or not getattr(mode, "cache_enabled", False):
+        yield
+        return
+    mode.cache_enabled = False
+    try:
+        yield
+    finally:
+        mode.cache_enabled = True
 
 
 def _proxy_tracer() -> Any:
