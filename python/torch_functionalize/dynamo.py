@@ -38,10 +38,11 @@ Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 # and input share a fake storage) and, after each run, rebuilds each as an as_strided view of its
 # input with eager's sizes, strides, offset, dtype and conjugate/negative bits, read from the
 # fake output (symbolic ones evaluated against the real inputs' sizes); an output that is an input
-# itself (dynamo returns one that an in-place operator rebound: `x *= 2`) is the caller's tensor. Outputs that alias each other keep doing so because
-# remove="mutations" (the default) keeps views in the graph; with remove="mutations_and_views"
-# two outputs that are views of one intermediate come back as separate tensors, so a write
-# through one after a graph break is not seen through the other (use the default there).
+# itself (dynamo returns one that an in-place operator rebound: `x *= 2`) is the caller's tensor.
+# Outputs that alias each other keep doing so because remove="mutations" (the default) keeps
+# views in the graph; with remove="mutations_and_views" two outputs that are views of one
+# intermediate come back as separate tensors, so a write through one after a graph break is not
+# seen through the other (use the default there).
 #   Autograd is eager's: the functional graph is run op by op under autograd at run time, so
 # .backward() through a compiled region works as through any ATen program. Rejected: tracing a
 # joint forward/backward graph here, which is AOTAutograd's job (a user compiler that wants one

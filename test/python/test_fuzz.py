@@ -63,8 +63,8 @@ FIXED_PROGRAMS = (650054, 650363, 650915, 652798, 654111, 654514, 661430, 661439
 # Integers read from the bytes of NaNs that differ only in the NaNs' bits, which the comparator
 # accepts (fuzz/check.py differ_only_in_nan_bits; 741763 is shown below to be eager's own).
 NAN_BITS_PROGRAMS = (741763, 761082, 762858)
-# 668633, 701202, 742771, 749638, 780748, 785649 and 927368 are not bugs of ours: eager's kernels round
-# otherwise on other layouts or in place, and the programs read the float bits as integers or
+# 668633, 701202, 742771, 749638, 780748, 785649 and 927368 are not bugs of ours: eager's kernels
+# round otherwise on other layouts or in place, and the programs read the float bits as integers or
 # divide by zero (see the tests below).
 OPEN_PROGRAMS: dict[int, set[tuple[str, str]]] = {
     668633: {(path, "value") for path in (
