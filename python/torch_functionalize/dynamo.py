@@ -16,6 +16,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ._fx import concrete, example_value, placeholders, run_without_grad, sizes_and_strides
 from ._copy_derivative import with_copy_derivative
+from ._view_chain import ViewChain, view_chain
 from .api import Remove, check_remove
 from .graph import _fetch_attr, functionalize_graph
 
@@ -35,10 +36,12 @@ Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 # never alias graph inputs (Note [Inputs: outputs that alias inputs]), but code after a graph
 # break may write through an output that eager made a view of an input (y = x.view(-1); break;
 # y.add_(1)). The backend finds such outputs at compile time from dynamo's fake values (output
-# and input share a fake storage) and, after each run, rebuilds each as an as_strided view of its
-# input with eager's sizes, strides, offset, dtype and conjugate/negative bits, read from the
-# fake output (symbolic ones evaluated against the real inputs' sizes); an output that is an input
-# itself (dynamo returns one that an in-place operator rebound: `x *= 2`) is the caller's tensor.
+# and input share a fake storage) and, after each run, remakes each on its input: by replaying
+# the graph's view calls where they lead from the input to the output
+# (Note [Dynamo: outputs that view inputs]), else as an as_strided view with the sizes, strides,
+# offset, dtype and conjugate/negative bits of the fake output (symbolic ones evaluated against
+# the real inputs' sizes); an output that is an input itself (dynamo returns one that an in-place
+# operator rebound: `x *= 2`) is the caller's tensor.
 # Outputs that alias each other keep doing so because remove="mutations" (the default) keeps
 # views in the graph; with remove="mutations_and_views" two outputs that are views of one
 # intermediate come back as separate tensors, so a write through one after a graph break is not
@@ -100,13 +103,16 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
         single = not isinstance(outputs, (tuple, list))
         outs = [outputs] if single else list(outputs)
         bindings = None
-        for index, (input_index, fake_out) in aliases.items():
+        for index, (input_index, fake_out, chain) in aliases.items():
             base = args[input_index]
             if fake_out is None:  # the input itself (x *= 2 rebinds x to x)
                 outs[index] = base
                 continue
             if _same_storage(outs[index], base):
                 continue  # the graph's view of an unmutated input is already an alias
+            if chain is not None:  # Note [Dynamo: outputs that view inputs]
+                outs[index] = chain.replay(args)
+                continue
             if bindings is None:
                 bindings = _bind(shape_env, fake_inputs, args)
             outs[index] = _view_of(base, fake_out, bindings)
@@ -231,10 +237,11 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
 
 
-def _output_aliases(gm: torch.fx.GraphModule,
-                    fake_inputs: list[Any]) -> dict[int, tuple[int, torch.Tensor | None]]:
-    """{output index: (input index, fake output)} for outputs eager makes views of an input;
-    the fake output is None where the output is the input itself. Dynamo returns an input that
+def _output_aliases(gm: torch.fx.GraphModule, fake_inputs: list[Any]
+                    ) -> dict[int, tuple[int, torch.Tensor | None, ViewChain | None]]:
+    """{output index: (input index, fake output, view chain)} for outputs eager makes views of
+    an input; the fake output is None where the output is the input itself, the chain None where
+    the view cannot be remade by replaying the graph's view calls. Dynamo returns an input that
     an in-place op rebound (`x *= 2` is `x = x.__imul__(2)`, which is x) as an output, and the
     code after the graph break goes on with that output as x: it must be the caller's tensor,
     not a view of it (x.resize_(..) of a view leaves x as it was) nor a copy."""
@@ -253,11 +260,11 @@ def _output_aliases(gm: torch.fx.GraphModule,
         same = next((i for i, v in enumerate(raw_inputs)
                      if value is not None and v is value), None)
         if same is not None:
-            aliases[index] = (same, None)
+            aliases[index] = (same, None, None)
         elif isinstance(value, torch.Tensor) and value.layout == torch.strided:
             input_index = storages.get(StorageWeakRef(value.untyped_storage()))
             if input_index is not None:
-                aliases[index] = (input_index, value)
+                aliases[index] = (input_index, value, view_chain(gm, node))
     return aliases
 
 

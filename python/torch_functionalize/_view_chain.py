@@ -1,0 +1,166 @@
+"""The view ops that lead from a placeholder of a dynamo graph to an output, replayed on the real
+input after the graph ran: the torch.compile backend's way of giving an output that eager made a
+view of an input the exact view eager made (see Note [Dynamo: outputs that view inputs]).
+"""
+from __future__ import annotations
+
+import functools
+import operator
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.fx
+
+# Note [Dynamo: outputs that view inputs]
+# An output of a dynamo graph that eager made a view of an input must come back as such a view
+# (Note [Dynamo: the backend]). Its sizes, strides and offset are eager's only if eager's kernels
+# compute them: dynamo's fake values take several view ops through Python reference
+# implementations whose geometry differs from the C++ kernels' at the edges (an empty
+# x.diagonal(-1, 1, 0) of a 2x1 input: offset 1 under dynamo's fake mode, 0 in eager; an
+# out= write into that view then resizes it from another element). So
+# where the graph reaches the output from a placeholder through view ops alone (torch-level
+# calls whose ATen schema returns an alias of a self that it does not write, and getitem of
+# their tuples), the backend replays those calls on the real input after each run: eager's own
+# kernels then make the view, with eager's geometry, dtype, conjugate bit and view history.
+# In-place data writes on the way (y = x.add_(1); y.view(-1)) are skipped (they return self).
+# No replay where the walk meets anything else, an argument computed in the graph (view_as(y)),
+# or a change of geometry of a tensor on the way (t_, resize_, set_, an out= argument): the
+# replayed call would then see other geometry than eager's call did. Those outputs keep the
+# as_strided rebuild from the fake value. Rejected: correcting the fake geometry op by op
+# (each divergence of a reference from its kernel would be a case of ours to find and keep).
+
+# In-place operators that change a tensor's sizes, strides, offset or storage.
+_GEOMETRY_WRITES = frozenset({
+    "t_", "transpose_", "swapdims_", "swapaxes_", "squeeze_", "unsqueeze_", "as_strided_",
+    "resize_", "resize_as_", "set_", "unsafe_set_",
+})
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op == "call_function":
+        name = getattr(node.target, "__name__", "")
+        return name.split(".")[0]
+    return ""
+
+
+@functools.lru_cache(maxsize=None)
+def _aten_kind(name: str) -> str:
+    """'view' where every ATen overload named `name` that takes a tensor self returns an alias
+    of it without writing it, 'write' where one writes self, '' otherwise."""
+    packet = getattr(torch.ops.aten, name, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return ""
+    schemas = [getattr(packet, overload)._schema for overload in packet.overloads()]
+    schemas = [s for s in schemas  # not aten::split.str and the like
+               if s.arguments and isinstance(s.arguments[0].type, torch.TensorType)]
+    if not schemas:
+        return ""
+    if any(s.arguments[0].alias_info is not None and s.arguments[0].alias_info.is_write
+           for s in schemas):
+        return "write"
+    if all(s.arguments[0].alias_info is not None and s.returns
+           and s.returns[0].alias_info is not None for s in schemas):
+        return "view"
+    return ""
+
+
+def _is_torch_function(target: Any) -> bool:
+    name = getattr(target, "__name__", None)
+    return name is not None and getattr(torch, name, None) is target
+
+
+def _step_kind(node: torch.fx.Node) -> str:
+    """How the walk treats `node` whose first argument is on the way: 'view' (replayed),
+    'write' (an in-place data write, returns its self: skipped), '' (no replay)."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        return "view"  # of a split's tuple, or basic indexing (the value shares storage)
+    if node.op == "call_method" or (node.op == "call_function"
+                                   and _is_torch_function(node.target)):
+        name = _op_name(node)
+        if name in _GEOMETRY_WRITES or "out" in node.kwargs:
+            return ""
+        return _aten_kind(name)
+    return ""
+
+
+def _changes_geometry(user: torch.fx.Node, node: torch.fx.Node) -> bool:
+    if user.args and user.args[0] is node and _op_name(user) in _GEOMETRY_WRITES:
+        return True
+    out = user.kwargs.get("out")
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    return any(o is node for o in outs)
+
+
+class ViewChain:
+    """The calls from placeholder `index` to an output, in order; `replay(args)` runs them on
+    the real arguments."""
+
+    def __init__(self, index: int, placeholder: torch.fx.Node,
+                 steps: list[tuple[torch.fx.Node, bool]],
+                 arguments: dict[torch.fx.Node, int]) -> None:
+        self.index = index
+        self._placeholder = placeholder
+        self._steps = steps
+        self._arguments = arguments  # other placeholders the calls read (sizes) -> arg index
+
+    def replay(self, args: Sequence[Any]) -> torch.Tensor:
+        env: dict[torch.fx.Node, Any] = {self._placeholder: args[self.index]}
+        for node, position in self._arguments.items():
+            env[node] = args[position]
+        value = env[self._placeholder]
+        for node, replayed in self._steps:
+            if not replayed:  # an in-place data write: its value is its self
+                env[node] = value
+                continue
+            call_args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+            call_kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+            if node.op == "call_method":
+                self_arg, *rest = call_args
+                value = getattr(self_arg, str(node.target))(*rest, **call_kwargs)
+            else:
+                value = node.target(*call_args, **call_kwargs)
+            env[node] = value
+        return value
+
+
+def view_chain(gm: torch.fx.GraphModule, output: Any) -> Optional[ViewChain]:
+    """The chain of view calls from a placeholder to `output` (a node of gm's output), or None
+    where the output cannot be remade by replaying calls (see the Note)."""
+    if not isinstance(output, torch.fx.Node):
+        return None
+    positions = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    steps: list[tuple[torch.fx.Node, bool]] = []
+    on_the_way: list[torch.fx.Node] = []
+    node = output
+    while node.op != "placeholder":
+        kind = _step_kind(node)
+        if not kind or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            return None
+        steps.append((node, kind == "view"))
+        on_the_way.append(node)
+        node = node.args[0]
+    placeholder = node
+    on_the_way.append(placeholder)
+    chain_nodes = set(on_the_way)
+    arguments: dict[torch.fx.Node, int] = {}
+    for step, replayed in steps:
+        if not replayed:
+            continue
+        for arg in _node_arguments(step):
+            if arg in chain_nodes:
+                continue
+            if arg.op != "placeholder":
+                return None  # computed in the graph (view_as(y), a size read from a tensor)
+            arguments[arg] = positions[arg]
+    if any(_changes_geometry(user, n) for n in on_the_way for user in n.users):
+        return None
+    steps.reverse()
+    return ViewChain(positions[placeholder], placeholder, steps, arguments)
+
+
+def _node_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
+    found: list[torch.fx.Node] = []
+    torch.fx.node.map_arg((node.args, node.kwargs), lambda n: found.append(n) or n)
+    return found
