@@ -2,6 +2,7 @@
 functionalize path, compared with eager.
 
   python tools/fuzz.py --seconds 600 --seed 0 [--programs N] [--workers 1] [--out fuzz_out]
+                       [--compile]
 
 Programs (the generator in python/torch_functionalize/testing/_internal/fuzz/) take 1-3 inputs
 that may alias each other (views, transposes, diagonals, strided and dtype-reinterpreting views of
@@ -15,6 +16,9 @@ twice with equal results) runs through
   fxrip_mut             make_fx(functionalize(f)) after reinplace, replayed,
   cpprip_mut / _mav     capture's C++ graph after the C++ pass (tfz::reinplace), replayed,
   tf_mut / tf_mav       torch.func.functionalize(f), for the comparison,
+  dyn_mut / dyn_mav     with --compile: torch.compile(f, backend=torch_functionalize.backend(
+                        remove=...)), each program a fresh compile (the run then takes about
+                        twice as long per program),
 and outputs plus inputs afterwards (values, sizes, strides, storage offset; fuzz/check.py there)
 are compared with eager (output strides only with views kept: without views outputs are copies;
 floats with a tolerance; integers read from floats' bytes may differ only in the bits of NaNs,
@@ -23,7 +27,8 @@ result, not the end of the run. A failure of ours is shrunk (the shortest failin
 statements dropped while it still fails the same way) and written as a standalone reproducer
 (<out>/repro_<seed>_<path>.py, runnable with python). Named errors ("functionalize: ...",
 unsupported programs) are counted and grouped, not failures, and so are make_fx paths' errors that
-plain make_fx(f) raises too (make_fx itself cannot trace or print f). Exit status 1 if ours failed.
+plain make_fx(f) raises too (make_fx itself cannot trace or print f), and dyn_ paths' failures that
+dynamo shows with its plain "eager" backend too (dynamo's own). Exit status 1 if ours failed.
 """
 
 from __future__ import annotations
@@ -89,12 +94,14 @@ def _new_pool(workers):
                                   mp_context=multiprocessing.get_context("spawn"))
 
 
-def fuzz(seed: int, seconds: float, programs: int | None, workers: int, out: Path) -> dict:
+def fuzz(seed: int, seconds: float, programs: int | None, workers: int, out: Path,
+         with_compile: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     stats = {"programs": 0, "valid": 0, "invalid": collections.Counter(),
              "ours": collections.Counter(), "unsupported": collections.Counter(),
              "torch_func_wrong_ours_right": collections.Counter(),
-             "make_fx_itself": collections.Counter(), "crash": [], "hang": [],
+             "make_fx_itself": collections.Counter(), "dynamo_itself": collections.Counter(),
+             "crash": [], "hang": [],
              "repros": []}
     start = time.time()
     next_seed = seed
@@ -107,7 +114,7 @@ def fuzz(seed: int, seconds: float, programs: int | None, workers: int, out: Pat
 
     while pending or budget_left():
         while budget_left() and len(pending) < 2 * workers:
-            pending[pool.submit(run_one, next_seed)] = (next_seed, time.time())
+            pending[pool.submit(run_one, next_seed, True, with_compile)] = (next_seed, time.time())
             next_seed += 1
         done, _ = cf.wait(pending, timeout=1.0, return_when=cf.FIRST_COMPLETED)
         broken = False
@@ -128,10 +135,12 @@ def fuzz(seed: int, seconds: float, programs: int | None, workers: int, out: Pat
                 continue
             stats["valid"] += 1
             for path, status in r["paths"].items():
-                if path in fc.OURS_PATHS and status not in NOT_FAILURES:
+                if path not in fc.TF_PATHS and status not in NOT_FAILURES:
                     stats["ours"][f"{path}: {status}"] += 1
                 if status == fc.MAKE_FX_ITSELF:
                     stats["make_fx_itself"][path] += 1
+                if status == fc.DYNAMO_ITSELF:
+                    stats["dynamo_itself"][path] += 1
                 if status == "unsupported":
                     stats["unsupported"][r["messages"][path]] += 1
             for mode in ("mut", "mav"):
@@ -157,7 +166,8 @@ def fuzz(seed: int, seconds: float, programs: int | None, workers: int, out: Pat
                 proc.kill()
             pool.shutdown(wait=False, cancel_futures=True)
             pool = _new_pool(workers)
-            pending = {pool.submit(run_one, s): (s, time.time()) for s in resubmit}
+            pending = {pool.submit(run_one, s, True, with_compile): (s, time.time())
+                       for s in resubmit}
     pool.shutdown()
     stats["seconds"] = time.time() - start
     stats["seeds"] = (seed, next_seed - 1)
@@ -174,6 +184,9 @@ def report(stats: dict) -> str:
         lines.append(f"  reproducer: {repro}")
     lines.append("make_fx paths failing as plain make_fx(f) does (not ours): "
                  f"{dict(stats.get('make_fx_itself', {})) or 'none'}")
+    if stats.get("dynamo_itself"):
+        lines.append("dyn_ paths failing as dynamo's plain eager backend does (not ours): "
+                     f"{dict(stats['dynamo_itself'])}")
     lines.append("named errors (unsupported), grouped:")
     for message, n in stats["unsupported"].most_common(20):
         lines.append(f"  {n:6d}  {message}")
@@ -189,8 +202,10 @@ def main(argv=None) -> int:
     parser.add_argument("--programs", type=int, default=None)
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     parser.add_argument("--out", type=Path, default=Path("fuzz_out"))
+    parser.add_argument("--compile", action="store_true",
+                        help="also run each program through torch.compile(backend=tfz)")
     args = parser.parse_args(argv)
-    stats = fuzz(args.seed, args.seconds, args.programs, args.workers, args.out)
+    stats = fuzz(args.seed, args.seconds, args.programs, args.workers, args.out, args.compile)
     print(report(stats))
     (args.out / "report.txt").write_text(report(stats) + "\n")
     return 1 if stats["ours"] or stats["crash"] or stats["hang"] else 0

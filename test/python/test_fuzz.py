@@ -3,6 +3,8 @@ no shrinking, ~5 s). Its failures of ours are open bugs, listed in docs/reliabil
 keeps the list exact in both directions: a new failure fails it, and so does a fixed one (remove
 it from KNOWN then), like a strict xfail per case."""
 
+import collections
+
 import pytest
 import torch
 
@@ -124,6 +126,18 @@ def test_short_fuzz_run_finds_exactly_the_known_failures():
     found = set(fuzz.failures_of_ours(0, 100))
     assert found - KNOWN == set(), f"new failures: {sorted(found - KNOWN)}"
     assert KNOWN - found == set(), f"fixed (remove from KNOWN): {sorted(KNOWN - found)}"
+
+
+def test_fuzz_programs_through_torch_compile_match_eager():
+    # The dyn_ paths (tools/fuzz.py --compile): programs 0..39 compiled by dynamo with our
+    # backend, both remove modes, each against eager; dynamo's own failures (its plain "eager"
+    # backend fails too) and named refusals are not ours.
+    statuses = collections.Counter(f"{path}: {status}" for _, path, status
+                                   in fuzz.path_statuses(0, 40, with_compile=True)
+                                   if path in fuzz.COMPILE_PATHS)
+    ours = {k: n for k, n in statuses.items() if k.split(": ")[1] not in fuzz.NOT_FAILURES}
+    assert ours == {}, statuses
+    assert statuses["dyn_mut: ok"] >= 30 and statuses["dyn_mav: ok"] >= 30, statuses
 
 
 def test_make_fx_graphs_of_fuzz_programs_hold_on_inputs_laid_out_otherwise():

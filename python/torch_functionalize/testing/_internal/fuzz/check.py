@@ -5,6 +5,7 @@ tests; no process management here.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import traceback
@@ -23,8 +24,12 @@ from .program import Program, compile_program
 # fresh inputs, torch.func.functionalize called directly; rip_* / fxrip_*: capture's / make_fx's
 # graph after torch_functionalize.reinplace, replayed on fresh inputs; cpprip_*: capture's C++
 # graph after the C++ pass (tfz::reinplace), replayed on fresh inputs.
+# dyn_*: torch.compile(f, backend=torch_functionalize.backend(remove=...)), on request
+# (tools/fuzz.py --compile): dynamo's compile of each program costs about as much as all the
+# other paths together.
 OURS_PATHS = ("ours_mut", "ours_mav", "fx_mut", "fx_mav", "cap_mut", "cap_mav",
               "rip_mut", "rip_mav", "fxrip_mut", "cpprip_mut", "cpprip_mav")
+COMPILE_PATHS = ("dyn_mut", "dyn_mav")
 TF_PATHS = ("tf_mut", "tf_mav")
 ALL_PATHS = OURS_PATHS + TF_PATHS
 MODE = {"mut": "mutations", "mav": "mutations_and_views"}
@@ -138,6 +143,12 @@ def run_path(prog: Program, path: str, compiled=None) -> Outcome:
         elif path.startswith("tf_"):
             inputs = make_inputs()
             outs = torch.func.functionalize(f, remove=MODE[path[3:]])(*inputs)
+        elif path.startswith("dyn_") or path == "dynamo_eager":
+            backend = "eager" if path == "dynamo_eager" else \
+                torch_functionalize.backend(remove=MODE[path[4:]])
+            torch._dynamo.reset()  # every program is a fresh compile, whatever ran before
+            inputs = make_inputs()
+            outs = torch.compile(f, backend=backend)(*inputs)
         elif path.startswith(("fx_", "cap_", "rip_", "fxrip_", "cpprip_")):
             # rip_: capture's graph after reinplace; fxrip_: make_fx's graph after reinplace;
             # cpprip_: capture's C++ graph after the C++ pass.
@@ -333,9 +344,38 @@ def plain_make_fx_error(compiled) -> BaseException | None:
     return None
 
 
+# A dyn_ path's failure that dynamo with its plain "eager" backend (no functionalization: the
+# graphs run as captured) shows too, a contract difference from eager or an error: dynamo's own
+# (it rewrites the program around graph breaks). Counted apart from ours.
+DYNAMO_ITSELF = "dynamo_itself"
+
+
+def _dynamo_fails_alone(prog: Program, eager: Outcome, compiled) -> bool:
+    got = run_path(prog, "dynamo_eager", compiled)
+    if got.error is not None:
+        return True
+    return any(d.kind in CONTRACT for d in compare(eager, got, "dyn_mut"))
+
+
+def _backend_error(e: BaseException) -> BaseException:
+    """The backend's own exception where dynamo wrapped it (BackendCompilerFailed)."""
+    inner = getattr(e, "inner_exception", None)
+    return inner if isinstance(inner, BaseException) else e
+
+
 def judge(prog: Program, eager: Outcome, path: str, compiled=None) -> PathResult:
     compiled = compiled or compile_program(prog)
     got = run_path(prog, path, compiled)
+    if got.error is not None and path.startswith("dyn_"):
+        got.error = _backend_error(got.error)
+    result = _judged(prog, eager, path, compiled, got)
+    if path.startswith("dyn_") and result.status not in ("ok", "unsupported") and \
+            _dynamo_fails_alone(prog, eager, compiled):
+        return PathResult(DYNAMO_ITSELF, message=result.message, stmt=result.stmt)
+    return result
+
+
+def _judged(prog: Program, eager: Outcome, path: str, compiled, got: Outcome) -> PathResult:
     if got.error is not None:
         e = got.error
         message = f"{type(e).__name__}: {str(e)[:2000]}"
@@ -397,8 +437,8 @@ def first_divergence(prog: Program, path: str, kind: str) -> int | None:
     return None
 
 
-# Path statuses that are not failures of ours: named refusals, and make_fx's own errors.
-NOT_FAILURES = ("ok", "unsupported", MAKE_FX_ITSELF)
+# Path statuses that are not failures of ours: named refusals, make_fx's and dynamo's own.
+NOT_FAILURES = ("ok", "unsupported", MAKE_FX_ITSELF, DYNAMO_ITSELF)
 
 
 def shrink(prog, path, kind):
@@ -429,15 +469,16 @@ def shrink(prog, path, kind):
     return prog
 
 
-def run_one(seed: int, shrink_failures: bool = True) -> dict:
-    """Runs program `seed` through every path; a compact, picklable summary."""
+def run_one(seed: int, shrink_failures: bool = True, with_compile: bool = False) -> dict:
+    """Runs program `seed` through every path (and the dyn_ paths with `with_compile`); a
+    compact, picklable summary."""
     prog, _ = generate(seed)
     compiled = compile_program(prog)
     eager, reason = eager_outcome(prog, compiled)
     if eager is None:
         return {"seed": seed, "invalid": reason}
     result = {"seed": seed, "paths": {}, "messages": {}, "failures": []}
-    for path in ALL_PATHS:
+    for path in ALL_PATHS + (COMPILE_PATHS if with_compile else ()):
         r = judge(prog, eager, path, compiled)
         if r.status == "output_meta" and path.endswith("_mav"):
             # Without views, outputs are *_copy values: their strides are not eager's by design.
@@ -445,7 +486,7 @@ def run_one(seed: int, shrink_failures: bool = True) -> dict:
         result["paths"][path] = r.status
         if r.status == "unsupported":
             result["messages"][path] = norm_message(r.message.split(": ", 1)[-1])
-        if r.status not in NOT_FAILURES and path in OURS_PATHS:
+        if r.status not in NOT_FAILURES and path not in TF_PATHS:
             small = shrink(prog, path, r.status) if shrink_failures else prog
             detail = r.message or (r.diffs[0].where + ": " + r.diffs[0].detail if r.diffs else "")
             result["failures"].append({"path": path, "kind": r.status, "detail": detail[:500],
@@ -453,23 +494,38 @@ def run_one(seed: int, shrink_failures: bool = True) -> dict:
     return result
 
 
-def failures_of_ours(first_seed: int, count: int) -> list[tuple[int, str, str]]:
-    """(seed, path, kind) of every failure of ours on programs first_seed.. (in this process, no
-    shrinking): what test_fuzz.py compares with the known list."""
+@contextlib.contextmanager
+def _settings_of_a_run():
+    """setup_process() for the block; the caller's process settings (a test session) after."""
     saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
              torch.is_deterministic_algorithms_warn_only_enabled(),
              torch.utils.deterministic.fill_uninitialized_memory)
-    found = []
     with warnings.catch_warnings():
         setup_process()
         try:
-            for seed in range(first_seed, first_seed + count):
-                r = run_one(seed, shrink_failures=False)
-                for path, status in r.get("paths", {}).items():
-                    if path in OURS_PATHS and status not in NOT_FAILURES:
-                        found.append((seed, path, status))
-        finally:  # the caller's process settings (a test session) are left as they were
+            yield
+        finally:
             torch.set_num_threads(saved[0])
             torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
             torch.utils.deterministic.fill_uninitialized_memory = saved[3]
+
+
+def path_statuses(first_seed: int, count: int,
+                  with_compile: bool = False) -> list[tuple[int, str, str]]:
+    """(seed, path, status) of every path of programs first_seed.. (in this process, no
+    shrinking; the dyn_ paths too with `with_compile`)."""
+    found = []
+    with _settings_of_a_run():
+        for seed in range(first_seed, first_seed + count):
+            r = run_one(seed, shrink_failures=False, with_compile=with_compile)
+            found.extend((seed, path, status) for path, status in r.get("paths", {}).items())
     return found
+
+
+def failures_of_ours(first_seed: int, count: int,
+                     with_compile: bool = False) -> list[tuple[int, str, str]]:
+    """(seed, path, kind) of every failure of ours on programs first_seed.. (see path_statuses):
+    what test_fuzz.py compares with the known list."""
+    return [(seed, path, status) for seed, path, status in
+            path_statuses(first_seed, count, with_compile)
+            if path not in TF_PATHS and status not in NOT_FAILURES]
