@@ -17,6 +17,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 import torch.utils.checkpoint
 import torch.fx as fx
+import torch.fx._pytree as fx_pytree
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.utils import _pytree as pytree
@@ -533,8 +534,10 @@ class _InputCheck:
         # state lists): their leaves are the lists' concatenation, read in one loop where
         # pytree visits each of them as a node (~240 us a call for 500 tensors, as much again as
         # the guards). The captured shape of each argument: None for a tensor, else the
-        # sequence's type and length; None where any other structure was captured.
-        self.sequence_shapes = _sequence_shapes(spec, num_positional) if not kwargs else None
+        # sequence's type and length, _CONSTANT for a number; None where any other structure was
+        # captured.
+        self.sequence_shapes = _sequence_shapes(spec, num_positional, set(positions)) \
+            if not kwargs else None
 
     def check(self, args: tuple, kwargs: dict[str, Any]) -> None:
         flat: Sequence[Any] | None = None
@@ -586,9 +589,15 @@ class _InputCheck:
         return positional, {k: given[k] for k in self.keywords}
 
 
-def _sequence_shapes(spec: Any, num_positional: int) -> list[tuple[type, int] | None] | None:
-    """Per positional argument of a captured call's pytree: None for a leaf, (list or tuple, its
-    length) for a sequence of leaves; None for the whole where anything else was captured."""
+_CONSTANT = "constant"  # a positional argument captured as a number (a constant of the graph)
+_NUMBERS = (int, float, bool, complex)
+
+
+def _sequence_shapes(spec: Any, num_positional: int, tensor_leaves: set[int]
+                     ) -> list[tuple[type, int] | str | None] | None:
+    """Per positional argument of a captured call's pytree: None for a tensor, _CONSTANT for a
+    number, (list or tuple, its length) for a sequence of tensors; None for the whole where
+    anything else was captured. `tensor_leaves`: the leaf indices that were tensors."""
     def children(node: Any) -> list[Any]:
         # TreeSpec.children() is newer than torch 2.11, where children_specs (deprecated since)
         # is the only form.
@@ -596,28 +605,37 @@ def _sequence_shapes(spec: Any, num_positional: int) -> list[tuple[type, int] | 
 
     if spec.type is not tuple or len(children(spec)) != num_positional:
         return None
-    shapes: list[tuple[type, int] | None] = []
+    shapes: list[tuple[type, int] | str | None] = []
+    leaf = 0
     for child in children(spec):
         grandchildren = children(child)
         if child.is_leaf():
-            shapes.append(None)
-        elif child.type in (list, tuple) and all(c.is_leaf() for c in grandchildren):
+            shapes.append(None if leaf in tensor_leaves else _CONSTANT)
+            leaf += 1
+        elif child.type in (list, tuple) and all(c.is_leaf() for c in grandchildren) and \
+                all(i in tensor_leaves for i in range(leaf, leaf + len(grandchildren))):
             shapes.append((child.type, len(grandchildren)))
+            leaf += len(grandchildren)
         else:
             return None
     return shapes
 
 
-def _tensor_sequence_leaves(args: tuple, shapes: list[tuple[type, int] | None]
+def _tensor_sequence_leaves(args: Sequence[Any], shapes: list[tuple[type, int] | str | None]
                             ) -> list[Any] | None:
-    """The leaves of `args` where each argument is a tensor or a list/tuple of tensors shaped as
-    captured (`shapes`); None otherwise (pytree then flattens the call and names a mismatch)."""
+    """The leaves of `args` where each argument is a tensor, a number or a list/tuple of tensors
+    shaped as captured (`shapes`); None otherwise (pytree then flattens the call and names a
+    mismatch)."""
     flat: list[Any] = []
     for arg, shape in zip(args, shapes):
         if shape is None:
             if not isinstance(arg, torch.Tensor):
                 return None
             flat.append(arg)
+        elif shape is _CONSTANT:
+            if type(arg) not in _NUMBERS:
+                return None
+            flat.append(arg)  # compared with the captured constant by the check
         elif type(arg) is shape[0] and len(arg) == shape[1]:
             for t in arg:
                 if not isinstance(t, torch.Tensor):
@@ -695,10 +713,36 @@ class _CapturedModule(_LazyGraphModule):
 _KEYWORD_OVERLOAD = re.compile(r"\b(torch\.ops\.\w+\.\w+)\.(" + "|".join(keyword.kwlist) + r")\b")
 
 
+# Note [Capture: the generated code's flatten]
+# FX's generated forward starts by flattening its arguments with torch.fx._pytree's
+# tree_flatten_spec, which visits every leaf as a pytree node: about 1 ms a call for an
+# optimizer step over 500 tensors (five lists of 100), a third of eager's whole step. The
+# arguments were just checked by _InputCheck, which knows their captured shape, so the code
+# capture generates calls _flatten_arguments instead: where every argument is a tensor or a
+# list/tuple of tensors shaped as captured, their concatenation (one loop), else FX's own
+# flatten, which also raises FX's errors for other structures. A module that is not capture's
+# (a copy without the check) takes FX's flatten too. Rejected: a graph of flat arguments behind
+# a wrapper (gm.code, the signature and every pass reading placeholders would change).
+_FX_FLATTEN = "fx_pytree.tree_flatten_spec("
+
+
+def _flatten_arguments(module: Any, tree: Any, spec: Any) -> list[Any]:
+    check = getattr(module, "_tfz_inputs", None)
+    shapes = check.sequence_shapes if check is not None else None
+    if shapes is not None and type(tree) is list and len(tree) == len(shapes):
+        flat = _tensor_sequence_leaves(tree, shapes)
+        if flat is not None:
+            return flat
+    return fx_pytree.tree_flatten_spec(tree, spec)
+
+
 class _CaptureCodeGen(_PyTreeCodeGen):
     def _gen_python_code(self, *args: Any, **kwargs: Any) -> Any:
         code = super()._gen_python_code(*args, **kwargs)
         code.src = _KEYWORD_OVERLOAD.sub(r"getattr(\1, '\2')", code.src)
+        if _FX_FLATTEN in code.src:  # Note [Capture: the generated code's flatten]
+            code.src = code.src.replace(_FX_FLATTEN, "_tfz_flatten_arguments(self, ", 1)
+            code.globals["_tfz_flatten_arguments"] = _flatten_arguments
         return code
 
 

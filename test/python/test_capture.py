@@ -135,6 +135,44 @@ def test_lists_of_tensors_are_checked_as_captured(remove):
         gm(params, grads[:3] + [1.0], 0.5)
 
 
+def test_generated_code_reads_checked_lists_and_numbers_without_fx_flatten(remove, monkeypatch):
+    # Note [Capture: the generated code's flatten]: the graph's forward takes the leaves of
+    # arguments shaped as captured (tensors, numbers, lists of tensors; a keyword is bound to its
+    # position by the forward's signature) in one loop, and a GraphModule copy of the graph
+    # without capture's check gives the same values through FX's own tree_flatten_spec.
+    import torch.fx._pytree as fx_pytree
+
+    def step(params, grads, lr):
+        torch._foreach_add_(params, grads, alpha=-lr)
+        return params[0] * lr
+
+    def inputs():
+        torch.manual_seed(0)
+        return [torch.randn(3) for _ in range(4)], [torch.randn(3) for _ in range(4)]
+
+    gm = capture(step, *inputs(), 0.5, remove=remove)
+    assert "_tfz_flatten_arguments(self, " in gm.code
+    fx_flattens = []
+    fx_flatten = fx_pytree.tree_flatten_spec
+    monkeypatch.setattr(fx_pytree, "tree_flatten_spec",
+                        lambda *a, **k: fx_flattens.append(1) or fx_flatten(*a, **k))
+    params_e, grads_e = inputs()
+    expected = step(params_e, grads_e, 0.5)
+    params_g, grads_g = inputs()
+    assert_trees_match(gm(params_g, grads_g, 0.5), expected, "output")
+    assert_trees_match(params_g, params_e, "params")
+    assert fx_flattens == []
+    params_k, grads_k = inputs()
+    assert_trees_match(gm(params_k, grads_k, lr=0.5), expected, "output, lr by keyword")
+    assert_trees_match(params_k, params_e, "params, lr by keyword")
+    assert fx_flattens == []
+    plain = torch.fx.GraphModule(gm, gm.graph)
+    params_p, grads_p = inputs()
+    assert_trees_match(plain(params_p, grads_p, 0.5), expected, "output of a plain copy")
+    assert_trees_match(params_p, params_e, "params of a plain copy")
+    assert fx_flattens, "the plain copy did not take FX's flatten"
+
+
 def test_closure_tensors_become_buffers_of_the_graph_module(remove):
     w = torch.randn(4, 4)
     table = torch.tensor([1.0, 2.0, 3.0, 4.0])
