@@ -22,18 +22,21 @@ import torch.fx
 # calls whose ATen schema returns an alias of a self that it does not write, and getitem of
 # their tuples), the backend replays those calls on the real input after each run: eager's own
 # kernels then make the view, with eager's geometry, dtype, conjugate bit and view history.
-# In-place data writes on the way (y = x.add_(1); y.view(-1)) are skipped (they return self).
-# No replay where the walk meets anything else, an argument computed in the graph (view_as(y)),
-# or a change of geometry of a tensor on the way (t_, resize_, set_, an out= argument): the
-# replayed call would then see other geometry than eager's call did. Those outputs keep the
-# as_strided rebuild from the fake value. Rejected: correcting the fake geometry op by op
+# In-place data writes on the way (y = x.add_(1); y.view(-1)) are skipped (they return self);
+# in-place changes of a view's geometry (v.unsqueeze_(0), v.t_()) are replayed on the replayed
+# view, in the graph's order. No replay where the walk meets anything else, an argument
+# computed in the graph (view_as(y)), a change of the input's own geometry (the caller's x
+# has its final geometry when the replay starts), or a view's resize_, set_ or out= use (the
+# storage may change too). Those outputs keep the as_strided rebuild from the fake value. Rejected: correcting the fake geometry op by op
 # (each divergence of a reference from its kernel would be a case of ours to find and keep).
 
-# In-place operators that change a tensor's sizes, strides, offset or storage.
-_GEOMETRY_WRITES = frozenset({
+# In-place operators that change only a tensor's sizes, strides or offset: on a view of the
+# chain they are replayed too (on the replayed view, in the graph's order).
+_METADATA_WRITES = frozenset({
     "t_", "transpose_", "swapdims_", "swapaxes_", "squeeze_", "unsqueeze_", "as_strided_",
-    "resize_", "resize_as_", "set_", "unsafe_set_",
 })
+# In-place operators that change a tensor's sizes, strides, offset or storage.
+_GEOMETRY_WRITES = _METADATA_WRITES | {"resize_", "resize_as_", "set_", "unsafe_set_"}
 
 
 def _op_name(node: torch.fx.Node) -> str:
@@ -72,14 +75,19 @@ def _is_torch_function(target: Any) -> bool:
 
 
 def _step_kind(node: torch.fx.Node) -> str:
-    """How the walk treats `node` whose first argument is on the way: 'view' (replayed),
-    'write' (an in-place data write, returns its self: skipped), '' (no replay)."""
+    """How the walk treats `node` whose first argument is on the way: 'view' (replayed), 'meta'
+    (an in-place change of a view's geometry: replayed), 'write' (an in-place data write, which
+    returns its self: skipped), '' (no replay)."""
     if node.op == "call_function" and node.target is operator.getitem:
         return "view"  # of a split's tuple, or basic indexing (the value shares storage)
     if node.op == "call_method" or (node.op == "call_function"
                                    and _is_torch_function(node.target)):
         name = _op_name(node)
-        if name in _GEOMETRY_WRITES or "out" in node.kwargs:
+        if "out" in node.kwargs:
+            return ""
+        if name in _METADATA_WRITES:
+            return "meta"
+        if name in _GEOMETRY_WRITES:
             return ""
         return _aten_kind(name)
     return ""
@@ -94,40 +102,40 @@ def _changes_geometry(user: torch.fx.Node, node: torch.fx.Node) -> bool:
 
 
 class ViewChain:
-    """The calls from placeholder `index` to an output, in order; `replay(args)` runs them on
-    the real arguments."""
+    """The calls from placeholder `index` to an output, in the graph's order; `replay(args)`
+    runs them on the real arguments."""
 
-    def __init__(self, index: int, placeholder: torch.fx.Node,
+    def __init__(self, index: int, placeholder: torch.fx.Node, output: torch.fx.Node,
                  steps: list[tuple[torch.fx.Node, bool]],
                  arguments: dict[torch.fx.Node, int]) -> None:
         self.index = index
         self._placeholder = placeholder
-        self._steps = steps
+        self._output = output
+        self._steps = steps  # (node, replayed); not replayed: an in-place data write
         self._arguments = arguments  # other placeholders the calls read (sizes) -> arg index
 
     def replay(self, args: Sequence[Any]) -> torch.Tensor:
         env: dict[torch.fx.Node, Any] = {self._placeholder: args[self.index]}
         for node, position in self._arguments.items():
             env[node] = args[position]
-        value = env[self._placeholder]
         for node, replayed in self._steps:
-            if not replayed:  # an in-place data write: its value is its self
-                env[node] = value
+            if not replayed:  # its value is its self
+                env[node] = env[node.args[0]]
                 continue
             call_args = torch.fx.node.map_arg(node.args, lambda n: env[n])
             call_kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
             if node.op == "call_method":
                 self_arg, *rest = call_args
-                value = getattr(self_arg, str(node.target))(*rest, **call_kwargs)
+                env[node] = getattr(self_arg, str(node.target))(*rest, **call_kwargs)
             else:
-                value = node.target(*call_args, **call_kwargs)
-            env[node] = value
-        return value
+                env[node] = node.target(*call_args, **call_kwargs)
+        return env[self._output]
 
 
 def view_chain(gm: torch.fx.GraphModule, output: Any) -> Optional[ViewChain]:
-    """The chain of view calls from a placeholder to `output` (a node of gm's output), or None
-    where the output cannot be remade by replaying calls (see the Note)."""
+    """The view calls from a placeholder to `output` (a node of gm's output), with the changes
+    of geometry made in place on views among them, or None where the output cannot be remade by
+    replaying calls (see the Note)."""
     if not isinstance(output, torch.fx.Node):
         return None
     positions = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
@@ -138,12 +146,24 @@ def view_chain(gm: torch.fx.GraphModule, output: Any) -> Optional[ViewChain]:
         kind = _step_kind(node)
         if not kind or not node.args or not isinstance(node.args[0], torch.fx.Node):
             return None
-        steps.append((node, kind == "view"))
+        steps.append((node, kind != "write"))
         on_the_way.append(node)
         node = node.args[0]
     placeholder = node
-    on_the_way.append(placeholder)
-    chain_nodes = set(on_the_way)
+    chain_nodes = set(on_the_way) | {placeholder}
+    # The input's own geometry changed in the graph (x.t_()): the caller's x has its final
+    # geometry when the replay starts, not the one the calls saw.
+    if any(_changes_geometry(user, placeholder) for user in placeholder.users):
+        return None
+    for n in on_the_way:  # changes of a view's geometry made in place: replayed where they ran
+        for user in n.users:
+            if user in chain_nodes:
+                continue
+            if user.args and user.args[0] is n and _op_name(user) in _METADATA_WRITES and \
+                    "out" not in user.kwargs:
+                steps.append((user, True))
+            elif _changes_geometry(user, n):
+                return None  # resize_, set_, an out= argument: the storage may change too
     arguments: dict[torch.fx.Node, int] = {}
     for step, replayed in steps:
         if not replayed:
@@ -154,10 +174,9 @@ def view_chain(gm: torch.fx.GraphModule, output: Any) -> Optional[ViewChain]:
             if arg.op != "placeholder":
                 return None  # computed in the graph (view_as(y), a size read from a tensor)
             arguments[arg] = positions[arg]
-    if any(_changes_geometry(user, n) for n in on_the_way for user in n.users):
-        return None
-    steps.reverse()
-    return ViewChain(positions[placeholder], placeholder, steps, arguments)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    steps.sort(key=lambda step: order[step[0]])
+    return ViewChain(positions[placeholder], placeholder, output, steps, arguments)
 
 
 def _node_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:

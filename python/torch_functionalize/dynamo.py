@@ -41,7 +41,8 @@ Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 # (Note [Dynamo: outputs that view inputs]), else as an as_strided view with the sizes, strides,
 # offset, dtype and conjugate/negative bits of the fake output (symbolic ones evaluated against
 # the real inputs' sizes); an output that is an input itself (dynamo returns one that an in-place
-# operator rebound: `x *= 2`) is the caller's tensor.
+# operator rebound: `x *= 2`) is the caller's tensor, and outputs that eager returns as one
+# tensor object under two names (v1 = v0.to(v0.dtype) is v0) come back as one object.
 # Outputs that alias each other keep doing so because remove="mutations" (the default) keeps
 # views in the graph; with remove="mutations_and_views" two outputs that are views of one
 # intermediate come back as separate tensors, so a write through one after a graph break is not
@@ -94,7 +95,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
         else compiler(functional, example_inputs)
     run = _saving_written_inputs(compiled, *_written_inputs(functional))
     aliases = _output_aliases(gm, fake_inputs)
-    if not aliases:
+    repeated = _repeated_outputs(gm)
+    if not aliases and not repeated:
         return run
     shape_env = _shape_env(fake_inputs)
 
@@ -116,6 +118,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
             if bindings is None:
                 bindings = _bind(shape_env, fake_inputs, args)
             outs[index] = _view_of(base, fake_out, bindings)
+        for index, first in repeated:
+            outs[index] = outs[first]
         if single:
             return outs[0]
         return type(outputs)(outs) if isinstance(outputs, tuple) else outs
@@ -266,6 +270,27 @@ def _output_aliases(gm: torch.fx.GraphModule, fake_inputs: list[Any]
             if input_index is not None:
                 aliases[index] = (input_index, value, view_chain(gm, node))
     return aliases
+
+
+def _repeated_outputs(gm: torch.fx.GraphModule) -> list[tuple[int, int]]:
+    """(output index, index of the first output that is the same tensor) for outputs eager
+    returns as one tensor object under two names (v1 = v0.to(v0.dtype) is v0): the code after a
+    graph break that resizes v0 sees v1 resized too, so they must come back as one object. (The
+    graph's outputs are separate tensors: a view, or a copy without views.)"""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    results = output.args[0]
+    flat = list(results) if isinstance(results, (tuple, list)) else [results]
+    first: dict[int, int] = {}
+    repeated = []
+    for index, node in enumerate(flat):
+        value = example_value(node, ("example_value",)) if isinstance(node, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor):
+            continue
+        if id(value) in first:
+            repeated.append((index, first[id(value)]))
+        else:
+            first[id(value)] = index
+    return repeated
 
 
 def _view_of(base: torch.Tensor, fake_out: torch.Tensor, bindings: Mapping[Any, Any]

@@ -492,7 +492,8 @@ def _view_geometry(t):
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
 @pytest.mark.parametrize("case", ["empty diagonal", "through an in-place write", "split",
-                                  "size from an input", "t_ after the view", "view_as"])
+                                  "size from an input", "t_ after the view",
+                                  "unsqueeze_ of an empty diagonal", "view_as"])
 def test_output_view_of_written_input_has_eagers_geometry(remove, case):
     # Each output views the written input x. The first four are remade by replaying the graph's
     # view calls on x; the last two cannot be (a geometry change of the view on the way, a view
@@ -511,17 +512,21 @@ def test_output_view_of_written_input_has_eagers_geometry(remove, case):
         elif case == "t_ after the view":
             y = x[1:]
             y.t_()
+        elif case == "unsqueeze_ of an empty diagonal":
+            y = x.diagonal(-1, 1, 0)
+            y.unsqueeze_(-2)
         else:
             y = x.view_as(n)
         torch._dynamo.graph_break()
         return y, _view_geometry(y), y._base is not None
 
-    x = torch.arange(2.0).view(2, 1) if case == "empty diagonal" else torch.arange(6.0).view(3, 2)
+    x = torch.arange(2.0).view(2, 1) if "empty diagonal" in case else torch.arange(6.0).view(3, 2)
     compile_matches_eager(f, x, torch.zeros(2, 3), remove=remove, calls=2)
 
 
 @pytest.mark.parametrize("case, replayed", [("x[1:].t()", True), ("x.add_(1).split(1)[0]", True),
-                                            ("x.view_as(n)", True), ("t_", False),
+                                            ("x.view_as(n)", True), ("x[1:].t_()", True),
+                                            ("x.t_()[1:]", False), ("x[1:].resize_(2)", False),
                                             ("x.view_as(n + 1)", False), ("out=", False)])
 def test_which_output_views_are_remade_by_replaying_view_calls(case, replayed):
     from torch_functionalize._view_chain import view_chain
@@ -531,8 +536,12 @@ def test_which_output_views_are_remade_by_replaying_view_calls(case, replayed):
             return x[1:].t()
         if case == "x.add_(1).split(1)[0]":
             return x.add_(1).split(1)[0]
-        if case == "t_":
+        if case == "x[1:].t_()":  # a view's geometry changed in place: replayed too
             return x[1:].t_()
+        if case == "x.t_()[1:]":  # the input's own geometry changed
+            return x.t_()[1:]
+        if case == "x[1:].resize_(2)":
+            return x[1:].resize_(2)
         if case == "x.view_as(n)":  # n is an input: replayed on the real n
             return x.view_as(n)
         if case == "x.view_as(n + 1)":  # a tensor computed in the graph
@@ -541,13 +550,23 @@ def test_which_output_views_are_remade_by_replaying_view_calls(case, replayed):
         torch.mul(n[:2, :2], 2, out=y)
         return y
 
-    graphs = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return gm
-
-    torch.compile(f, backend=keep)(torch.zeros(3, 2), torch.zeros(2, 3))
-    (gm,) = graphs
-    output = next(n for n in gm.graph.nodes if n.op == "output").args[0][0]
+    # Traced symbolically (the calls as written): dynamo itself breaks the graph before a
+    # change of an input's geometry or a resize_, but the walk must hold for any graph.
+    gm = torch.fx.symbolic_trace(f)
+    output = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     assert (view_chain(gm, output) is not None) == replayed
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("of", ["input", "intermediate"])
+def test_one_tensor_under_two_names_stays_one_across_a_graph_break(remove, of):
+    # v1 = v0.to(v0.dtype) is v0: the code after the break resizes v0 through an out= and
+    # reads v1, which eager resized too (fuzzer program 976079 through torch.compile).
+    def f(x):
+        v0 = x[1:] if of == "input" else x * 2
+        v1 = v0.to(v0.dtype)
+        torch._dynamo.graph_break()
+        torch.linspace(0, 1, 6, out=v0)
+        return v1 * 1, v1 is v0
+
+    compile_matches_eager(f, torch.randn(4, 2), remove=remove, calls=2)
