@@ -102,22 +102,24 @@ def _changes_geometry(user: torch.fx.Node, node: torch.fx.Node) -> bool:
 
 
 class ViewChain:
-    """The calls from placeholder `index` to an output, in the graph's order; `replay(args)`
-    runs them on the real arguments."""
+    """The calls from a root (placeholder `index`, or output `root_output` of the graph) to an
+    output, in the graph's order; `replay(args)` runs them on the real arguments (and on the
+    root output's real value, `root_value`)."""
 
-    def __init__(self, index: int, placeholder: torch.fx.Node, output: torch.fx.Node,
-                 steps: list[tuple[torch.fx.Node, bool]],
+    def __init__(self, root: torch.fx.Node, index: Optional[int], root_output: Optional[int],
+                 output: torch.fx.Node, steps: list[tuple[torch.fx.Node, bool]],
                  arguments: dict[torch.fx.Node, int]) -> None:
-        self.index = index
-        self._placeholder = placeholder
+        self.index, self.root_output = index, root_output
+        self._root = root
         self._output = output
         self._steps = steps  # (node, replayed); not replayed: an in-place data write
-        self._arguments = arguments  # other placeholders the calls read (sizes) -> arg index
+        self._arguments = arguments  # placeholders the calls read (sizes) -> arg index
 
-    def replay(self, args: Sequence[Any]) -> torch.Tensor:
-        env: dict[torch.fx.Node, Any] = {self._placeholder: args[self.index]}
+    def replay(self, args: Sequence[Any], root_value: Any = None) -> torch.Tensor:
+        env: dict[torch.fx.Node, Any] = {}
         for node, position in self._arguments.items():
             env[node] = args[position]
+        env[self._root] = args[self.index] if self.index is not None else root_value
         for node, replayed in self._steps:
             if not replayed:  # its value is its self
                 env[node] = env[node.args[0]]
@@ -132,28 +134,31 @@ class ViewChain:
         return env[self._output]
 
 
-def view_chain(gm: torch.fx.GraphModule, output: Any) -> Optional[ViewChain]:
-    """The view calls from a placeholder to `output` (a node of gm's output), with the changes
-    of geometry made in place on views among them, or None where the output cannot be remade by
-    replaying calls (see the Note)."""
+def view_chain(gm: torch.fx.GraphModule, output: Any,
+               roots: Optional[dict[torch.fx.Node, int]] = None) -> Optional[ViewChain]:
+    """The view calls from a placeholder, or from another output of gm (`roots`: output node ->
+    output index), to `output` (a node of gm's output), with the changes of geometry made in
+    place on views among them, or None where the output cannot be remade by replaying calls
+    (see the Note)."""
     if not isinstance(output, torch.fx.Node):
         return None
+    roots = roots or {}
     positions = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     steps: list[tuple[torch.fx.Node, bool]] = []
     on_the_way: list[torch.fx.Node] = []
     node = output
-    while node.op != "placeholder":
+    while node.op != "placeholder" and (node is output or node not in roots):
         kind = _step_kind(node)
         if not kind or not node.args or not isinstance(node.args[0], torch.fx.Node):
             return None
         steps.append((node, kind != "write"))
         on_the_way.append(node)
         node = node.args[0]
-    placeholder = node
-    chain_nodes = set(on_the_way) | {placeholder}
-    # The input's own geometry changed in the graph (x.t_()): the caller's x has its final
+    root = node
+    chain_nodes = set(on_the_way) | {root}
+    # The root's own geometry changed in the graph (x.t_()): its real value has its final
     # geometry when the replay starts, not the one the calls saw.
-    if any(_changes_geometry(user, placeholder) for user in placeholder.users):
+    if any(_changes_geometry(user, root) for user in root.users):
         return None
     for n in on_the_way:  # changes of a view's geometry made in place: replayed where they ran
         for user in n.users:
@@ -176,7 +181,9 @@ def view_chain(gm: torch.fx.GraphModule, output: Any) -> Optional[ViewChain]:
             arguments[arg] = positions[arg]
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     steps.sort(key=lambda step: order[step[0]])
-    return ViewChain(positions[placeholder], placeholder, output, steps, arguments)
+    if root.op == "placeholder":
+        return ViewChain(root, positions[root], None, output, steps, arguments)
+    return ViewChain(root, None, roots[root], output, steps, arguments)
 
 
 def _node_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:

@@ -44,9 +44,11 @@ Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 # operator rebound: `x *= 2`) is the caller's tensor, and outputs that eager returns as one
 # tensor object under two names (v1 = v0.to(v0.dtype) is v0) come back as one object.
 # Outputs that alias each other keep doing so because remove="mutations" (the default) keeps
-# views in the graph; with remove="mutations_and_views" two outputs that are views of one
-# intermediate come back as separate tensors, so a write through one after a graph break is not
-# seen through the other (use the default there).
+# views in the graph; with remove="mutations_and_views" the graph returns copies, so an output
+# reached by view calls from another output (v1 = v0[2], both returned) is remade by replaying
+# them on that output. Two outputs that view an intermediate the graph does not return still come
+# back as separate tensors there: a write through one after a graph break is not seen through the
+# other (use the default there).
 #   Autograd is eager's: the functional graph is run op by op under autograd at run time, so
 # .backward() through a compiled region works as through any ATen program. Rejected: tracing a
 # joint forward/backward graph here, which is AOTAutograd's job (a user compiler that wants one
@@ -96,7 +98,9 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
     run = _saving_written_inputs(compiled, *_written_inputs(functional))
     aliases = _output_aliases(gm, fake_inputs)
     repeated = _repeated_outputs(gm)
-    if not aliases and not repeated:
+    # With views kept the graph's outputs that view each other already do.
+    views = _views_of_outputs(gm, aliases, repeated) if remove == "mutations_and_views" else []
+    if not aliases and not repeated and not views:
         return run
     shape_env = _shape_env(fake_inputs)
 
@@ -118,6 +122,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
             if bindings is None:
                 bindings = _bind(shape_env, fake_inputs, args)
             outs[index] = _view_of(base, fake_out, bindings)
+        for index, chain in views:  # in the graph's order: a root is remade before its views
+            outs[index] = chain.replay(args, outs[chain.root_output])
         for index, first in repeated:
             outs[index] = outs[first]
         if single:
@@ -270,6 +276,33 @@ def _output_aliases(gm: torch.fx.GraphModule, fake_inputs: list[Any]
             if input_index is not None:
                 aliases[index] = (input_index, value, view_chain(gm, node))
     return aliases
+
+
+def _views_of_outputs(gm: torch.fx.GraphModule, aliases: Mapping[int, Any],
+                      repeated: list[tuple[int, int]]) -> list[tuple[int, ViewChain]]:
+    """(output index, its chain) for outputs that eager makes views of another output (v1 =
+    v0[2], both returned), in the graph's order: without views the graph returns them as
+    separate tensors, and a write through one after a graph break (v0.mul_(v0)) must show
+    through the other. Outputs viewing inputs are in `aliases`; see
+    Note [Dynamo: outputs that view inputs]."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    results = output.args[0]
+    flat = list(results) if isinstance(results, (tuple, list)) else [results]
+    roots: dict[torch.fx.Node, int] = {}
+    for index, node in enumerate(flat):
+        value = example_value(node, ("example_value",)) if isinstance(node, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+            roots.setdefault(node, index)
+    skipped = set(aliases) | {index for index, _ in repeated}
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    views = []
+    for node, index in roots.items():
+        if index in skipped:
+            continue
+        chain = view_chain(gm, node, {n: i for n, i in roots.items() if i != index})
+        if chain is not None and chain.root_output is not None:
+            views.append((order[node], index, chain))
+    return [(index, chain) for _, index, chain in sorted(views, key=lambda v: v[0])]
 
 
 def _repeated_outputs(gm: torch.fx.GraphModule) -> list[tuple[int, int]]:

@@ -570,3 +570,25 @@ def test_one_tensor_under_two_names_stays_one_across_a_graph_break(remove, of):
         return v1 * 1, v1 is v0
 
     compile_matches_eager(f, torch.randn(4, 2), remove=remove, calls=2)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("write", ["through the base", "through the view", "out= into a view"])
+def test_output_viewing_another_output_stays_its_view_across_a_graph_break(remove, write):
+    # Without views the graph returns v0 and v1 = v0[2] as separate tensors; eager's v1 views
+    # v0, so a write after the break shows through both (fuzzer programs 980050, 980074 through
+    # torch.compile, remove="mutations_and_views").
+    def f(x):
+        v0 = x.mean(1)
+        v1 = v0[2]
+        v2 = v0[1:]
+        torch._dynamo.graph_break()
+        if write == "through the base":
+            v0.mul_(v0)
+        elif write == "through the view":
+            v1.add_(1)
+        else:
+            torch.neg(x[0, 0, 1:], out=v2[0])
+        return v0 * 1, v1 * 1, v2 * 1
+
+    compile_matches_eager(f, torch.randn(3, 3, 5), remove=remove, calls=2)
