@@ -35,6 +35,13 @@ import torch.fx
 _METADATA_WRITES = frozenset({
     "t_", "transpose_", "swapdims_", "swapaxes_", "squeeze_", "unsqueeze_", "as_strided_",
 })
+# Python's augmented assignments, which dynamo records as operator.isub(x, y) and the like: on
+# a tensor each writes x in place and returns it.
+_IN_PLACE_OPERATORS = frozenset({
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+    operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
+    operator.irshift, operator.imatmul,
+})
 # In-place operators that change a tensor's sizes, strides, offset or storage.
 _GEOMETRY_WRITES = _METADATA_WRITES | {"resize_", "resize_as_", "set_", "unsafe_set_"}
 
@@ -80,6 +87,8 @@ def _step_kind(node: torch.fx.Node) -> str:
     returns its self: skipped), '' (no replay)."""
     if node.op == "call_function" and node.target is operator.getitem:
         return "view"  # of a split's tuple, or basic indexing (the value shares storage)
+    if node.op == "call_function" and node.target in _IN_PLACE_OPERATORS:
+        return "write"  # x -= y is x.__isub__(y), which returns x
     if node.op == "call_method" or (node.op == "call_function"
                                    and _is_torch_function(node.target)):
         name = _op_name(node)

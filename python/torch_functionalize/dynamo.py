@@ -89,7 +89,8 @@ def backend(
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Compiler | None,
              remove: Remove) -> Callable[..., Any]:
-    fake_inputs = [_example_value(n) for n in placeholders(gm.graph)]
+    fake_inputs = _with_geometry_of(
+        [_example_value(n) for n in placeholders(gm.graph)], example_inputs)
     functional = functionalize_graph(gm, *fake_inputs, remove=remove)
     _leaf_writes_without_grad(functional, example_inputs)
     # See Note [Graphs: copy's derivative when a graph runs under autograd].
@@ -241,6 +242,39 @@ def _example_value(node: torch.fx.Node) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach()
     return value
+
+
+def _with_geometry_of(fake_inputs: list[Any], example_inputs: list[Any]) -> list[Any]:
+    """The fake inputs laid out as the real inputs dynamo passes beside them. Dynamo traces with
+    its fake input objects, so a change of an input's geometry in the graph that dynamo does not
+    see as one (x += x rebinds x; x.t_() then runs on a new name) is left on the placeholder's
+    fake value: traced on it, the graph transposed the input once more and gave it back as it
+    was (fuzzer program 980567). A fake input with static sizes is given the real input's sizes,
+    strides and offset (its storage stays dynamo's); one with symbolic sizes is refused by name
+    (dynamo's own guards on it fail then, with its plain eager backend too)."""
+    if len(example_inputs) != len(fake_inputs):
+        return fake_inputs
+    restored = list(fake_inputs)
+    for i, (fake, real) in enumerate(zip(fake_inputs, example_inputs)):
+        if not isinstance(fake, torch.Tensor) or type(real) is not torch.Tensor or \
+                fake.layout != torch.strided or real.layout != torch.strided:
+            continue
+        geometry = (tuple(real.shape), real.stride(), real.storage_offset())
+        traced = (tuple(concrete(v) for v in fake.shape),
+                  tuple(concrete(v) for v in fake.stride()), concrete(fake.storage_offset()))
+        if traced == geometry:
+            continue
+        if any(isinstance(v, torch.SymInt) for v in
+               (*fake.shape, *fake.stride(), fake.storage_offset())):
+            raise NotImplementedError(
+                f"functionalize: backend: graph input {i} (sizes {list(real.shape)}) changes its "
+                "sizes or strides in place inside the compiled region in a way dynamo traced on "
+                "its fake value (x += x, then x.t_()), which the backend cannot undo with "
+                "dynamic shapes. Use torch.compile(..., dynamic=False), or y = x.t() instead "
+                "of x.t_().")
+        restored[i] = fake.detach()
+        restored[i].as_strided_(*geometry)
+    return restored
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
