@@ -363,6 +363,12 @@ void adopt_eager_strides(const at::Tensor& result, const at::Tensor& meta) {
 
 std::vector<c10::IValue> meta_twins_of(std::vector<c10::IValue> args) {
   for (auto& v : args) {
+    // A device argument (type_as(y) is _to_copy(.., device=y.device)) names the twins' device,
+    // or the op would make a result on the values' device (or refuse to copy out of meta).
+    if (v.isDevice()) {
+      v = c10::IValue(c10::Device(c10::kMeta));
+      continue;
+    }
     transform_tensors(v, [](const at::Tensor& t) {
       TORCH_CHECK(
           t.layout() == c10::kStrided && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(),

@@ -123,8 +123,15 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
             if bindings is None:
                 bindings = _bind(shape_env, fake_inputs, args)
             outs[index] = _view_of(base, fake_out, bindings)
+        laid_out: set[int] = set()
         for index, chain in views:  # in the graph's order: a root is remade before its views
-            outs[index] = chain.replay(args, outs[chain.root_output])
+            root = chain.root_output
+            if root not in laid_out:
+                laid_out.add(root)
+                if bindings is None:
+                    bindings = _bind(shape_env, fake_inputs, args)
+                outs[root] = _in_eager_strides(outs[root], _fake_output(gm, root), bindings)
+            outs[index] = chain.replay(args, outs[root])
         for index, first in repeated:
             outs[index] = outs[first]
         if single:
@@ -337,6 +344,39 @@ def _views_of_outputs(gm: torch.fx.GraphModule, aliases: Mapping[int, Any],
         if chain is not None and chain.root_output is not None:
             views.append((order[node], index, chain))
     return [(index, chain) for _, index, chain in sorted(views, key=lambda v: v[0])]
+
+
+def _fake_output(gm: torch.fx.GraphModule, index: int) -> Any:
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    results = output.args[0]
+    node = (list(results) if isinstance(results, (tuple, list)) else [results])[index]
+    return example_value(node, ("example_value",))
+
+
+def _in_eager_strides(out: torch.Tensor, fake_out: Any, bindings: Mapping[Any, Any]
+                      ) -> torch.Tensor:
+    """An output that views of it are replayed on, in eager's strides where they differ: without
+    views the graph's value is laid out by its *_copy ops, and a view of it at an offset (v0[1:])
+    that an out= resizes after the break names storage elements through them."""
+    if not isinstance(fake_out, torch.Tensor) or concrete(fake_out.storage_offset(), bindings):
+        return out
+    size, stride = sizes_and_strides(fake_out, bindings)
+    if list(out.shape) != size or list(out.stride()) == stride or \
+            not _non_overlapping_and_dense(size, stride):
+        return out
+    return torch.empty_strided(size, stride, dtype=out.dtype, device=out.device).copy_(out)
+
+
+def _non_overlapping_and_dense(size: list[int], stride: list[int]) -> bool:
+    """Every element of [0, numel) is one element of the layout (a permutation of a
+    contiguous tensor)."""
+    expected = 1
+    dims = sorted((st, n) for n, st in zip(size, stride) if n != 1)
+    for st, n in dims:
+        if st != expected:
+            return False
+        expected *= n
+    return True
 
 
 def _repeated_outputs(gm: torch.fx.GraphModule) -> list[tuple[int, int]]:

@@ -110,6 +110,33 @@ def test_results_of_views_report_eager_strides_in_graphs_without_views():
         assert_matches_eager(g, make_inputs=make_g_inputs, remove="mutations_and_views")
 
 
+@pytest.mark.parametrize("convert", ["type_as", "to(device, dtype)", "new_empty_strided"])
+def test_results_of_ops_with_a_device_argument_report_eager_strides_without_views(convert):
+    # type_as(y) is _to_copy(.., device=y.device): its eager strides came from a run on meta
+    # twins whose device argument was still the values' (the run failed, and the result kept its
+    # value's contiguous layout), so an out= resize of a view at an offset named other elements
+    # in the graph (fuzzer program 969396). See Note [Strides: what eager gives], case
+    # "op results".
+    def f(x0, x1, x2):
+        x0.mul_(2)
+        if convert == "type_as":
+            v0 = x1.type_as(x2)
+        elif convert == "to(device, dtype)":
+            v0 = x1.to(x1.device, torch.complex64)
+        else:
+            v0 = x1.new_empty_strided((4, 3), (1, 4), dtype=torch.complex64).copy_(x1)
+        torch.add(x2, 0.5, out=v0[1:])
+        return v0 * 1
+
+    def make_inputs():
+        b0 = torch.linspace(-1.0, 1.0, 12).reshape(3, 4)
+        return b0, b0.t(), torch.arange(3.0).to(torch.complex64)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # eager's own "output was resized"
+        assert_matches_eager(f, make_inputs=make_inputs, remove="mutations_and_views")
+
+
 def test_outputs_without_views_keep_eager_strides_with_gaps():
     # Without views `return x1` of an input b[:, 1:] (strides (5, 1)) keeps those strides, it does
     # not come back packed as (4, 1), and neither do overlapping outputs (unfold): an output whose
