@@ -14,6 +14,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 namespace tfz::detail {
@@ -27,20 +28,21 @@ namespace tfz::detail {
 // behind in its old storage (left_behind), which the epilogue writes back as any input; then,
 // untraced, the caller's x is given the final value's memory as eager's `x.data =` gives it
 // (set_data): x keeps its autograd identity and version counter, and shares memory with what f
-// returns of y. Where y lies in another input's memory, x is given a tensor on that memory at
-// its geometry, which is in the caller's coordinates while the storage's base holds them (a flat
-// base of y's dtype, an unwritten base, or a written one laid out as an input that is its whole
-// storage); otherwise refused by name. A graph cannot hand its internal buffer to the caller, nor
-// change its input's dtype or device, so under a tracer or capture the caller's x is resized to
-// the wrapper's sizes (its strides where they are dense, no version bump) and written in its own
-// memory, a storage of x's size: eager's values only where nothing else views that memory, so the
-// traced input must own its whole storage alone and keep its dtype and device (else refused by
-// name), and make_fx's graph checks that layout before it writes (capture's guards check every
-// input's storage). Every refusal is decided before any input is written. Rejected: writing x's
-// own memory untraced too (what was done first: a buffer x views, such as a flat parameter
-// buffer whose slices are the parameters, silently took y's values, a float64 y was written into
-// a float32 x, and writes made before the move were lost), and set_ in a graph (every replay
-// would hand the caller memory the graph's next replay overwrites).
+// returns of y (without views, where the value holds x's elements only, the memory of y's
+// storage base, which holds the rest of eager's storage). Where y lies in another input's memory, x
+// is given a tensor on that memory at its geometry, which is in the caller's coordinates while the
+// storage's base holds them (a flat base of y's dtype, an unwritten base, or a written one laid out
+// as an input that is its whole storage); otherwise refused by name. A graph cannot hand its
+// internal buffer to the caller, nor change its input's dtype or device, so under a tracer or
+// capture the caller's x is resized to the wrapper's sizes (its strides where they are dense, no
+// version bump) and written in its own memory, a storage of x's size: eager's values only where
+// nothing else views that memory, so the traced input must own its whole storage alone and keep its
+// dtype and device (else refused by name), and make_fx's graph checks that layout before it writes
+// (capture's guards check every input's storage). Every refusal is decided before any input is
+// written. Rejected: writing x's own memory untraced too (what was done first: a buffer x views,
+// such as a flat parameter buffer whose slices are the parameters, silently took y's values, a
+// float64 y was written into a float32 x, and writes made before the move were lost), and set_ in a
+// graph (every replay would hand the caller memory the graph's next replay overwrites).
 
 bool moved_to_other_data(const at::Tensor& original, const FunctionalTensorImpl& impl) {
   // Only after x.data = y, and not where y lives in x's own memory. (An input that is itself a
@@ -161,6 +163,47 @@ OtherData plan_other_data(const std::vector<at::Tensor>& originals,
   return plan;
 }
 
+namespace {
+// Untraced without views, x.set_(y) of a y the function made leaves x's wrapper a value of its own
+// elements only (a later resize_ of x, such as an out= that shrinks it, keeps just those), while
+// eager's x holds y's whole storage, whose other elements the storage's base holds: x is given
+// that base's storage, in eager's strides, where the base lays it out (offset 0, dense, x's dtype,
+// x's elements inside it). nullopt where views are kept (the value is on that storage already)
+// or the base is anything else.
+std::optional<at::Tensor> on_storage_of_its_base(const FunctionalTensorImpl& impl,
+                                                 const at::Tensor& wrapper) {
+  const AliasStorage& storage = impl.alias_storage();
+  const at::Tensor& base = storage.base();
+  const at::Tensor& value = impl.value();
+  if (wrapper.layout() != c10::kStrided || !base.defined() || base.layout() != c10::kStrided ||
+      storage.flat() || storage.bytes() || storage.has_caller_storage() ||
+      storage.grown_start().has_value() || !value.has_storage() || !base.has_storage() ||
+      value.storage().is_alias_of(base.storage()) ||
+      wrapper.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      base.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      base.scalar_type() != wrapper.scalar_type() || base.storage_offset() != 0 ||
+      !base.is_non_overlapping_and_dense() ||
+      base.storage().nbytes() != static_cast<size_t>(base.numel()) * base.itemsize()) {
+    return std::nullopt;
+  }
+  int64_t last = wrapper.storage_offset();
+  for (int64_t d = 0; d < wrapper.dim(); ++d) {
+    if (wrapper.size(d) == 0) return std::nullopt;
+    last += (wrapper.size(d) - 1) * wrapper.stride(d);
+  }
+  if (last >= base.numel()) return std::nullopt;
+  at::Tensor laid_out = base;
+  const auto eager = storage.eager_strides();
+  if (eager && base.strides() != *eager) {
+    laid_out = restrided_copy(at::empty_strided(base.sizes(), *eager, base.options()), base);
+  } else {
+    laid_out = base.detach();
+  }
+  return at::empty({0}, laid_out.options())
+      .set_(laid_out.storage(), wrapper.storage_offset(), wrapper.sizes(), wrapper.strides());
+}
+}  // namespace
+
 void give_other_data(const at::Tensor& original, const at::Tensor& wrapper, const OtherData& plan) {
   const auto& impl = *unsafe_get_impl(wrapper);
   if (plan.in_caller.defined()) {
@@ -178,8 +221,10 @@ void give_other_data(const at::Tensor& original, const at::Tensor& wrapper, cons
     at::Tensor data;
     {
       c10::AutoGradMode no_grad(false);
+      std::optional<at::Tensor> on_base = on_storage_of_its_base(impl, wrapper);
       data =
-          dense && same_sizes_other_strides(wrapper, value)
+          on_base ? *on_base
+          : dense && same_sizes_other_strides(wrapper, value)
               ? restrided_copy(
                     at::empty_strided(wrapper.sizes(), wrapper.strides(), value.options()), value)
               : value.detach();

@@ -60,12 +60,14 @@ KNOWN: set[tuple[int, str, str]] = set()
 # and grown by an out= resize lost the writes before its start (Note [Kernel: resize_]). The
 # thirty-second session fixed 969396: x1.type_as(x2) of a transposed input reported its value's
 # contiguous strides under a tracer without views, so an out= resize of v0[1:] wrote other
-# elements (Note [Strides: what eager gives], case "op results").
+# elements (Note [Strides: what eager gives], case "op results"); and 972192: untraced without
+# views, x0.set_(x0.masked_fill(..)) then an out= that shrank x0 left it a storage of its one
+# element where eager's keeps the intermediate's (Note [Inputs: an input given other data]).
 FIXED_PROGRAMS = (650054, 650363, 650915, 652798, 654111, 654514, 661430, 661439, 661658, 662764,
                   663693, 664602, 665508, 666119, 669128, 671880, 681144, 698889, 708040, 733538,
                   737256, 738332, 743212, 761000, 761785, 763903, 766387, 766506, 770938, 771905,
                   773300, 780030, 784794, 860739, 862009, 862103, 863343, 881518, 889251,
-                  969396)
+                  969396, 972192)
 # Integers read from the bytes of NaNs that differ only in the NaNs' bits, which the comparator
 # accepts (fuzz/check.py differ_only_in_nan_bits; 741763 is shown below to be eager's own).
 NAN_BITS_PROGRAMS = (741763, 761082, 762858)
@@ -98,10 +100,6 @@ OPEN_PROGRAMS: dict[int, set[tuple[str, str]]] = {
     927368: {(path, "value") for path in (
         "cap_mav", "cap_mut", "cpprip_mav", "cpprip_mut", "fx_mav", "fx_mut", "ours_mav",
         "ours_mut", "rip_mut")},
-    # Found by the thirty-second session's run (seeds 960000..975350), without views, open (a
-    # bug of ours): x0.set_(x0.masked_fill(..)), then torch.eye(1, out=x0) shrinks x0 (untraced):
-    # eager's x0 keeps the intermediate's whole storage, ours a storage of its one element.
-    972192: {("ours_mav", "value")},
 }
 
 
