@@ -26,8 +26,8 @@ import torch.fx
 # in-place changes of a view's geometry (v.unsqueeze_(0), v.t_()) are replayed on the replayed
 # view, in the graph's order. No replay where the walk meets anything else, an argument
 # computed in the graph (view_as(y)), a change of the input's own geometry (the caller's x
-# has its final geometry when the replay starts), or a view's resize_, set_ or out= use (the
-# storage may change too). Those outputs keep the as_strided rebuild from the fake value. Rejected: correcting the fake geometry op by op
+# has its final geometry when the replay starts; an out= into an input that ends as it began
+# wrote in place), or a view's resize_, set_ or out= use (the storage may change too). Those outputs keep the as_strided rebuild from the fake value. Rejected: correcting the fake geometry op by op
 # (each divergence of a reference from its kernel would be a case of ours to find and keep).
 
 # In-place operators that change only a tensor's sizes, strides or offset: on a view of the
@@ -102,9 +102,11 @@ def _step_kind(node: torch.fx.Node) -> str:
     return ""
 
 
-def _changes_geometry(user: torch.fx.Node, node: torch.fx.Node) -> bool:
+def _changes_geometry(user: torch.fx.Node, node: torch.fx.Node, kept: bool = False) -> bool:
     if user.args and user.args[0] is node and _op_name(user) in _GEOMETRY_WRITES:
         return True
+    if kept:  # an out= that did not resize (the tensor ends as it began)
+        return False
     out = user.kwargs.get("out")
     outs = out if isinstance(out, (tuple, list)) else [out]
     return any(o is node for o in outs)
@@ -144,11 +146,13 @@ class ViewChain:
 
 
 def view_chain(gm: torch.fx.GraphModule, output: Any,
-               roots: Optional[dict[torch.fx.Node, int]] = None) -> Optional[ViewChain]:
+               roots: Optional[dict[torch.fx.Node, int]] = None,
+               kept_geometry: frozenset[torch.fx.Node] = frozenset()) -> Optional[ViewChain]:
     """The view calls from a placeholder, or from another output of gm (`roots`: output node ->
     output index), to `output` (a node of gm's output), with the changes of geometry made in
     place on views among them, or None where the output cannot be remade by replaying calls
-    (see the Note)."""
+    (see the Note). `kept_geometry`: placeholders that end the graph with the geometry they
+    began it with, for which an out= argument is no change of geometry (it wrote in place)."""
     if not isinstance(output, torch.fx.Node):
         return None
     roots = roots or {}
@@ -167,7 +171,7 @@ def view_chain(gm: torch.fx.GraphModule, output: Any,
     chain_nodes = set(on_the_way) | {root}
     # The root's own geometry changed in the graph (x.t_()): its real value has its final
     # geometry when the replay starts, not the one the calls saw.
-    if any(_changes_geometry(user, root) for user in root.users):
+    if any(_changes_geometry(user, root, root in kept_geometry) for user in root.users):
         return None
     for n in on_the_way:  # changes of a view's geometry made in place: replayed where they ran
         for user in n.users:

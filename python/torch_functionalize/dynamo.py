@@ -97,7 +97,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
     compiled = with_copy_derivative(functional) if compiler is None \
         else compiler(functional, example_inputs)
     run = _saving_written_inputs(compiled, *_written_inputs(functional))
-    aliases = _output_aliases(gm, fake_inputs)
+    aliases = _output_aliases(gm, fake_inputs, example_inputs)
     repeated = _repeated_outputs(gm)
     # With views kept the graph's outputs that view each other already do.
     views = _views_of_outputs(gm, aliases, repeated) if remove == "mutations_and_views" else []
@@ -266,10 +266,8 @@ def _with_geometry_of(fake_inputs: list[Any], example_inputs: list[Any]) -> list
         if not isinstance(fake, torch.Tensor) or type(real) is not torch.Tensor or \
                 fake.layout != torch.strided or real.layout != torch.strided:
             continue
-        geometry = (tuple(real.shape), real.stride(), real.storage_offset())
-        traced = (tuple(concrete(v) for v in fake.shape),
-                  tuple(concrete(v) for v in fake.stride()), concrete(fake.storage_offset()))
-        if traced == geometry:
+        geometry = (tuple(real.shape), tuple(real.stride()), real.storage_offset())
+        if _geometry(fake) == geometry:
             continue
         if any(isinstance(v, torch.SymInt) for v in
                (*fake.shape, *fake.stride(), fake.storage_offset())):
@@ -288,7 +286,7 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
 
 
-def _output_aliases(gm: torch.fx.GraphModule, fake_inputs: list[Any]
+def _output_aliases(gm: torch.fx.GraphModule, fake_inputs: list[Any], example_inputs: list[Any]
                     ) -> dict[int, tuple[int, torch.Tensor | None, ViewChain | None]]:
     """{output index: (input index, fake output, view chain)} for outputs eager makes views of
     an input; the fake output is None where the output is the input itself, the chain None where
@@ -298,6 +296,13 @@ def _output_aliases(gm: torch.fx.GraphModule, fake_inputs: list[Any]
     not a view of it (x.resize_(..) of a view leaves x as it was) nor a copy."""
     # dynamo's own fake inputs (fake_inputs are detached copies): the output is one of them
     raw_inputs = [example_value(n, ("example_value", "val")) for n in placeholders(gm.graph)]
+    # Placeholders whose fake value (dynamo's, changed as the graph changed the input) ends as
+    # the real input began: an out= into them wrote in place.
+    kept_geometry = frozenset(
+        node for node, fake, real in zip(placeholders(gm.graph), raw_inputs, example_inputs)
+        if isinstance(fake, torch.Tensor) and type(real) is torch.Tensor
+        and fake.layout == torch.strided and real.layout == torch.strided
+        and _geometry(fake) == (tuple(real.shape), tuple(real.stride()), real.storage_offset()))
     storages: dict[StorageWeakRef, int] = {}
     for i, value in enumerate(fake_inputs):
         if isinstance(value, torch.Tensor) and value.layout == torch.strided:
@@ -315,7 +320,8 @@ def _output_aliases(gm: torch.fx.GraphModule, fake_inputs: list[Any]
         elif isinstance(value, torch.Tensor) and value.layout == torch.strided:
             input_index = storages.get(StorageWeakRef(value.untyped_storage()))
             if input_index is not None:
-                aliases[index] = (input_index, value, view_chain(gm, node))
+                aliases[index] = (input_index, value,
+                                  view_chain(gm, node, kept_geometry=kept_geometry))
     return aliases
 
 
@@ -398,6 +404,12 @@ def _repeated_outputs(gm: torch.fx.GraphModule) -> list[tuple[int, int]]:
         else:
             first[id(value)] = index
     return repeated
+
+
+def _geometry(t: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
+    """Sizes, strides and offset as traced (symbolic ones by their hints)."""
+    return (tuple(concrete(v) for v in t.shape), tuple(concrete(v) for v in t.stride()),
+            concrete(t.storage_offset()))
 
 
 def _view_of(base: torch.Tensor, fake_out: torch.Tensor, bindings: Mapping[Any, Any]

@@ -614,3 +614,18 @@ def test_input_transposed_in_place_after_a_rebinding_write(remove):
         return x * 1
 
     compile_matches_eager(f, torch.arange(6.0).view(3, 2), remove=remove, calls=2, dynamic=False)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_output_view_of_an_input_written_by_an_out_of_its_own_shape(remove):
+    # An out= into x of x's own shape writes x in place: the empty view taken before it is
+    # remade by replaying the view calls, with eager's offset (fuzzer program 981549 through
+    # torch.compile, where the out= was torch.randn's).
+    def f(x):
+        v0 = x.unfold(1, 1, 3)
+        torch.mul(x, 2, out=x)
+        v1 = v0.diagonal(-1, 0, 2)
+        torch._dynamo.graph_break()
+        return v1.storage_offset(), v1.shape, v0 * 1
+
+    compile_matches_eager(f, torch.randn(4, 1).t(), remove=remove, calls=2)
