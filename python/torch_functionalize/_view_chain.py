@@ -27,8 +27,11 @@ import torch.fx
 # view, in the graph's order. No replay where the walk meets anything else, an argument
 # computed in the graph (view_as(y)), a change of the input's own geometry (the caller's x
 # has its final geometry when the replay starts; an out= into an input that ends as it began
-# wrote in place), or a view's resize_, set_ or out= use (the storage may change too). Those outputs keep the as_strided rebuild from the fake value. Rejected: correcting the fake geometry op by op
-# (each divergence of a reference from its kernel would be a case of ours to find and keep).
+# wrote in place), or a view's resize_, set_ or out= use (the storage may change too). Those
+# outputs are rebuilt with as_strided, in the geometry of a run of the graph on meta inputs laid
+# out as the real ones (eager's C++ kernels; once, at compile time, with static shapes), or of
+# the fake value where that cannot run. Rejected: correcting the fake geometry op by op (each
+# divergence of a reference from its kernel would be a case of ours to find and keep).
 
 # In-place operators that change only a tensor's sizes, strides or offset: on a view of the
 # chain they are replayed too (on the replayed view, in the graph's order).

@@ -322,7 +322,52 @@ def _output_aliases(gm: torch.fx.GraphModule, fake_inputs: list[Any], example_in
             if input_index is not None:
                 aliases[index] = (input_index, value,
                                   view_chain(gm, node, kept_geometry=kept_geometry))
+    if any(chain is None and fake is not None for _, fake, chain in aliases.values()):
+        # Rebuilt from a value: eager's kernels' geometry where a run on meta inputs gives it.
+        meta = _meta_outputs(gm, example_inputs)
+        for index, (input_index, fake, chain) in list(aliases.items()):
+            if chain is None and fake is not None and meta is not None and \
+                    _same_meta(meta[index], fake):
+                aliases[index] = (input_index, meta[index], None)
     return aliases
+
+
+def _meta_outputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[Any] | None:
+    """The graph's outputs run on meta tensors laid out as the real inputs (sharing a meta
+    storage where they share one), or None where that cannot run (symbolic sizes, a value read
+    from a tensor, another layout). Meta tensors run eager's C++ kernels, where dynamo's fake
+    values take some view ops through Python references with other geometry at the edges (the
+    offset of an empty diagonal); see Note [Dynamo: outputs that view inputs]."""
+    bases: dict[StorageWeakRef, torch.Tensor] = {}
+    inputs = []
+    for real in example_inputs:
+        if isinstance(real, torch.SymInt):
+            return None
+        if not isinstance(real, torch.Tensor):
+            inputs.append(real)
+            continue
+        if type(real) is not torch.Tensor or real.layout != torch.strided or real.is_conj() \
+                or real.is_neg():
+            return None
+        storage = real.untyped_storage()
+        base = bases.setdefault(StorageWeakRef(storage),
+                                torch.empty(storage.nbytes(), dtype=torch.uint8, device="meta"))
+        try:
+            inputs.append(base.view(real.dtype).as_strided(
+                real.shape, real.stride(), real.storage_offset()))
+        except RuntimeError:
+            return None
+    try:
+        with torch.no_grad():
+            outputs = gm(*inputs)
+    except Exception:  # noqa: BLE001 - data-dependent ops and the like: the fake values serve
+        return None
+    return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+
+
+def _same_meta(meta: Any, fake: torch.Tensor) -> bool:
+    return isinstance(meta, torch.Tensor) and meta.device.type == "meta" and \
+        meta.dtype == fake.dtype and _geometry(meta)[0] == _geometry(fake)[0]
 
 
 def _views_of_outputs(gm: torch.fx.GraphModule, aliases: Mapping[int, Any],

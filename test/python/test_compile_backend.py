@@ -629,3 +629,18 @@ def test_output_view_of_an_input_written_by_an_out_of_its_own_shape(remove):
         return v1.storage_offset(), v1.shape, v0 * 1
 
     compile_matches_eager(f, torch.randn(4, 1).t(), remove=remove, calls=2)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_output_view_that_cannot_be_replayed_has_eagers_geometry(remove):
+    # view_as of a tensor computed in the graph stops the replay of the view calls; the view is
+    # then rebuilt with the geometry of a run on meta inputs (eager's kernels: offset 0 for an
+    # empty diagonal of a (2, 1) input), not dynamo's fake value's (offset 1).
+    def f(x, n):
+        x.mul_(2)
+        v = x.diagonal(-1, 1, 0).view_as(n * 2)
+        torch._dynamo.graph_break()
+        return v.storage_offset(), v * 1
+
+    compile_matches_eager(f, torch.arange(2.0).view(2, 1), torch.zeros(0), remove=remove,
+                          calls=2)
