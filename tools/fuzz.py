@@ -27,8 +27,9 @@ result, not the end of the run. A failure of ours is shrunk (the shortest failin
 statements dropped while it still fails the same way) and written as a standalone reproducer
 (<out>/repro_<seed>_<path>.py, runnable with python). Named errors ("functionalize: ...",
 unsupported programs) are counted and grouped, not failures, and so are make_fx paths' errors that
-plain make_fx(f) raises too (make_fx itself cannot trace or print f), and dyn_ paths' failures that
-dynamo shows with its plain "eager" backend too (dynamo's own). Exit status 1 if ours failed.
+plain make_fx(f) raises too (make_fx itself cannot trace or print f), and dyn_ paths' failures
+that dynamo shows with its plain "eager" backend too (dynamo's own). Exit status 1 if ours
+failed.
 """
 
 from __future__ import annotations

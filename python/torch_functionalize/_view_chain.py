@@ -45,6 +45,8 @@ _IN_PLACE_OPERATORS = frozenset({
     operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
     operator.irshift, operator.imatmul,
 })
+# Tensor properties that are views of the tensor.
+_VIEW_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 # In-place operators that change a tensor's sizes, strides, offset or storage.
 _GEOMETRY_WRITES = _METADATA_WRITES | {"resize_", "resize_as_", "set_", "unsafe_set_"}
 
@@ -90,6 +92,9 @@ def _step_kind(node: torch.fx.Node) -> str:
     returns its self: skipped), '' (no replay)."""
     if node.op == "call_function" and node.target is operator.getitem:
         return "view"  # of a split's tuple, or basic indexing (the value shares storage)
+    if node.op == "call_function" and node.target is getattr and len(node.args) == 2 and \
+            node.args[1] in _VIEW_PROPERTIES:
+        return "view"  # x.mT, recorded as getattr(x, "mT")
     if node.op == "call_function" and node.target in _IN_PLACE_OPERATORS:
         return "write"  # x -= y is x.__isub__(y), which returns x
     if node.op == "call_method" or (node.op == "call_function"
@@ -172,11 +177,19 @@ def view_chain(gm: torch.fx.GraphModule, output: Any,
         node = node.args[0]
     root = node
     chain_nodes = set(on_the_way) | {root}
-    # The root's own geometry changed in the graph (x.t_()): its real value has its final
-    # geometry when the replay starts, not the one the calls saw.
-    if any(_changes_geometry(user, root, root in kept_geometry) for user in root.users):
+    # The nodes that are the root itself: in-place writes return their self, and so do calls
+    # that may (x.to(x.dtype) is x: their values are one object).
+    itself = {root}
+    for n in reversed(on_the_way):
+        if n.args[0] in itself and (_step_kind(n) == "write" or _same_value(n, n.args[0])):
+            itself.add(n)
+    # The root's own geometry changed in the graph (x.t_(), or through a name of it): its real
+    # value has its final geometry when the replay starts, not the one the calls saw.
+    if any(_changes_geometry(user, n, root in kept_geometry) for n in itself for user in n.users):
         return None
     for n in on_the_way:  # changes of a view's geometry made in place: replayed where they ran
+        if n in itself:
+            continue
         for user in n.users:
             if user in chain_nodes:
                 continue
@@ -200,6 +213,11 @@ def view_chain(gm: torch.fx.GraphModule, output: Any,
     if root.op == "placeholder":
         return ViewChain(root, positions[root], None, output, steps, arguments)
     return ViewChain(root, None, roots[root], output, steps, arguments)
+
+
+def _same_value(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    value = a.meta.get("example_value")
+    return value is not None and value is b.meta.get("example_value")
 
 
 def _node_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:

@@ -104,12 +104,15 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
     if not aliases and not repeated and not views:
         return run
     shape_env = _shape_env(fake_inputs)
+    # Symbols are bound from the arguments as they come, before the graph changes their sizes.
+    needs_bindings = _symbolic(fake_inputs) and (bool(views) or any(
+        chain is None and fake is not None for _, fake, chain in aliases.values()))
 
     def run_and_restore_aliases(*args: Any) -> Any:
+        bindings = _bind(shape_env, fake_inputs, args) if needs_bindings else {}
         outputs = run(*args)
         single = not isinstance(outputs, (tuple, list))
         outs = [outputs] if single else list(outputs)
-        bindings = None
         for index, (input_index, fake_out, chain) in aliases.items():
             base = args[input_index]
             if fake_out is None:  # the input itself (x *= 2 rebinds x to x)
@@ -120,16 +123,12 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
             if chain is not None:  # Note [Dynamo: outputs that view inputs]
                 outs[index] = chain.replay(args)
                 continue
-            if bindings is None:
-                bindings = _bind(shape_env, fake_inputs, args)
             outs[index] = _view_of(base, fake_out, bindings)
         laid_out: set[int] = set()
         for index, chain in views:  # in the graph's order: a root is remade before its views
             root = chain.root_output
             if root not in laid_out:
                 laid_out.add(root)
-                if bindings is None:
-                    bindings = _bind(shape_env, fake_inputs, args)
                 outs[root] = _in_eager_strides(outs[root], _fake_output(gm, root), bindings)
             outs[index] = chain.replay(args, outs[root])
         for index, first in repeated:
@@ -475,6 +474,13 @@ def _view_of(base: torch.Tensor, fake_out: torch.Tensor, bindings: Mapping[Any, 
     if view.is_neg() != fake_out.is_neg():
         view = torch._neg_view(view)
     return view
+
+
+def _symbolic(fake_inputs: list[Any]) -> bool:
+    return any(isinstance(v, torch.SymInt) or (
+        isinstance(v, torch.Tensor) and v.layout == torch.strided and any(
+            isinstance(d, torch.SymInt) for d in (*v.shape, *v.stride(), v.storage_offset())))
+        for v in fake_inputs)
 
 
 def _shape_env(fake_inputs: list[Any]) -> Any:

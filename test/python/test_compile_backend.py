@@ -531,6 +531,7 @@ def test_output_view_of_written_input_has_eagers_geometry(remove, case):
 @pytest.mark.parametrize("case, replayed", [("x[1:].t()", True), ("x.add_(1).split(1)[0]", True),
                                             ("x.view_as(n)", True), ("x[1:].t_()", True),
                                             ("x.t_()[1:]", False), ("x[1:].resize_(2)", False),
+                                            ("x.add_(1).t_()[1:]", False), ("x[1:].mT", True),
                                             ("x.view_as(n + 1)", False), ("out=", False)])
 def test_which_output_views_are_remade_by_replaying_view_calls(case, replayed):
     from torch_functionalize._view_chain import view_chain
@@ -546,6 +547,10 @@ def test_which_output_views_are_remade_by_replaying_view_calls(case, replayed):
             return x.t_()[1:]
         if case == "x[1:].resize_(2)":
             return x[1:].resize_(2)
+        if case == "x.add_(1).t_()[1:]":  # add_ returns x: the t_ is the input's own
+            return x.add_(1).t_()[1:]
+        if case == "x[1:].mT":  # a property: getattr(x, "mT") in the graph
+            return x[1:].mT
         if case == "x.view_as(n)":  # n is an input: replayed on the real n
             return x.view_as(n)
         if case == "x.view_as(n + 1)":  # a tensor computed in the graph
@@ -644,3 +649,18 @@ def test_output_view_that_cannot_be_replayed_has_eagers_geometry(remove):
 
     compile_matches_eager(f, torch.arange(2.0).view(2, 1), torch.zeros(0), remove=remove,
                           calls=2)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_input_squeezed_in_place_through_another_name(remove):
+    # x1.to(x1.dtype) is x1, so v1.squeeze_(1) squeezes the input: the view of x0 returned beside
+    # it is remade without replaying that change on the caller's x1 a second time (fuzzer
+    # program 982177 through torch.compile raised an IndexError).
+    def f(x0, x1):
+        v1 = x1.to(torch.float32)
+        v3 = torch.ops.aten.alias(x0)
+        v1.squeeze_(1)
+        v3.mul_(v3)
+        return v1, v3
+
+    compile_matches_eager(f, torch.randn(6, 1), torch.randn(3, 1), remove=remove)
