@@ -103,6 +103,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
     views = _views_of_outputs(gm, aliases, repeated) if remove == "mutations_and_views" else []
     if not aliases and not repeated and not views:
         return run
+    root_fakes = {chain.root_output: _fake_output(gm, chain.root_output) for _, chain in views}
     shape_env = _shape_env(fake_inputs)
     # Symbols are bound from the arguments as they come, before the graph changes their sizes.
     needs_bindings = _symbolic(fake_inputs) and (bool(views) or any(
@@ -129,7 +130,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
             root = chain.root_output
             if root not in laid_out:
                 laid_out.add(root)
-                outs[root] = _in_eager_strides(outs[root], _fake_output(gm, root), bindings)
+                outs[root] = _in_eager_strides(outs[root], root_fakes[root], bindings)
             outs[index] = chain.replay(args, outs[root])
         for index, first in repeated:
             outs[index] = outs[first]
