@@ -357,8 +357,11 @@ def _meta_outputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[A
                 real.shape, real.stride(), real.storage_offset()))
         except RuntimeError:
             return None
+    # Factories without a device make meta tensors; one with a device draws from a generator
+    # that is given back its state (compiling consumes no random numbers).
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.device("meta"), torch.random.fork_rng(devices=devices):
             outputs = gm(*inputs)
     except Exception:  # noqa: BLE001 - data-dependent ops and the like: the fake values serve
         return None

@@ -664,3 +664,30 @@ def test_input_squeezed_in_place_through_another_name(remove):
         return v1, v3
 
     compile_matches_eager(f, torch.randn(6, 1), torch.randn(3, 1), remove=remove)
+
+
+def test_the_meta_run_of_a_graph_consumes_no_random_numbers():
+    # An output view that cannot be replayed is rebuilt in the geometry of a run on meta inputs;
+    # a random factory in that graph must not draw from the caller's generator when the backend
+    # compiles (dynamo keeps the generator's state around its own compiles; a direct call of the
+    # backend is the caller's).
+    def f(x, n):
+        x.mul_(2)
+        noise = torch.randn(3)
+        v = x.diagonal(-1, 1, 0).view_as(n * 2)
+        return v, noise
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm
+
+    torch.compile(f, backend=keep)(torch.arange(2.0).view(2, 1), torch.zeros(0))
+    (gm, example_inputs), = graphs
+    state = torch.get_rng_state()
+    compiled = torch_functionalize.backend(gm, example_inputs)
+    assert torch.equal(torch.get_rng_state(), state), "compiling drew random numbers"
+    x = torch.arange(2.0).view(2, 1)
+    v, _ = compiled(x, torch.zeros(0))
+    assert v.storage_offset() == torch.arange(2.0).view(2, 1).diagonal(-1, 1, 0).storage_offset()
