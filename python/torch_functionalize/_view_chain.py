@@ -183,9 +183,15 @@ def view_chain(gm: torch.fx.GraphModule, output: Any,
     for n in reversed(on_the_way):
         if n.args[0] in itself and (_step_kind(n) == "write" or _same_value(n, n.args[0])):
             itself.add(n)
-    # The root's own geometry changed in the graph (x.t_(), or through a name of it): its real
-    # value has its final geometry when the replay starts, not the one the calls saw.
-    if any(_changes_geometry(user, n, root in kept_geometry) for n in itself for user in n.users):
+    # The root's own geometry changed in the graph (x.t_(), or through a name of it) after the
+    # calls read it: its real value has its final geometry when the replay starts, not the one
+    # the calls saw. (A change before the first call, v0.unsqueeze_(1); v0.unsqueeze(-1), is in
+    # that final geometry.)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    first_read = min((order[n] for n, replayed in steps if replayed and n.args[0] in itself),
+                     default=len(order))
+    if any(_changes_geometry(user, n, root in kept_geometry) and order[user] >= first_read
+           for n in itself for user in n.users):
         return None
     for n in on_the_way:  # changes of a view's geometry made in place: replayed where they ran
         if n in itself:
@@ -208,7 +214,6 @@ def view_chain(gm: torch.fx.GraphModule, output: Any,
             if arg.op != "placeholder":
                 return None  # computed in the graph (view_as(y), a size read from a tensor)
             arguments[arg] = positions[arg]
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     steps.sort(key=lambda step: order[step[0]])
     if root.op == "placeholder":
         return ViewChain(root, positions[root], None, output, steps, arguments)

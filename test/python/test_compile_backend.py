@@ -691,3 +691,19 @@ def test_the_meta_run_of_a_graph_consumes_no_random_numbers():
     x = torch.arange(2.0).view(2, 1)
     v, _ = compiled(x, torch.zeros(0))
     assert v.storage_offset() == torch.arange(2.0).view(2, 1).diagonal(-1, 1, 0).storage_offset()
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_view_taken_after_its_base_changed_geometry_in_place(remove):
+    # v0.unsqueeze_(1) before v1 = v0.unsqueeze(-1): the change is in v0's final geometry, so v1
+    # is still remade from v0, and the out= into v0 after the break shows through it (fuzzer
+    # program 983571 through torch.compile, without views).
+    def f(x0):
+        v0 = x0 / 2
+        v0.unsqueeze_(1)
+        v1 = v0.unsqueeze(-1)
+        torch._dynamo.graph_break()
+        torch.sum(v0, 0, keepdim=True, out=v0)
+        return v0 * 1, v1 * 1
+
+    compile_matches_eager(f, torch.arange(1.0, 3.0), remove=remove, calls=2)
