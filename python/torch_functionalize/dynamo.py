@@ -384,10 +384,12 @@ def _views_of_outputs(gm: torch.fx.GraphModule, aliases: Mapping[int, Any],
     results = output.args[0]
     flat = list(results) if isinstance(results, (tuple, list)) else [results]
     roots: dict[torch.fx.Node, int] = {}
+    storages: dict[int, StorageWeakRef] = {}
     for index, node in enumerate(flat):
         value = example_value(node, ("example_value",)) if isinstance(node, torch.fx.Node) else None
         if isinstance(value, torch.Tensor) and value.layout == torch.strided:
             roots.setdefault(node, index)
+            storages[index] = StorageWeakRef(value.untyped_storage())
     skipped = set(aliases) | {index for index, _ in repeated}
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     views = []
@@ -395,7 +397,10 @@ def _views_of_outputs(gm: torch.fx.GraphModule, aliases: Mapping[int, Any],
         if index in skipped:
             continue
         chain = view_chain(gm, node, {n: i for n, i in roots.items() if i != index})
-        if chain is not None and chain.root_output is not None:
+        # Calls that may copy (x.to(dtype), reshape) took the values of their time: only where
+        # eager's output shares its root's storage were they views.
+        if chain is not None and chain.root_output is not None and \
+                storages[chain.root_output] == storages[index]:
             views.append((order[node], index, chain))
     return [(index, chain) for _, index, chain in sorted(views, key=lambda v: v[0])]
 

@@ -707,3 +707,18 @@ def test_view_taken_after_its_base_changed_geometry_in_place(remove):
         return v0 * 1, v1 * 1
 
     compile_matches_eager(f, torch.arange(1.0, 3.0), remove=remove, calls=2)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_copy_of_an_output_taken_before_a_write_keeps_its_values(remove):
+    # v2 = v1.to(torch.complex64) copies v1 (another dtype): it is no view of output v1 to remake
+    # from v1 after v0.cos_() wrote it (fuzzer program 984669 through torch.compile, without
+    # views, gave v2 the written values).
+    def f(x0):
+        v0 = x0.view((8,))
+        v1 = x0.detach()
+        v2 = v1.to(torch.complex64)
+        v0.cos_()
+        return v0, v1, v2
+
+    compile_matches_eager(f, torch.randn(2, 4), remove=remove, calls=2)
