@@ -45,6 +45,9 @@ _IN_PLACE_OPERATORS = frozenset({
     operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
     operator.irshift, operator.imatmul,
 })
+# Ops that return views without saying so in their schema (no alias annotation: autograd does
+# not track them as views).
+_UNANNOTATED_VIEWS = frozenset({"unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk"})
 # Tensor properties that are views of the tensor.
 _VIEW_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 # In-place operators that change a tensor's sizes, strides, offset or storage.
@@ -64,6 +67,8 @@ def _op_name(node: torch.fx.Node) -> str:
 def _aten_kind(name: str) -> str:
     """'view' where every ATen overload named `name` that takes a tensor self returns an alias
     of it without writing it, 'write' where one writes self, '' otherwise."""
+    if name in _UNANNOTATED_VIEWS:
+        return "view"
     packet = getattr(torch.ops.aten, name, None)
     if not isinstance(packet, torch._ops.OpOverloadPacket):
         return ""
