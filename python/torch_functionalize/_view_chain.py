@@ -30,7 +30,10 @@ import torch.fx
 # wrote in place), or a view's resize_, set_ or out= use (the storage may change too). Those
 # outputs are rebuilt with as_strided, in the geometry of a run of the graph on meta inputs laid
 # out as the real ones (eager's C++ kernels; once, at compile time, with static shapes), or of
-# the fake value where that cannot run. Rejected: correcting the fake geometry op by op (each
+# the fake value where that cannot run; and so are the others in a call where the input's
+# geometry changed in a way the graph does not show (x.flatten(1, 1) is x in eager, a new
+# tensor in dynamo's fake values, and its swapdims_ swaps the input after the views were taken:
+# the backend compares the input's geometry before and after each run). Rejected: correcting the fake geometry op by op (each
 # divergence of a reference from its kernel would be a case of ours to find and keep).
 
 # In-place operators that change only a tensor's sizes, strides or offset: on a view of the

@@ -107,10 +107,13 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
     shape_env = _shape_env(fake_inputs)
     # Symbols are bound from the arguments as they come, before the graph changes their sizes.
     needs_bindings = _symbolic(fake_inputs) and (bool(views) or any(
-        chain is None and fake is not None for _, fake, chain in aliases.values()))
+        fake is not None for _, fake, _ in aliases.values()))
+
+    replayed_inputs = {i for i, fake, chain in aliases.values() if chain is not None}
 
     def run_and_restore_aliases(*args: Any) -> Any:
         bindings = _bind(shape_env, fake_inputs, args) if needs_bindings else {}
+        before = {i: _geometry(args[i]) for i in replayed_inputs}
         outputs = run(*args)
         single = not isinstance(outputs, (tuple, list))
         outs = [outputs] if single else list(outputs)
@@ -121,7 +124,10 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
                 continue
             if _same_storage(outs[index], base):
                 continue  # the graph's view of an unmutated input is already an alias
-            if chain is not None:  # Note [Dynamo: outputs that view inputs]
+            # A replay reads the input's geometry after the run: where the run changed it
+            # through a name dynamo did not see as the input (x.flatten(1, 1) is x), the views
+            # were taken before (Note [Dynamo: outputs that view inputs]).
+            if chain is not None and _geometry(base) == before[input_index]:
                 outs[index] = chain.replay(args)
                 continue
             outs[index] = _view_of(base, fake_out, bindings)
@@ -322,13 +328,14 @@ def _output_aliases(gm: torch.fx.GraphModule, fake_inputs: list[Any], example_in
             if input_index is not None:
                 aliases[index] = (input_index, value,
                                   view_chain(gm, node, kept_geometry=kept_geometry))
-    if any(chain is None and fake is not None for _, fake, chain in aliases.values()):
-        # Rebuilt from a value: eager's kernels' geometry where a run on meta inputs gives it.
+    if any(fake is not None for _, fake, _ in aliases.values()):
+        # Rebuilt from a value where no replay is possible, or where the input's geometry
+        # changed in a way the graph does not show (see run_and_restore_aliases): eager's
+        # kernels' geometry where a run on meta inputs gives it.
         meta = _meta_outputs(gm, example_inputs)
         for index, (input_index, fake, chain) in list(aliases.items()):
-            if chain is None and fake is not None and meta is not None and \
-                    _same_meta(meta[index], fake):
-                aliases[index] = (input_index, meta[index], None)
+            if fake is not None and meta is not None and _same_meta(meta[index], fake):
+                aliases[index] = (input_index, meta[index], chain)
     return aliases
 
 

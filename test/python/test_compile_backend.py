@@ -737,3 +737,18 @@ def test_unsafe_split_of_an_output_stays_its_view(remove):
         return v1 * 1, v2 * 1
 
     compile_matches_eager(f, torch.randn(2, 4), remove=remove, calls=2)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_view_of_an_input_whose_geometry_changes_through_another_name(remove):
+    # x1.flatten(1, 1) is x1 itself in eager (a new tensor in dynamo's fake values), so
+    # swapdims_ on it swaps the input after v0 was taken: v0 is rebuilt in the geometry of a meta
+    # run, not replayed on the swapped input (fuzzer program 992167 through torch.compile).
+    def f(x1):
+        v0 = x1.diagonal(-1, 2, 0)
+        v1 = x1.flatten(1, 1)
+        v1.swapdims_(-1, -3)
+        v0[:, torch.tensor([2, 1, 1])] = -0.25
+        return v0, v1
+
+    compile_matches_eager(f, torch.randn(3, 4, 5), remove=remove)
