@@ -1,6 +1,7 @@
-"""The view ops that lead from a placeholder of a dynamo graph to an output, replayed on the real
-input after the graph ran: the torch.compile backend's way of giving an output that eager made a
-view of an input the exact view eager made (see Note [Dynamo: outputs that view inputs]).
+"""The view calls that lead from an input (or another output) of a dynamo graph to an output,
+replayed on the real tensors after the graph ran: the torch.compile backend's way of giving an
+output that eager made a view the exact view eager made (see Note [Dynamo: outputs that view
+inputs]).
 """
 from __future__ import annotations
 
@@ -16,25 +17,27 @@ import torch.fx
 # (Note [Dynamo: the backend]). Its sizes, strides and offset are eager's only if eager's kernels
 # compute them: dynamo's fake values take several view ops through Python reference
 # implementations whose geometry differs from the C++ kernels' at the edges (an empty
-# x.diagonal(-1, 1, 0) of a 2x1 input: offset 1 under dynamo's fake mode, 0 in eager; an
-# out= write into that view then resizes it from another element). So
-# where the graph reaches the output from a placeholder through view ops alone (torch-level
-# calls whose ATen schema returns an alias of a self that it does not write, and getitem of
-# their tuples), the backend replays those calls on the real input after each run: eager's own
-# kernels then make the view, with eager's geometry, dtype, conjugate bit and view history.
-# In-place data writes on the way (y = x.add_(1); y.view(-1)) are skipped (they return self);
-# in-place changes of a view's geometry (v.unsqueeze_(0), v.t_()) are replayed on the replayed
-# view, in the graph's order. No replay where the walk meets anything else, an argument
-# computed in the graph (view_as(y)), a change of the input's own geometry (the caller's x
-# has its final geometry when the replay starts; an out= into an input that ends as it began
-# wrote in place), or a view's resize_, set_ or out= use (the storage may change too). Those
-# outputs are rebuilt with as_strided, in the geometry of a run of the graph on meta inputs laid
-# out as the real ones (eager's C++ kernels; once, at compile time, with static shapes), or of
-# the fake value where that cannot run; and so are the others in a call where the input's
-# geometry changed in a way the graph does not show (x.flatten(1, 1) is x in eager, a new
-# tensor in dynamo's fake values, and its swapdims_ swaps the input after the views were taken:
-# the backend compares the input's geometry before and after each run). Rejected: correcting the fake geometry op by op (each
-# divergence of a reference from its kernel would be a case of ours to find and keep).
+# x.diagonal(-1, 1, 0) of a 2x1 input: offset 1 under dynamo's fake mode, 0 in eager; an out=
+# write into that view then resizes it from another element). So where the graph reaches the
+# output from a placeholder through view calls alone (torch-level calls whose ATen schema
+# returns an alias of a self it does not write, view properties such as x.mT, unsafe_split, and
+# getitem of their tuples), the backend replays those calls on the real input after each run:
+# eager's own kernels then make the view, with eager's geometry, dtype, conjugate bit and view
+# history. Without views the same holds for an output reached from another output (v1 = v0[2]).
+# In-place data writes on the way (y = x.add_(1); y.view(-1); x -= y) and calls that return their
+# self are skipped; in-place changes of a view's geometry (v.unsqueeze_(0)) are replayed on the
+# replayed view, in the graph's order. No replay where the walk meets anything else, an argument
+# computed in the graph (view_as(y)), a change of the root's own geometry after the calls read
+# it (the real root has its final geometry when the replay starts; an out= into an input that
+# ends as it began wrote in place), or a view's resize_, set_ or out= use (the storage may
+# change too). Those outputs are rebuilt with as_strided in the geometry of a run of the graph on
+# meta inputs laid out as the real ones (eager's C++ kernels; once, at compile time, with static
+# shapes), or of the fake value where that cannot run; and so are the others in a call where an
+# input's geometry changed in a way the graph does not show (x.flatten(1, 1) is x in eager, a new
+# tensor in dynamo's fake values, and its swapdims_ swaps the input after the views were taken):
+# the backend compares each input's geometry before and after the run. Rejected: correcting the
+# fake geometry op by op (each divergence of a reference from its kernel would be a case of ours
+# to find and keep).
 
 # In-place operators that change only a tensor's sizes, strides or offset: on a view of the
 # chain they are replayed too (on the replayed view, in the graph's order).

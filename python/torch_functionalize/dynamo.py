@@ -261,8 +261,8 @@ def _with_geometry_of(fake_inputs: list[Any], example_inputs: list[Any]) -> list
     """The fake inputs laid out as the real inputs dynamo passes beside them. Dynamo traces with
     its fake input objects, so a change of an input's geometry in the graph that dynamo does not
     see as one (x += x rebinds x; x.t_() then runs on a new name) is left on the placeholder's
-    fake value: traced on it, the graph transposed the input once more and gave it back as it
-    was (fuzzer program 980567). A fake input with static sizes is given the real input's sizes,
+    fake value: traced on it, the graph would transpose the input once more and give it back as
+    it was. A fake input with static sizes is given the real input's sizes,
     strides and offset (its storage stays dynamo's); one with symbolic sizes is refused by name
     (dynamo's own guards on it fail then, with its plain eager backend too)."""
     if len(example_inputs) != len(fake_inputs):
