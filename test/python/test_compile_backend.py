@@ -752,3 +752,22 @@ def test_view_of_an_input_whose_geometry_changes_through_another_name(remove):
         return v0, v1
 
     compile_matches_eager(f, torch.randn(3, 4, 5), remove=remove)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open bug (fuzzer programs 990374, 993282, 994514 through torch.compile): an input that is a "
+    "view at an offset, written through unfold, raises a raw as_strided_scatter bounds error "
+    "while the backend traces it: functionalize_graph on fake inputs gives the input its own "
+    "elements as its base but writes in storage coordinates (make_fx and capture are right)"))
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_write_through_unfold_of_an_input_viewed_at_an_offset(remove):
+    def f(x):
+        v = x.unfold(-1, 2, 3)
+        v.neg_()
+        return v * 1
+
+    eager_base, compiled_base = torch.arange(8.0).view(4, 2), torch.arange(8.0).view(4, 2)
+    expected = f(eager_base.narrow(0, 1, 3))
+    actual = torch.compile(f, backend=backend(remove=remove))(compiled_base.narrow(0, 1, 3))
+    assert_trees_match(actual, expected, "output")
+    assert_trees_match(compiled_base, eager_base, "the input's base")
