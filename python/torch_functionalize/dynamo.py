@@ -101,12 +101,22 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
     repeated = _repeated_outputs(gm)
     # With views kept the graph's outputs that view each other already do.
     views = _views_of_outputs(gm, aliases, repeated) if remove == "mutations_and_views" else []
-    if not aliases and not repeated and not views:
+    if not aliases and not repeated and not views and remove != "mutations_and_views":
         return run
+    # Without views every other output is laid out in eager's strides too: code after a break
+    # that reads its storage order (resize_, view) sees eager's.
+    if remove == "mutations_and_views":
+        skipped = set(aliases) | {index for index, _ in repeated} | {i for i, _ in views}
+        count = len(_output_nodes(gm))
+        fresh = {i: _fake_output(gm, i) for i in range(count) if i not in skipped}
+        fresh = {i: f for i, f in fresh.items() if isinstance(f, torch.Tensor)
+                 and f.layout == torch.strided}
+    else:
+        fresh = {}
     root_fakes = {chain.root_output: _fake_output(gm, chain.root_output) for _, chain in views}
     shape_env = _shape_env(fake_inputs)
     # Symbols are bound from the arguments as they come, before the graph changes their sizes.
-    needs_bindings = _symbolic(fake_inputs) and (bool(views) or any(
+    needs_bindings = _symbolic(fake_inputs) and (bool(views) or bool(fresh) or any(
         fake is not None for _, fake, _ in aliases.values()))
 
     replayed_inputs = {i for i, fake, chain in aliases.values() if chain is not None}
@@ -138,6 +148,9 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
                 laid_out.add(root)
                 outs[root] = _in_eager_strides(outs[root], root_fakes[root], bindings)
             outs[index] = chain.replay(args, outs[root])
+        for index, fake in fresh.items():
+            if isinstance(outs[index], torch.Tensor):
+                outs[index] = _in_eager_strides(outs[index], fake, bindings)
         for index, first in repeated:
             outs[index] = outs[first]
         if single:
@@ -412,11 +425,15 @@ def _views_of_outputs(gm: torch.fx.GraphModule, aliases: Mapping[int, Any],
     return [(index, chain) for _, index, chain in sorted(views, key=lambda v: v[0])]
 
 
-def _fake_output(gm: torch.fx.GraphModule, index: int) -> Any:
+def _output_nodes(gm: torch.fx.GraphModule) -> list[Any]:
     output = next(n for n in gm.graph.nodes if n.op == "output")
     results = output.args[0]
-    node = (list(results) if isinstance(results, (tuple, list)) else [results])[index]
-    return example_value(node, ("example_value",))
+    return list(results) if isinstance(results, (tuple, list)) else [results]
+
+
+def _fake_output(gm: torch.fx.GraphModule, index: int) -> Any:
+    node = _output_nodes(gm)[index]
+    return example_value(node, ("example_value",)) if isinstance(node, torch.fx.Node) else None
 
 
 def _in_eager_strides(out: torch.Tensor, fake_out: Any, bindings: Mapping[Any, Any]

@@ -754,6 +754,21 @@ def test_view_of_an_input_whose_geometry_changes_through_another_name(remove):
     compile_matches_eager(f, torch.randn(3, 4, 5), remove=remove)
 
 
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_output_resized_after_a_break_reads_eagers_storage_order(remove):
+    # v2 inherits v1's transposed layout in eager; without views the graph's value was
+    # contiguous, so v2.resize_(32) after the break read its elements in another order (fuzzer
+    # program 995775 through torch.compile). Outputs are laid out in eager's strides.
+    def f(x):
+        v1 = x.swapaxes(2, 0)
+        v2 = v1.select_scatter(torch.ones(4, 2), 2, 3)
+        torch._dynamo.graph_break()
+        v2.resize_((32,))
+        return v1 * 1, v2 * 1
+
+    compile_matches_eager(f, torch.randn(4, 2, 4), remove=remove)
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "open bug (fuzzer programs 990374, 993282, 994514 through torch.compile): an input that is a "
     "view at an offset, written through unfold, raises a raw as_strided_scatter bounds error "
