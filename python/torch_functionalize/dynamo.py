@@ -107,10 +107,10 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
     # that reads its storage order (resize_, view) sees eager's.
     if remove == "mutations_and_views":
         skipped = set(aliases) | {index for index, _ in repeated} | {i for i, _ in views}
-        count = len(_output_nodes(gm))
-        fresh = {i: _fake_output(gm, i) for i in range(count) if i not in skipped}
-        fresh = {i: f for i, f in fresh.items() if isinstance(f, torch.Tensor)
-                 and f.layout == torch.strided}
+        values = [example_value(n, ("example_value",)) if isinstance(n, torch.fx.Node) else None
+                  for n in _output_nodes(gm)]
+        fresh = {i: v for i, v in enumerate(values) if i not in skipped
+                 and isinstance(v, torch.Tensor) and v.layout == torch.strided}
     else:
         fresh = {}
     root_fakes = {chain.root_output: _fake_output(gm, chain.root_output) for _, chain in views}
@@ -326,9 +326,7 @@ def _output_aliases(gm: torch.fx.GraphModule, fake_inputs: list[Any], example_in
     for i, value in enumerate(fake_inputs):
         if isinstance(value, torch.Tensor) and value.layout == torch.strided:
             storages.setdefault(StorageWeakRef(value.untyped_storage()), i)
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    results = output.args[0]
-    flat = list(results) if isinstance(results, (tuple, list)) else [results]
+    flat = _output_nodes(gm)
     aliases = {}
     for index, node in enumerate(flat):
         value = example_value(node, ("example_value",)) if isinstance(node, torch.fx.Node) else None
@@ -400,9 +398,7 @@ def _views_of_outputs(gm: torch.fx.GraphModule, aliases: Mapping[int, Any],
     separate tensors, and a write through one after a graph break (v0.mul_(v0)) must show
     through the other. Outputs viewing inputs are in `aliases`; see
     Note [Dynamo: outputs that view inputs]."""
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    results = output.args[0]
-    flat = list(results) if isinstance(results, (tuple, list)) else [results]
+    flat = _output_nodes(gm)
     roots: dict[torch.fx.Node, int] = {}
     storages: dict[int, StorageWeakRef] = {}
     for index, node in enumerate(flat):
@@ -467,9 +463,7 @@ def _repeated_outputs(gm: torch.fx.GraphModule) -> list[tuple[int, int]]:
     returns as one tensor object under two names (v1 = v0.to(v0.dtype) is v0): the code after a
     graph break that resizes v0 sees v1 resized too, so they must come back as one object. (The
     graph's outputs are separate tensors: a view, or a copy without views.)"""
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    results = output.args[0]
-    flat = list(results) if isinstance(results, (tuple, list)) else [results]
+    flat = _output_nodes(gm)
     first: dict[int, int] = {}
     repeated = []
     for index, node in enumerate(flat):
