@@ -157,7 +157,14 @@ Tensor unfold_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
                               "unfold(dimension=",
                               dim, ", size=", size, ", step=", step,
                               ") is not supported: the windows overlap. Clone it first.");
-  const Tensor dense = base.is_contiguous() ? base : base.contiguous();
+  // The windows are counted from the base's first element, in a base that starts its storage:
+  // as_strided_scatter's offset is in the storage of what it writes, and its autograd form
+  // (strided_scatter) writes into zeros_like(base), a storage of the base's own elements, where a
+  // base at an offset (the value of an input that is a slice of a buffer) would put the windows
+  // past the end. A base at an offset is copied once (as the scatter copies it anyway).
+  const Tensor dense = base.is_contiguous() && base.sym_storage_offset() == 0
+                           ? base
+                           : base.clone(at::MemoryFormat::Contiguous);
   std::vector<c10::SymInt> sizes(dense.sym_sizes().begin(), dense.sym_sizes().end());
   std::vector<c10::SymInt> strides(dense.sym_strides().begin(), dense.sym_strides().end());
   if (sizes.empty()) {  // unfold of a 0-d tensor views it as one window of one element
@@ -169,9 +176,7 @@ Tensor unfold_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
   strides[dim] = inner * step;
   sizes.push_back(size);
   strides.push_back(inner);
-  // as_strided_scatter counts storage_offset in the storage of `dense` (it clones with strides and
-  // offset preserved), so a base that does not start its storage passes its own offset.
-  return strided_scatter(dense, mv, sizes, strides, dense.sym_storage_offset());
+  return strided_scatter(dense, mv, sizes, strides, c10::SymInt(0));
 }
 
 Tensor identity_inverse(const Tensor& /*base*/, const Tensor& mv, const ViewMeta& /*m*/) {

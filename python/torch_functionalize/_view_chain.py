@@ -231,6 +231,19 @@ def view_chain(gm: torch.fx.GraphModule, output: Any,
     return ViewChain(root, None, roots[root], output, steps, arguments)
 
 
+def view_root(output: Any) -> Optional[torch.fx.Node]:
+    """The node an output of the graph is reached from by the calls a view chain replays (views,
+    in-place changes of geometry, in-place writes that return their self), where that node is
+    computed in the graph (not a placeholder) and is not the output itself; else None."""
+    if not isinstance(output, torch.fx.Node):
+        return None
+    node = output
+    while node.op != "placeholder" and _step_kind(node) and node.args and \
+            isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return None if node is output or node.op == "placeholder" else node
+
+
 def _same_value(a: torch.fx.Node, b: torch.fx.Node) -> bool:
     value = a.meta.get("example_value")
     return value is not None and value is b.meta.get("example_value")

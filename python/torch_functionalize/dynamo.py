@@ -16,7 +16,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ._fx import concrete, example_value, placeholders, run_without_grad, sizes_and_strides
 from ._copy_derivative import with_copy_derivative
-from ._view_chain import ViewChain, view_chain
+from ._view_chain import ViewChain, view_chain, view_root
 from .api import Remove, check_remove
 from .graph import _fetch_attr, functionalize_graph
 
@@ -46,9 +46,9 @@ Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 # Outputs that alias each other keep doing so because remove="mutations" (the default) keeps
 # views in the graph; with remove="mutations_and_views" the graph returns copies, so an output
 # reached by view calls from another output (v1 = v0[2], both returned) is remade by replaying
-# them on that output. Two outputs that view an intermediate the graph does not return still come
-# back as separate tensors there: a write through one after a graph break is not seen through the
-# other (use the default there).
+# them on that output, and outputs that view an intermediate the graph does not return (v1 =
+# v0[0], v2 = v0[:, 1]) are remade from it, the graph returning it as well for that
+# (`_returning_shared_bases`).
 #   Autograd is eager's: the functional graph is run op by op under autograd at run time, so
 # .backward() through a compiled region works as through any ATen program. Rejected: tracing a
 # joint forward/backward graph here, which is AOTAutograd's job (a user compiler that wants one
@@ -89,6 +89,9 @@ def backend(
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Compiler | None,
              remove: Remove) -> Callable[..., Any]:
+    hidden = 0
+    if remove == "mutations_and_views":
+        gm, hidden = _returning_shared_bases(gm)
     fake_inputs = _with_geometry_of(
         [_example_value(n) for n in placeholders(gm.graph)], example_inputs)
     functional = functionalize_graph(gm, *fake_inputs, remove=remove)
@@ -153,6 +156,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
                 outs[index] = _in_eager_strides(outs[index], fake, bindings)
         for index, first in repeated:
             outs[index] = outs[first]
+        if hidden:  # the shared bases the graph returns for its views only
+            del outs[-hidden:]
         if single:
             return outs[0]
         return type(outputs)(outs) if isinstance(outputs, tuple) else outs
@@ -419,6 +424,45 @@ def _views_of_outputs(gm: torch.fx.GraphModule, aliases: Mapping[int, Any],
                 storages[chain.root_output] == storages[index]:
             views.append((order[node], index, chain))
     return [(index, chain) for _, index, chain in sorted(views, key=lambda v: v[0])]
+
+
+def _returning_shared_bases(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, int]:
+    """gm returning after its outputs each intermediate that two or more of them view and it
+    does not return, and how many it added. Without views each output comes back as a copy;
+    remade as views of the returned intermediate (`_views_of_outputs`), a write through one
+    after a graph break shows through the others, as in eager (v1 = v0[0]; v2 = v0[:, 1]). The
+    backend drops the added outputs after the run. Rejected: returning the outputs as they are
+    (a write through one was not seen through the other, silently)."""
+    flat = _output_nodes(gm)
+    returned = {n for n in flat if isinstance(n, torch.fx.Node)}
+    input_storages = {
+        StorageWeakRef(v.untyped_storage()) for v in
+        (example_value(n, ("example_value",)) for n in placeholders(gm.graph))
+        if isinstance(v, torch.Tensor) and v.layout == torch.strided}
+    groups: dict[torch.fx.Node, set[torch.fx.Node]] = {}
+    for node in flat:
+        root = view_root(node)
+        if root is None or root in returned:
+            continue
+        value = example_value(node, ("example_value",))
+        root_value = example_value(root, ("example_value",))
+        if not all(isinstance(v, torch.Tensor) and v.layout == torch.strided
+                   for v in (value, root_value)):
+            continue
+        storage = StorageWeakRef(root_value.untyped_storage())
+        if storage != StorageWeakRef(value.untyped_storage()) or storage in input_storages:
+            continue  # a copy (x.reshape of a transposed x), or a view of an input
+        if view_chain(gm, node, {root: -1}) is not None:
+            groups.setdefault(root, set()).add(node)
+    bases = [root for root, views in groups.items() if len(views) > 1]
+    if not bases:
+        return gm, 0
+    graph = torch.fx.Graph()
+    copied: dict[torch.fx.Node, torch.fx.Node] = {}
+    results = graph.graph_copy(gm.graph, copied)
+    results = tuple(results) if isinstance(results, (tuple, list)) else (results,)
+    graph.output((*results, *(copied[root] for root in bases)))
+    return torch.fx.GraphModule(gm, graph), len(bases)
 
 
 def _output_nodes(gm: torch.fx.GraphModule) -> list[Any]:

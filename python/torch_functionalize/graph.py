@@ -6,7 +6,6 @@ retraces, and turns the lifted inputs back into attributes. It does not optimize
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 from typing import TYPE_CHECKING, Any, Literal
@@ -38,7 +37,6 @@ def functionalize_graph(
 ) -> torch.fx.GraphModule:
     """Retrace `gm` (a GraphModule or ExportedProgram) into an equivalent functional GraphModule."""
     # Imported lazily: the package __init__ re-exports this module, and api imports the engine.
-    from torch._dispatch.python import enable_python_dispatcher
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -83,13 +81,10 @@ def functionalize_graph(
         except NotImplementedError as error:
             traced_by = f"make_fx ({str(error).splitlines()[0]})"
             _log.info("functionalize_graph: capture does not apply, using make_fx: %s", error)
-    if traced is None:
-        dispatcher = (enable_python_dispatcher() if tracing_mode == "fake"
-                      else contextlib.nullcontext())
-        with dispatcher:
-            traced = make_fx(functionalize(run, remove=remove), tracing_mode=tracing_mode)(
-                *traced_state, *args
-            )
+    if traced is None and tracing_mode == "fake":
+        traced = _trace_on_fake_inputs(functionalize(run, remove=remove), *traced_state, *args)
+    elif traced is None:
+        traced = make_fx(functionalize(run, remove=remove))(*traced_state, *args)
     result = _lifted_state_to_attributes(traced, [names[0] for names in targets], state, args)
     if tracing_mode == "real":
         result = _guarded(result, args)
@@ -106,6 +101,37 @@ def functionalize_graph(
 # downstream of dynamo read the meta["val"] that make_fx writes on every node. Rejected: capture
 # on meta tensors in place of fake ones (no symbolic sizes, and constants made inside the program
 # would be real tensors mixed with meta ones).
+
+
+# Note [Graph: tracing on fake inputs as they are]
+# make_fx(tracing_mode="fake") passes every input through its fake mode's from_tensor, which makes
+# even a FakeTensor of that very mode anew: an input that is a view (dynamo's fake value of a view
+# of a larger buffer, or of an overlapping as_strided view) comes back as a tensor of its own,
+# whose storage ends where its elements do. The engine reads storage coordinates of its inputs
+# (the flat base of an input whose elements overlap, the layout guards, an input that does not
+# start its storage: Note [Inputs: storage coordinates under a tracer]), so the graph was traced
+# on another layout than the one it runs on: it refused the real input (a storage of 64 bytes,
+# traced with 52) or wrote the base in the wrong coordinates (a raw as_strided_scatter error).
+# Fake inputs are therefore traced as they are, as AOTAutograd traces dynamo's: make_fx in its
+# "real" mode inside the inputs' fake mode (and the Python dispatcher, for the symbolic-size rules
+# of view ops that live in Python kernels), with only real tensors (module state) converted.
+# Rejected: tracing_mode="fake" with the views' bases passed too (a calling convention change of
+# the graph, and the fake values' bases are not always there to pass).
+def _trace_on_fake_inputs(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    # The inputs' own mode: dynamo's tracing context may hold another one when it calls a backend.
+    mode = next((t.fake_mode for t in pytree.tree_leaves(inputs) if isinstance(t, FakeTensor)),
+                None)
+    if mode is None:  # no tensor input: factories inside the program make the fake values
+        with enable_python_dispatcher():
+            return make_fx(fn, tracing_mode="fake")(*inputs)
+    converted = pytree.tree_map_only(
+        torch.Tensor, lambda t: t if isinstance(t, FakeTensor) else mode.from_tensor(t), inputs)
+    with enable_python_dispatcher(), mode:
+        return make_fx(fn, tracing_mode="real")(*converted)
 
 
 def _as_graph_module(gm: object) -> torch.fx.GraphModule:

@@ -559,6 +559,33 @@ def test_gradient_through_a_write_of_a_strided_view_matches_eager(name, remove):
     assert_trees_match(gm(other), f(other), "make_fx graph on other inputs")
 
 
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("name", sorted(STRIDED_WRITES))
+def test_gradient_through_a_strided_write_of_an_input_at_an_offset(name, remove):
+    # The input is rows 1.. of a buffer (storage offset 2) and requires grad: unfold's inverse
+    # scattered its windows at the input's storage offset into a tensor of the input's own
+    # elements (zeros_like in the gradient's form), past its end (a raw setStorage error).
+    write = STRIDED_WRITES[name]
+
+    def f(y):
+        write(y)
+        return y * 1
+
+    def fresh():
+        leaf = torch.arange(1.0, 11.0).requires_grad_()
+        return leaf, (leaf * 1)[2:].view(8)[:7]
+
+    eager_leaf, eager_y = fresh()
+    expected = f(eager_y)
+    expected.pow(2).sum().backward()
+    leaf, y = fresh()
+    actual = functionalize(f, remove=remove)(y)
+    actual.pow(2).sum().backward()
+    assert_trees_match(actual, expected, "output")
+    assert_trees_match(y, eager_y, "the written input")
+    assert_trees_match(leaf.grad, eager_leaf.grad, "gradient")
+
+
 # `w.data = new` on a leaf made inside f whose requires_grad_() had not reached its value yet
 # (torch.zeros(3, requires_grad=True), nn.Parameter(t)): the leaf stopped requiring grad, and a
 # later backward raised. Data of another dtype makes the new data the leaf, as eager's reset.

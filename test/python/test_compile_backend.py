@@ -606,6 +606,34 @@ def test_output_viewing_another_output_stays_its_view_across_a_graph_break(remov
     compile_matches_eager(f, torch.randn(3, 3, 5), remove=remove, calls=2)
 
 
+_VIEWS_OF_AN_INTERMEDIATE = {
+    "slices": lambda v0: (v0[0], v0[:, 1::2]),
+    # an input of the next graph whose elements overlap: its fake value keeps the storage it views
+    # (Note [Graph: tracing on fake inputs as they are])
+    "overlapping as_strided": lambda v0: (v0.as_strided((2, 3, 3), (2, 2, 3), 0), v0[:, 1::2]),
+}
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("write", ["add_", "out="])
+@pytest.mark.parametrize("views", sorted(_VIEWS_OF_AN_INTERMEDIATE))
+def test_outputs_viewing_an_intermediate_the_graph_does_not_return(remove, write, views):
+    # Fuzzer program 996311 through torch.compile: without views the graph returned v1 and v2 as
+    # copies; eager's are views of v0, so a write through v2 after the break shows in v1.
+    def f(x):
+        v0 = x * 2
+        v1, v2 = _VIEWS_OF_AN_INTERMEDIATE[views](v0)
+        torch._dynamo.graph_break()
+        if write == "add_":
+            v2.add_(1)
+        else:
+            torch.abs(x[:, :2], out=v2)
+        torch._dynamo.graph_break()
+        return v1.clone(), v2  # v1 alone is the input of the last graph
+
+    compile_matches_eager(f, torch.randn(4, 4), remove=remove, calls=2)
+
+
 @pytest.mark.parametrize("remove", REMOVE_MODES)
 def test_input_transposed_in_place_after_a_rebinding_write(remove):
     # x += x rebinds x, so dynamo takes x.t_() into the graph without seeing an input's metadata
@@ -769,15 +797,9 @@ def test_output_resized_after_a_break_reads_eagers_storage_order(remove):
     compile_matches_eager(f, torch.randn(4, 2, 4), remove=remove)
 
 
-_BEFORE_2_15 = torch.torch_version.TorchVersion(torch.__version__) < (2, 15)
-
-
-@pytest.mark.xfail(_BEFORE_2_15, strict=True, reason=(
-    "open bug (fuzzer programs 990374, 993282, 994514 through torch.compile): an input that is a "
-    "view at an offset, written through unfold, raises a raw as_strided_scatter bounds error "
-    "while the backend traces it: functionalize_graph on fake inputs gives the input its own "
-    "elements as its base but writes in storage coordinates (make_fx and capture are right); "
-    "torch 2.15's fake tensors pass it"))
+# Fuzzer programs 990374, 993282, 994514 through torch.compile: unfold's inverse scattered at the
+# input's storage offset into a value of the input's own elements; dynamo's fake values (before
+# torch 2.15) and the gradient's form do not keep the offset there (a raw as_strided_scatter error).
 @pytest.mark.parametrize("remove", REMOVE_MODES)
 def test_write_through_unfold_of_an_input_viewed_at_an_offset(remove):
     def f(x):
