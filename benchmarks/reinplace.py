@@ -159,9 +159,26 @@ def _callable(variant: str, fn: Callable[..., Any], make_inputs: Callable[[], tu
         updater = FakeTensorUpdater(gm.graph if first == "graph" else gm)
         with V.set_fake_mode(detect_fake_mode(values)):
             reinplace_inplaceable_ops(updater, gm.graph)
+        _as_inductor_lowers_foreach_writes(gm.graph)
         gm.recompile()
         return gm
     raise ValueError(variant)
+
+
+def _as_inductor_lowers_foreach_writes(graph: torch.fx.Graph) -> None:
+    """Inductor's pass turns `_foreach_add` into `_foreach_add_` but leaves the getitems of its
+    result, which Inductor's lowering of the in-place op reads as the written tensors; the
+    op itself returns None, so in Python each getitem becomes the tensor it names."""
+    import operator
+
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is operator.getitem and \
+                isinstance(node.args[0], torch.fx.Node) and \
+                isinstance(node.args[0].target, torch._ops.OpOverload) and \
+                node.args[0].target.name().startswith("aten::_foreach_") and \
+                node.args[0].target._schema.returns == []:
+            node.replace_all_uses_with(node.args[0].args[0][node.args[1]])
+            graph.erase_node(node)
 
 
 def _peak_bytes(g: Callable[..., Any], inputs: tuple) -> int:
