@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: remove modes, the device and a fixed seed; helpers live in
+"""Shared pytest fixtures: remove modes, the device, a fixed seed and a fresh dynamo; helpers live in
 torch_functionalize/testing/_internal/reference.py.
 
 The device comes from one place, the TFZ_TEST_DEVICE environment variable (default cpu):
@@ -49,6 +49,17 @@ def deterministic_fill():
     yield
     torch.use_deterministic_algorithms(was_det)
     torch.utils.deterministic.fill_uninitialized_memory = was_fill
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches reset before and after the test: graphs compiled by one test would
+    otherwise be reused (or count as recompiles) in the next."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
 
 
 @pytest.fixture
