@@ -193,12 +193,27 @@ std::vector<at::Tensor> wrap_group(const std::vector<at::Tensor>& members, const
   {
     // The storage's physical elements: conjugate and negative bits undone, then (mixed dtypes)
     // seen as bytes. See Note [Inputs: aliased inputs].
+    // With views the bits are undone first, as views (no copy). Without, no view may enter the
+    // graph, and as_strided_copy of a tensor with a bit goes through the conjugate (negative)
+    // fallback, which first copies the tensor's own elements: the storage read from that copy
+    // is the input's only where the input is its whole storage; otherwise the copy would be read
+    // past its end.
     InnerCallGuard guard;
-    base_value =
-        reapply ? first->as_strided({numel}, {1}, 0) : at::as_strided_copy(*first, {numel}, {1}, 0);
-    if (first->is_conj()) base_value = reapply ? at::_conj(base_value) : at::_conj_copy(base_value);
-    if (first->is_neg()) {
-      base_value = reapply ? at::_neg_view(base_value) : at::_neg_view_copy(base_value);
+    if (reapply) {
+      at::Tensor physical = *first;
+      if (physical.is_conj()) physical = at::_conj(physical);
+      if (physical.is_neg()) physical = at::_neg_view(physical);
+      base_value = physical.as_strided({numel}, {1}, 0);
+    } else {
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          !(first->is_conj() || first->is_neg()) || is_whole_storage(*first),
+          "functionalize: inputs that share a storage, one of them a conjugate or negative view "
+          "(x.conj()) that is not its whole storage (a row of a buffer, say), are not supported "
+          "with remove=\"mutations_and_views\": the storage cannot be read through the bit "
+          "without a view op. Use remove=\"mutations\", or pass x.resolve_conj().");
+      base_value = at::as_strided_copy(*first, {numel}, {1}, 0);
+      if (first->is_conj()) base_value = at::_conj_copy(base_value);
+      if (first->is_neg()) base_value = at::_neg_view_copy(base_value);
     }
     if (mixed) {
       base_value = reapply ? base_value.view(at::kByte) : at::view_copy(base_value, at::kByte);

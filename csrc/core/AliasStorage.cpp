@@ -10,6 +10,7 @@
 #include "core/MemoryOverlap.h"
 #include "core/ViewInverses.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/grad_mode.h>
@@ -407,6 +408,24 @@ bool views_as_bool(const ViewMeta& step, const at::Tensor& base) {
 // view's elements.
 std::optional<at::Tensor> scatter_at(const at::Tensor& base, const at::Tensor& value,
                                      const at::Tensor& view, bool views_kept) {
+  if (view.scalar_type() == base.scalar_type() && base.dim() > 0 &&
+      !base.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+      !base.is_non_overlapping_and_dense()) {
+    // A base with gaps between its elements (an input b[1:, ::2] written, kept in its strides):
+    // `view` counts in its storage, which eager's as_strided_scatter keeps (it copies the base
+    // with its strides) and the fake kernel of torch < 2.15 does not (it copies the base densely,
+    // and the view then reaches past its end). So the scatter runs on the storage up to the
+    // base's last element, as one dense row, and the base's geometry is taken from the result.
+    const auto numel = static_cast<int64_t>(
+        at::detail::computeStorageNbytes(base.sizes(), base.strides(), 1, base.storage_offset()));
+    const at::Tensor row =
+        views_kept ? base.as_strided({numel}, {1}, 0) : at::as_strided_copy(base, {numel}, {1}, 0);
+    const at::Tensor scattered = strided_scatter(row, value, view.sym_sizes(), view.sym_strides(),
+                                                 view.sym_storage_offset());
+    return views_kept ? scattered.as_strided(base.sizes(), base.strides(), base.storage_offset())
+                      : at::as_strided_copy(scattered, base.sizes(), base.strides(),
+                                            base.storage_offset());
+  }
   if (view.scalar_type() == base.scalar_type()) {
     return strided_scatter(base, value, view.sym_sizes(), view.sym_strides(),
                            view.sym_storage_offset());

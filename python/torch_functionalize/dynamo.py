@@ -46,9 +46,10 @@ Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 # Outputs that alias each other keep doing so because remove="mutations" (the default) keeps
 # views in the graph; with remove="mutations_and_views" the graph returns copies, so an output
 # reached by view calls from another output (v1 = v0[2], both returned) is remade by replaying
-# them on that output, and outputs that view an intermediate the graph does not return (v1 =
-# v0[0], v2 = v0[:, 1]) are remade from it, the graph returning it as well for that
-# (`_returning_shared_bases`).
+# them on that output (where they cannot be replayed, an out= into the view, it is made with
+# as_strided of an output that is its whole storage), and outputs that view an intermediate the
+# graph does not return (v1 = v0[0], v2 = v0[:, 1]) are remade from it, the graph returning it
+# as well for that (`_returning_shared_bases`).
 #   Autograd is eager's: the functional graph is run op by op under autograd at run time, so
 # .backward() through a compiled region works as through any ATen program. Rejected: tracing a
 # joint forward/backward graph here, which is AOTAutograd's job (a user compiler that wants one
@@ -103,20 +104,21 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
     aliases = _output_aliases(gm, fake_inputs, example_inputs)
     repeated = _repeated_outputs(gm)
     # With views kept the graph's outputs that view each other already do.
-    views = _views_of_outputs(gm, aliases, repeated) if remove == "mutations_and_views" else []
+    views = _views_of_outputs(gm, aliases, repeated, example_inputs) \
+        if remove == "mutations_and_views" else []
     if not aliases and not repeated and not views and remove != "mutations_and_views":
         return run
     # Without views every other output is laid out in eager's strides too: code after a break
     # that reads its storage order (resize_, view) sees eager's.
     if remove == "mutations_and_views":
-        skipped = set(aliases) | {index for index, _ in repeated} | {i for i, _ in views}
+        skipped = set(aliases) | {index for index, _ in repeated} | {v[0] for v in views}
         values = [example_value(n, ("example_value",)) if isinstance(n, torch.fx.Node) else None
                   for n in _output_nodes(gm)]
         fresh = {i: v for i, v in enumerate(values) if i not in skipped
                  and isinstance(v, torch.Tensor) and v.layout == torch.strided}
     else:
         fresh = {}
-    root_fakes = {chain.root_output: _fake_output(gm, chain.root_output) for _, chain in views}
+    root_fakes = {root: _fake_output(gm, root) for _, root, _, _ in views}
     shape_env = _shape_env(fake_inputs)
     # Symbols are bound from the arguments as they come, before the graph changes their sizes.
     needs_bindings = _symbolic(fake_inputs) and (bool(views) or bool(fresh) or any(
@@ -145,12 +147,13 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
                 continue
             outs[index] = _view_of(base, fake_out, bindings)
         laid_out: set[int] = set()
-        for index, chain in views:  # in the graph's order: a root is remade before its views
-            root = chain.root_output
+        for index, root, chain, geometry in views:  # a root is remade before its views
             if root not in laid_out:
                 laid_out.add(root)
-                outs[root] = _in_eager_strides(outs[root], root_fakes[root], bindings)
-            outs[index] = chain.replay(args, outs[root])
+                outs[root] = _in_eager_strides(outs[root], root_fakes[root], bindings,
+                                               whole=chain is None)
+            outs[index] = chain.replay(args, outs[root]) if chain is not None else \
+                _view_of(outs[root], geometry, bindings)
         for index, fake in fresh.items():
             if isinstance(outs[index], torch.Tensor):
                 outs[index] = _in_eager_strides(outs[index], fake, bindings)
@@ -397,23 +400,35 @@ def _same_meta(meta: Any, fake: torch.Tensor) -> bool:
 
 
 def _views_of_outputs(gm: torch.fx.GraphModule, aliases: Mapping[int, Any],
-                      repeated: list[tuple[int, int]]) -> list[tuple[int, ViewChain]]:
-    """(output index, its chain) for outputs that eager makes views of another output (v1 =
-    v0[2], both returned), in the graph's order: without views the graph returns them as
-    separate tensors, and a write through one after a graph break (v0.mul_(v0)) must show
-    through the other. Outputs viewing inputs are in `aliases`; see
+                      repeated: list[tuple[int, int]], example_inputs: list[Any]
+                      ) -> list[tuple[int, int, ViewChain | None, Any]]:
+    """(output index, root output index, chain, geometry) for outputs that eager makes views of
+    another output (v1 = v0[2], both returned), in the graph's order: without views the graph
+    returns them as separate tensors, and a write through one after a graph break (v0.mul_(v0))
+    must show through the other. Each is remade by replaying its chain on the root output, or,
+    where the calls cannot be replayed (an out= into the view, which may resize it), as an
+    as_strided view of an output that is its whole storage, in the geometry of the meta run (or
+    the fake value) with `chain` None. Outputs viewing inputs are in `aliases`; see
     Note [Dynamo: outputs that view inputs]."""
     flat = _output_nodes(gm)
     roots: dict[torch.fx.Node, int] = {}
     storages: dict[int, StorageWeakRef] = {}
+    values: dict[int, torch.Tensor] = {}
     for index, node in enumerate(flat):
         value = example_value(node, ("example_value",)) if isinstance(node, torch.fx.Node) else None
         if isinstance(value, torch.Tensor) and value.layout == torch.strided:
             roots.setdefault(node, index)
             storages[index] = StorageWeakRef(value.untyped_storage())
+            values[index] = value
     skipped = set(aliases) | {index for index, _ in repeated}
+    # An output that is its whole storage (offset 0, dense) in eager's storage coordinates.
+    whole: dict[StorageWeakRef, int] = {}
+    for index, value in values.items():
+        if index not in skipped and _is_whole_storage(value):
+            whole.setdefault(storages[index], index)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     views = []
+    unreplayed = []
     for node, index in roots.items():
         if index in skipped:
             continue
@@ -422,8 +437,27 @@ def _views_of_outputs(gm: torch.fx.GraphModule, aliases: Mapping[int, Any],
         # eager's output shares its root's storage were they views.
         if chain is not None and chain.root_output is not None and \
                 storages[chain.root_output] == storages[index]:
-            views.append((order[node], index, chain))
-    return [(index, chain) for _, index, chain in sorted(views, key=lambda v: v[0])]
+            views.append((order[node], index, chain.root_output, chain, None))
+        elif whole.get(storages[index], index) != index:
+            unreplayed.append((order[node], index, whole[storages[index]], None, values[index]))
+    if unreplayed:
+        meta = _meta_outputs(gm, example_inputs)
+        for k, (position, index, root, _, fake) in enumerate(unreplayed):
+            if meta is not None and _same_meta(meta[index], fake):
+                unreplayed[k] = (position, index, root, None, meta[index])
+    ordered = sorted(views + unreplayed, key=lambda v: v[0])
+    return [(index, root, chain, geometry) for _, index, root, chain, geometry in ordered]
+
+
+def _is_whole_storage(value: torch.Tensor) -> bool:
+    """Element i of the storage is one of value's, from offset 0 (static sizes only)."""
+    if any(isinstance(v, torch.SymInt) for v in (*value.shape, *value.stride(),
+                                                value.storage_offset())):
+        return False
+    return value.storage_offset() == 0 and \
+        _non_overlapping_and_dense(list(value.shape), list(value.stride())) and \
+        value.numel() * value.element_size() == value.untyped_storage().nbytes() and \
+        not value.is_conj() and not value.is_neg()
 
 
 def _returning_shared_bases(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, int]:
@@ -476,16 +510,20 @@ def _fake_output(gm: torch.fx.GraphModule, index: int) -> Any:
     return example_value(node, ("example_value",)) if isinstance(node, torch.fx.Node) else None
 
 
-def _in_eager_strides(out: torch.Tensor, fake_out: Any, bindings: Mapping[Any, Any]
-                      ) -> torch.Tensor:
+def _in_eager_strides(out: torch.Tensor, fake_out: Any, bindings: Mapping[Any, Any],
+                      whole: bool = False) -> torch.Tensor:
     """An output that views of it are replayed on, in eager's strides where they differ: without
     views the graph's value is laid out by its *_copy ops, and a view of it at an offset (v0[1:])
-    that an out= resizes after the break names storage elements through them."""
+    that an out= resizes after the break names storage elements through them. `whole`: views of
+    it are made with as_strided, so it must also be its whole storage from offset 0."""
     if not isinstance(fake_out, torch.Tensor) or concrete(fake_out.storage_offset(), bindings):
         return out
     size, stride = sizes_and_strides(fake_out, bindings)
-    if list(out.shape) != size or list(out.stride()) == stride or \
-            not _non_overlapping_and_dense(size, stride):
+    if list(out.shape) != size or not _non_overlapping_and_dense(size, stride):
+        return out
+    if list(out.stride()) == stride and (not whole or (
+            out.storage_offset() == 0 and
+            out.untyped_storage().nbytes() == out.numel() * out.element_size())):
         return out
     return torch.empty_strided(size, stride, dtype=out.dtype, device=out.device).copy_(out)
 

@@ -353,3 +353,24 @@ def test_compiled_callables_called_inside_f_run_their_code(remove):
                    functionalize(_step_through_compiled_code, remove=remove)):
         with pytest.raises(RuntimeError, match="symbolically trace a dynamo-optimized function"):
             make_fx(traced)(*make_inputs())
+
+
+def test_write_through_an_expanded_view_of_an_input_with_gaps():
+    # Fuzzer program 1002567 through torch.compile: x = b[1:, ::2] keeps its strides (9, 6, 1)
+    # when written, and a write through x.expand(..).unfold(..) is scattered at that geometry;
+    # the fake as_strided_scatter of torch < 2.15 copied the base densely (12 elements) and the
+    # scatter reached past its end (a raw error while the backend traced the program).
+    def f(x):
+        v = x.expand(-1, 2, 3)
+        x.mul_(x)
+        w = v.unfold(1, 1, 1)
+        w.squeeze_(3)
+        w.add_(1)
+        return w * 1
+
+    eager_base = torch.randint(-4, 5, (3, 3, 3), dtype=torch.int32)
+    compiled_base = eager_base.clone()
+    expected = f(eager_base[1:, ::2])
+    actual = torch.compile(f, backend=backend())(compiled_base[1:, ::2])
+    assert_trees_match(actual, expected, "output")
+    assert_trees_match(compiled_base, eager_base, "the input's base")

@@ -129,3 +129,27 @@ def test_write_through_imag_of_conj_of_an_input_aliased_by_its_real(remove):
         return b.real, b
 
     assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+
+
+@pytest.mark.parametrize("bit", ["conj", "neg"])
+def test_inputs_aliasing_a_conjugate_view_of_a_slice(remove, bit):
+    # x.conj() of a row of a buffer and its unsqueeze(0) are two inputs of one storage: their flat
+    # base was the whole storage copied out of the conjugate view, which the conjugate fallback
+    # first copied down to the view's own elements, so the copy read past their end (a raw
+    # setStorage error; fuzzer program 1003330 through torch.compile). With views the bit is
+    # undone as a view first; without, no view may enter the graph, and it is refused by name.
+    def f(v0, v2):
+        v0.copy_(v0 * 2)
+        return v2.unfold(-1, 1, 3) * 1
+
+    def make_inputs():
+        torch.manual_seed(0)
+        row = torch.randn(4, 2, dtype=torch.complex64).select(0, 1)
+        v0 = row.conj() if bit == "conj" else torch._neg_view(row.conj())
+        return v0, v0.unsqueeze(0)
+
+    if remove == "mutations":
+        assert_matches_eager(f, make_inputs=make_inputs, remove=remove)
+    else:
+        with pytest.raises(NotImplementedError, match="conjugate or negative view .* not its whole"):
+            functionalize(f, remove=remove)(*make_inputs())
