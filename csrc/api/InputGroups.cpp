@@ -58,8 +58,14 @@ at::Tensor wrap_input(const at::Tensor& value, const at::Tensor& input, int64_t 
 // a byte base (the flat storage viewed as uint8); each member is then view(dtype) of it before its
 // as_strided, so a float write is seen as int32 bits through the other member, as in eager. The
 // base's dtype is the smallest member's, so every member's bytes lie inside it.
+// Members with symbolic sizes (torch.compile(dynamic=True), make_fx's symbolic mode) or of
+// another layout cannot be grouped (the base's size and the members' steps need concrete
+// storage coordinates): each keeps a storage of its own, and a write through any of them (or
+// their views) is refused by name, since it would not be seen through the others; reads are
+// right.
 // Rejected: wrapping mixed-dtype members independently with a warning (what torch.func does): a
-// write through one is silently not seen through the other.
+// write through one is silently not seen through the other. (Members that cannot be grouped had
+// that warning too, and gave wrong values under torch.compile(dynamic=True).)
 // Rejected: AOTAutograd's "synthetic base" as an extra graph input: a calling convention change
 // that user code calling functionalize(f) directly could not follow.
 
@@ -82,6 +88,13 @@ namespace {
 // Rejected: the flat base for every such input (a decode step writing one row of a slice
 // would scatter into the whole cache); translating offsets at each as_strided (only possible for
 // inputs without gaps, and every view inverse would need it too).
+constexpr const char* kApart =
+    "it is (a view of) an input that shares its storage with another input, and inputs with "
+    "symbolic sizes (torch.compile(dynamic=True), make_fx's symbolic mode) or of another layout "
+    "than strided are functionalized apart, so the write would not be seen through the other "
+    "(Note [Inputs: aliased inputs]). Pass them with static sizes (torch.compile(..., "
+    "dynamic=False)), or pass the tensor they view once and take the views inside the function";
+
 constexpr const char* kInsideLargerStorage =
     "the tensor is (a view of) an input that starts inside a larger storage (e.g. a slice of a "
     "big buffer), and as_strided addresses that storage's elements, which the function does not "
@@ -335,12 +348,6 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
     }
     std::vector<at::Tensor> members;
     for (size_t i : indices) members.push_back(inputs[i]);
-    if (members.size() > 1 && !can_group(members)) {
-      TORCH_WARN("functionalize: ", members.size(),
-                 " inputs share a storage but are not all strided tensors with static shapes; "
-                 "they are functionalized independently, so a write through one is not seen "
-                 "through the others inside the function.");
-    }
     if ((members.size() == 1 && !wants_flat_base(members[0], traced)) || !can_group(members)) {
       for (size_t i : indices) {
         out[i] = wrap_input(inputs[i], inputs[i], layer.id);
@@ -351,6 +358,7 @@ std::vector<at::Tensor> wrap_inputs(const std::vector<at::Tensor>& inputs, const
           unsafe_get_impl(out[i])->alias_storage().mark_offset_base(offset_reason(inputs[i]));
           note_caller_origin(inputs[i], out[i]);
         }
+        if (indices.size() > 1) unsafe_get_impl(out[i])->alias_storage().mark_apart(kApart);
       }
       continue;
     }

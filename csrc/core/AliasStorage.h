@@ -159,6 +159,12 @@ class AliasStorage : public c10::StorageImpl {
   void mark_offset_base(const char* why) { offset_base_ = why; }
   bool offset_base() const { return offset_base_ != nullptr; }
   const char* offset_base_reason() const { return offset_base_; }
+  /// The storage of one of several inputs that share the caller's storage but could not be
+  /// grouped (symbolic sizes, another layout): each input has its own, so a write through one
+  /// would not reach the others, and writes are refused; `why` (a string literal) completes the
+  /// error. See Note [Inputs: aliased inputs].
+  void mark_apart(const char* why) { apart_ = why; }
+  const char* apart_reason() const { return apart_; }
   /// A storage that wraps inputs: `storage` is the caller's, which the epilogue writes.
   void mark_caller_storage(const c10::StorageImpl* storage) { caller_storage_ = storage; }
   /// Under a Python tracer, the caller's input this lone storage wraps and its index, until its
@@ -202,6 +208,7 @@ class AliasStorage : public c10::StorageImpl {
   bool bytes_ = false;
   bool flat_views_kept_ = false;
   const char* offset_base_ = nullptr;        // why, when the base is offset (see mark_offset_base)
+  const char* apart_ = nullptr;              // why writes are refused (see mark_apart)
   int64_t caller_origin_ = 0;                // see set_caller_origin
   bool caller_tail_covered_ = true;          // see set_caller_origin
   at::Tensor caller_input_, caller_entry_;   // see set_caller_input

@@ -428,6 +428,11 @@ void FunctionalTensorImpl::replace_(const at::Tensor& new_value_in) {
 }
 
 void FunctionalTensorImpl::commit_update_(bool counts_version) {
+  // The kernels refuse such writes by the op's name first (check_writable); this holds for
+  // every other way a write reaches a wrapper.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      alias_storage().apart_reason() == nullptr,
+      "functionalize: cannot write this tensor: ", alias_storage().apart_reason(), ".");
   // A write bumps the version counter the wrapper shares with its views, as eager's in-place
   // kernels do (Note [Inputs: version counters]).
   if (counts_version && version_counter().enabled()) bump_version();

@@ -134,6 +134,10 @@ void check_writable(std::string_view op_name, std::string_view arg_name, const a
               "tracer or a capture, or together with tensors of the function: no graph can "
               "write that tensor (Note [Kernel: writes into captured tensors]). Pass the tensor "
               "to the function as an input.");
+  if (C10_UNLIKELY(impl->alias_storage().apart_reason() != nullptr)) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "functionalize: ", op_name, ": cannot write through '",
+                                arg_name, "': ", impl->alias_storage().apart_reason(), ".");
+  }
   // See Note [Alias: writes through an overlapping view]: without views the step-by-step
   // inverse of expand sums the copies of each element, so such a write would be wrong.
   if (!impl->chain().empty() && !impl->chain().back()->reapply && !is_empty_static(t)) {

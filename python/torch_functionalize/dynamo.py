@@ -95,12 +95,10 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
         gm, hidden = _returning_shared_bases(gm)
     fake_inputs = _with_geometry_of(
         [_example_value(n) for n in placeholders(gm.graph)], example_inputs)
-    functional = functionalize_graph(gm, *fake_inputs, remove=remove)
-    _leaf_writes_without_grad(functional, example_inputs)
-    # See Note [Graphs: copy's derivative when a graph runs under autograd].
-    compiled = with_copy_derivative(functional) if compiler is None \
-        else compiler(functional, example_inputs)
-    run = _saving_written_inputs(compiled, *_written_inputs(functional))
+    if _symbolic(fake_inputs) and _share_a_storage(fake_inputs):
+        run = _per_layout(gm, compiler, remove)
+    else:
+        run = _functional(gm, fake_inputs, example_inputs, compiler, remove)
     aliases = _output_aliases(gm, fake_inputs, example_inputs)
     repeated = _repeated_outputs(gm)
     # With views kept the graph's outputs that view each other already do.
@@ -166,6 +164,76 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
         return type(outputs)(outs) if isinstance(outputs, tuple) else outs
 
     return run_and_restore_aliases
+
+
+def _functional(gm: torch.fx.GraphModule, traced_inputs: list[Any], example_inputs: list[Any],
+                compiler: Compiler | None, remove: Remove) -> Callable[..., Any]:
+    """gm's functional graph traced on `traced_inputs`, handed to the user's compiler (or run
+    with copy's derivative), run keeping autograd's saved copies of written inputs."""
+    functional = functionalize_graph(gm, *traced_inputs, remove=remove)
+    _leaf_writes_without_grad(functional, example_inputs)
+    # See Note [Graphs: copy's derivative when a graph runs under autograd].
+    compiled = with_copy_derivative(functional) if compiler is None \
+        else compiler(functional, example_inputs)
+    return _saving_written_inputs(compiled, *_written_inputs(functional))
+
+
+# Note [Dynamo: inputs sharing a storage with dynamic shapes]
+# Inputs that share a storage are functionalized as views of one flat base, whose size and
+# steps are storage coordinates: concrete numbers (Note [Inputs: aliased inputs]). With dynamic
+# shapes (torch.compile(dynamic=True), or dynamo's automatic dynamic after a recompile) such
+# inputs would be functionalized apart, and a write through one not seen through the other
+# (the engine refuses the write by name). So a graph whose inputs share a storage and have
+# symbolic sizes is traced once per layout of its arguments, on static fake tensors made from
+# the real ones (sizes, strides, offsets, which share a storage), and each call runs the graph
+# of its layout; dynamo's own guards and the output aliasing (read from dynamo's symbolic
+# values) stay as they are. Rejected: a symbolic flat base (every storage coordinate of the
+# engine, the epilogue's included, would have to be symbolic), and refusing such graphs (a
+# view of an input written after a graph break is common).
+def _per_layout(gm: torch.fx.GraphModule, compiler: Compiler | None,
+                remove: Remove) -> Callable[..., Any]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    graphs: dict[tuple, Callable[..., Any]] = {}
+
+    def run(*args: Any) -> Any:
+        key = _layout(args)
+        graph = graphs.get(key)
+        if graph is None:
+            mode = FakeTensorMode(allow_non_fake_inputs=True, static_shapes=True)
+            static = [mode.from_tensor(a, static_shapes=True)
+                      if isinstance(a, torch.Tensor) else a for a in args]
+            graph = graphs[key] = _functional(gm, static, list(args), compiler, remove)
+        return graph(*args)
+
+    return run
+
+
+def _layout(args: Sequence[Any]) -> tuple:
+    """What a graph traced on static fake tensors specializes on: each tensor's dtype, device,
+    sizes, strides, offset, bits, grad requirement and which earlier argument's storage it
+    shares; each number's value."""
+    storages: dict[StorageWeakRef, int] = {}
+    key: list[Any] = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.layout == torch.strided:
+            shared = storages.setdefault(StorageWeakRef(a.untyped_storage()), i)
+            key.append((a.dtype, a.device, tuple(a.shape), a.stride(), a.storage_offset(),
+                        a.is_conj(), a.is_neg(), a.requires_grad, shared,
+                        a.untyped_storage().nbytes()))
+        elif isinstance(a, torch.Tensor):
+            key.append((a.layout, a.dtype, a.device, tuple(a.shape), a.requires_grad))
+        elif isinstance(a, (int, float, bool)):
+            key.append((type(a), a))
+        else:
+            key.append(type(a))
+    return tuple(key)
+
+
+def _share_a_storage(fake_inputs: list[Any]) -> bool:
+    storages = [StorageWeakRef(v.untyped_storage()) for v in fake_inputs
+                if isinstance(v, torch.Tensor) and v.layout == torch.strided]
+    return len(set(storages)) < len(storages)
 
 
 def _leaf_writes_without_grad(functional: torch.fx.GraphModule, example_inputs: list[Any]) -> None:

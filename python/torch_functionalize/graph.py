@@ -49,7 +49,8 @@ def functionalize_graph(
     tracing_mode: Literal["real", "fake"]
     if example_inputs:
         args = tuple(example_inputs)
-        is_fake = any(isinstance(a, FakeTensor) for a in pytree.tree_leaves(args))
+        # A SymInt is dynamo's symbolic size (a graph of sizes alone: `s0 * 2`).
+        is_fake = any(isinstance(a, (FakeTensor, torch.SymInt)) for a in pytree.tree_leaves(args))
         tracing_mode = "fake" if is_fake else "real"
     else:
         args, tracing_mode = _inputs_from_meta(module), "fake"
@@ -119,13 +120,16 @@ def functionalize_graph(
 # the graph, and the fake values' bases are not always there to pass).
 def _trace_on_fake_inputs(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
     from torch._dispatch.python import enable_python_dispatcher
+    from torch._guards import detect_fake_mode
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.fx.experimental.proxy_tensor import make_fx
 
     # The inputs' own mode: dynamo's tracing context may hold another one when it calls a backend.
+    # Without a fake tensor among them (sizes alone), the mode of the context the SymInts come
+    # from; without any, factories inside the program make the fake values in a mode of make_fx's.
     mode = next((t.fake_mode for t in pytree.tree_leaves(inputs) if isinstance(t, FakeTensor)),
-                None)
-    if mode is None:  # no tensor input: factories inside the program make the fake values
+                None) or detect_fake_mode()
+    if mode is None:
         with enable_python_dispatcher():
             return make_fx(fn, tracing_mode="fake")(*inputs)
     converted = pytree.tree_map_only(

@@ -8,6 +8,7 @@ writes through them, resizes them or reads their storage order sees what eager's
 import pytest
 import torch
 import torch._dynamo
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_functionalize
 from torch_functionalize.testing._internal.compiled import Recorder, compile_matches_eager
@@ -453,3 +454,29 @@ def test_output_view_written_by_an_out_of_its_own_shape_stays_a_view_of_another(
 
     with pytest.warns(UserWarning, match="was resized"):
         compile_matches_eager(f, torch.randn(7), torch.randn(2, 1).t(), remove=remove, calls=2)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_inputs_sharing_a_storage_with_dynamic_shapes(remove):
+    # b[:n] and b[2:] as two inputs with symbolic sizes: the engine cannot give them one base
+    # (its storage coordinates need concrete sizes), so they were functionalized apart and the
+    # write through x was not seen through y (wrong values, with a warning). The backend traces
+    # such a graph per layout of its arguments; make_fx's symbolic mode refuses the write by name.
+    # See Note [Dynamo: inputs sharing a storage with dynamic shapes].
+    def f(x, y):
+        x.add_(1)
+        return y * 2
+
+    def make_inputs(n):
+        b = torch.arange(n + 2.0)
+        return b[:n], b[2:]
+
+    recorder = Recorder()
+    compiled = torch.compile(f, backend=backend(compiler=recorder, remove=remove), dynamic=True)
+    for n in (4, 6, 4, 9):
+        eager_inputs, compiled_inputs = make_inputs(n), make_inputs(n)
+        assert_trees_match(compiled(*compiled_inputs), f(*eager_inputs), f"output, n={n}")
+        assert_trees_match(compiled_inputs[0]._base, eager_inputs[0]._base, f"buffer, n={n}")
+    assert len(recorder.graphs) == 3, "one functional graph per layout"
+    with pytest.raises(NotImplementedError, match="shares its storage with another input"):
+        make_fx(functionalize(f, remove=remove), tracing_mode="symbolic")(*make_inputs(4))
