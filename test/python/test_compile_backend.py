@@ -374,3 +374,19 @@ def test_write_through_an_expanded_view_of_an_input_with_gaps():
     actual = torch.compile(f, backend=backend())(compiled_base[1:, ::2])
     assert_trees_match(actual, expected, "output")
     assert_trees_match(compiled_base, eager_base, "the input's base")
+
+
+def test_graph_of_sizes_alone_after_a_resize():
+    # x.resize_(x.shape[0] * 2) breaks the graph; on the second call dynamo's graph computes the
+    # new size from a symbolic one alone (forward(s0): s0 * 2). Traced by capture as a constant,
+    # it refused the next size; it is traced in dynamo's fake mode now.
+    def f(x):
+        x.resize_(x.shape[0] * 2)
+        x.fill_(1.0)
+        return x.sum()
+
+    eager_x, compiled_x = torch.randn(5), torch.randn(5)
+    compiled = torch.compile(f, backend=backend())
+    for call in range(3):
+        assert_trees_match(compiled(compiled_x), f(eager_x), f"output of call {call}")
+        assert compiled_x.shape == eager_x.shape
