@@ -342,7 +342,14 @@ def _example_value(node: torch.fx.Node) -> Any:
             "functionalize_graph(gm, *inputs)."
         )
     if isinstance(value, torch.Tensor):
-        return value.detach()
+        detached = value.detach()
+        # The symbol dynamo gave the value read out of it (a float attribute passed as a 0-d
+        # tensor with dynamic shapes, then .item() in the graph: BatchNorm's momentum); without
+        # it the retrace reads a value out of a fake tensor and fails.
+        memo = getattr(value, "item_memo", None)
+        if memo is not None:
+            detached.item_memo = memo
+        return detached
     return value
 
 
