@@ -207,14 +207,23 @@ def view_chain(gm: torch.fx.GraphModule, output: Any,
     for n in on_the_way:  # changes of a view's geometry made in place: replayed where they ran
         if n in itself:
             continue
-        for user in n.users:
-            if user in chain_nodes:
-                continue
-            if user.args and user.args[0] is n and _op_name(user) in _METADATA_WRITES and \
-                    "out" not in user.kwargs:
-                steps.append((user, True))
-            elif _changes_geometry(user, n):
-                return None  # resize_, set_, an out= argument: the storage may change too
+        # The view under other names that are the same tensor in eager (v.real of a real v,
+        # v.to(v.dtype), v.add_(1)): a change of geometry through any of them is one of v.
+        names = [n]
+        for name in names:
+            for user in name.users:
+                if user in chain_nodes:
+                    continue
+                if user.args and user.args[0] is name and _same_value(user, name) and \
+                        _step_kind(user) in ("view", "write"):
+                    steps.append((user, _step_kind(user) == "view"))
+                    chain_nodes.add(user)
+                    names.append(user)
+                elif user.args and user.args[0] is name and \
+                        _op_name(user) in _METADATA_WRITES and "out" not in user.kwargs:
+                    steps.append((user, True))
+                elif _changes_geometry(user, name):
+                    return None  # resize_, set_, an out= argument: the storage may change too
     arguments: dict[torch.fx.Node, int] = {}
     for step, replayed in steps:
         if not replayed:

@@ -496,10 +496,12 @@ def _views_of_outputs(gm: torch.fx.GraphModule, aliases: Mapping[int, Any],
             storages[index] = StorageWeakRef(value.untyped_storage())
             values[index] = value
     skipped = set(aliases) | {index for index, _ in repeated}
-    # An output that is its whole storage (offset 0, dense) in eager's storage coordinates.
+    # An output that is its whole storage (offset 0, dense) in eager's storage coordinates and
+    # a base in eager (a view of it that is its whole storage too, v0.flatten() of a 0-d v0,
+    # must not become v0's base: v0.detach_() after the break would then refuse a view).
     whole: dict[StorageWeakRef, int] = {}
     for index, value in values.items():
-        if index not in skipped and _is_whole_storage(value):
+        if index not in skipped and value._base is None and _is_whole_storage(value):
             whole.setdefault(storages[index], index)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     views = []
@@ -513,7 +515,7 @@ def _views_of_outputs(gm: torch.fx.GraphModule, aliases: Mapping[int, Any],
         if chain is not None and chain.root_output is not None and \
                 storages[chain.root_output] == storages[index]:
             views.append((order[node], index, chain.root_output, chain, None))
-        elif whole.get(storages[index], index) != index:
+        elif values[index]._base is not None and whole.get(storages[index], index) != index:
             unreplayed.append((order[node], index, whole[storages[index]], None, values[index]))
     if unreplayed:
         meta = _meta_outputs(gm, example_inputs)
@@ -561,7 +563,10 @@ def _returning_shared_bases(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphMod
         storage = StorageWeakRef(root_value.untyped_storage())
         if storage != StorageWeakRef(value.untyped_storage()) or storage in input_storages:
             continue  # a copy (x.reshape of a transposed x), or a view of an input
-        if view_chain(gm, node, {root: -1}) is not None:
+        # Remade by replaying its view calls, or (an out= into it) with as_strided of the
+        # intermediate where that is its whole storage: see _views_of_outputs.
+        if view_chain(gm, node, {root: -1}) is not None or \
+                (root_value._base is None and _is_whole_storage(root_value)):
             groups.setdefault(root, set()).add(node)
     bases = [root for root, views in groups.items() if len(views) > 1]
     if not bases:

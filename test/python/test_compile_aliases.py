@@ -439,18 +439,21 @@ def test_write_through_unfold_of_an_input_viewed_at_an_offset(remove):
 
 
 @pytest.mark.parametrize("remove", REMOVE_MODES)
-def test_output_view_written_by_an_out_of_its_own_shape_stays_a_view_of_another(remove):
+@pytest.mark.parametrize("v0_returned", [True, False])
+def test_output_view_written_by_an_out_of_its_own_shape_stays_a_view_of_another(remove,
+                                                                              v0_returned):
     # Fuzzer program 1004023 through torch.compile: v1 = v0.view(-1), then an out= into v1 of
-    # its own shape, both returned; the out= stops the replay of the view call (an out= may
-    # resize), so without views v1 came back a copy and an out= into v0[1:] after the break
-    # (dynamo breaks at the resizing out=) did not show in v1. Now it is an as_strided view of
-    # v0, which is its whole storage, in the geometry of the graph's meta run.
+    # its own shape; the out= stops the replay of the view call (an out= may resize), so without
+    # views v1 came back a copy and an out= into v0[1:] after the break (dynamo breaks at the
+    # resizing out=) did not show in v1. Now it is an as_strided view of v0 (returned by the
+    # graph for that where f does not return it), which is its whole storage, in the geometry
+    # of the graph's meta run.
     def f(x, y):
         v0 = torch.randn_like(x)
         v1 = v0.view(-1)
         torch.sub(x, x, out=v1)
         torch.add(y, y, out=v0[1:])
-        return v0, v1
+        return (v0, v1) if v0_returned else v1
 
     with pytest.warns(UserWarning, match="was resized"):
         compile_matches_eager(f, torch.randn(7), torch.randn(2, 1).t(), remove=remove, calls=2)
@@ -480,3 +483,36 @@ def test_inputs_sharing_a_storage_with_dynamic_shapes(remove):
     assert len(recorder.graphs) == 3, "one functional graph per layout"
     with pytest.raises(NotImplementedError, match="shares its storage with another input"):
         make_fx(functionalize(f, remove=remove), tracing_mode="symbolic")(*make_inputs(4))
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_view_changed_in_place_through_another_name_of_it(remove):
+    # Fuzzer program 1011303 through torch.compile: v5 = v2.real of a real v2 is v2 itself, so
+    # v5.unsqueeze_(-1) changes v2 too; the replay of v2's view calls did not replay a change of
+    # geometry made through its other name.
+    def f(x):
+        x.sub_(x)
+        v0 = x.select(0, 1)
+        v2 = v0[4]
+        v5 = v2.real
+        v5.unsqueeze_(-1)
+        return v0, v2, v5
+
+    compile_matches_eager(f, torch.randint(-4, 5, (5, 2)).t(), remove=remove, calls=2)
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_base_whose_view_is_its_whole_storage_stays_a_base(remove):
+    # Fuzzer program 1011329 through torch.compile: v2 = v0.flatten() of a 0-d v0 is its whole
+    # storage too, and was taken for v0's base, so v0 came back a view of it and v0.detach_()
+    # after the break raised "Can't detach views in-place".
+    def f(x):
+        v0 = torch.scalar_tensor(-0.25, dtype=torch.float64)
+        v1 = v0.clone()
+        v2 = v0.flatten()
+        torch.logsumexp(v2, 0, keepdim=True, out=v1)
+        v0.detach_()
+        return v0 + x.sum(), v1, v2
+
+    with pytest.warns(UserWarning, match="was resized"):
+        compile_matches_eager(f, torch.zeros(2), remove=remove, calls=2)
