@@ -117,6 +117,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
     else:
         fresh = {}
     root_fakes = {root: _fake_output(gm, root) for _, root, _, _ in views}
+    as_strided_roots = {root for _, root, chain, _ in views if chain is None}
     shape_env = _shape_env(fake_inputs)
     # Symbols are bound from the arguments as they come, before the graph changes their sizes.
     needs_bindings = _symbolic(fake_inputs) and (bool(views) or bool(fresh) or any(
@@ -149,7 +150,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], compiler: Comp
             if root not in laid_out:
                 laid_out.add(root)
                 outs[root] = _in_eager_strides(outs[root], root_fakes[root], bindings,
-                                               whole=chain is None)
+                                               whole=root in as_strided_roots)
             outs[index] = chain.replay(args, outs[root]) if chain is not None else \
                 _view_of(outs[root], geometry, bindings)
         for index, fake in fresh.items():
