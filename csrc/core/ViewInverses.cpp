@@ -161,7 +161,7 @@ Tensor unfold_inverse(const Tensor& base, const Tensor& mv, const ViewMeta& m) {
   // as_strided_scatter's offset is in the storage of what it writes, and its autograd form
   // (strided_scatter) writes into zeros_like(base), a storage of the base's own elements, where a
   // base at an offset (the value of an input that is a slice of a buffer) would put the windows
-  // past the end. A base at an offset is copied once (as the scatter copies it anyway).
+  // past the end. A base at an offset costs one copy more than the scatter itself.
   const Tensor dense = base.is_contiguous() && base.sym_storage_offset() == 0
                            ? base
                            : base.clone(at::MemoryFormat::Contiguous);
