@@ -68,6 +68,7 @@ CapturedGraph capture(const TensorFn& fn, const std::vector<at::Tensor>& inputs,
   }
   auto graph = std::make_shared<detail::Graph>(recorder.take(outputs));
   graph->input_guards = std::move(guards);
+  detail::drop_unread_gradient_edges(*graph);
   if (remove == Remove::Mutations) detail::narrow_epilogue_copies(*graph);
   detail::eliminate_dead_nodes(*graph);
   return CapturedGraph(std::move(graph));

@@ -563,7 +563,7 @@ bool AliasStorage::apply_updates() {
     if (update.visible) {
       base_ = std::move(folded);
     } else if (base_.requires_grad()) {
-      base_ = with_history_of(folded, base_, {&update.value}, views_kept);
+      base_ = with_history_of_hidden_write(folded, base_, {&update.value}, views_kept);
     } else if (update.chain.cuts_history()) {
       // A base that requires no grad stays so, whatever history the detached alias written has
       // of its own (a leaf made from the base's detach(), nn.Parameter(base)).

@@ -2,14 +2,19 @@
 // edge. See Note [Autograd: writes autograd does not see].
 #include "core/AutogradHistory.h"
 
+#include "core/Layer.h"
 #include "core/Recorder.h"
+#include "core/Recording.h"
 
 #include <ATen/Functions.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <typeinfo>
+#include <unordered_set>
+#include <vector>
 
 namespace tfz::detail {
 
@@ -75,6 +80,69 @@ at::Tensor with_history_of(const at::Tensor& value, const at::Tensor& old,
   }
   ag::impl::set_gradient_edge(out, std::move(edge));
   return out;
+}
+
+// Note [Graphs: writes autograd does not see]
+// A graph has no grad modes and no gradient edges: run under autograd (the tfz torch.compile
+// backend runs its graph so; a make_fx or captured graph called with inputs that require grad),
+// it recomputes the hidden write's functional op with the op's own derivative, so embedding's
+// renorm of its weight under no_grad cut the weight's gradient (the renorm has none), and
+// `h.data.clamp_(0)` gave clamp's. Where ops are recorded, the new value of a hidden write is
+// therefore tfz::_with_gradient_of(new, old) (kernels/GradientOf.cpp): new's data in a new tensor
+// which, when autograd records the call, takes old's gradient edge as the eager engine gives it.
+// It is only written where old's gradient reaches a leaf from outside the function (an input, a
+// closed-over parameter): a leaf made inside f (nn.Parameter(w), requires_grad_()) is a graph
+// value that requires no grad at replay, and its hidden writes (a module's init, an optimizer
+// built in f) have no gradient to pass. A graph pass drops the ones whose value is only written
+// back into an input (an optimizer's step: the input's own identity is what
+// the caller sees, Note [API: epilogue writes of leaves in graphs]), so inference graphs and
+// optimizer steps keep no extra copy. Rejected: a view-returning op (no copy, but graphs without
+// views may hold none), and recording grad-mode switches in the graph (the functional op would
+// still give new a history of its own, not old's).
+namespace {
+// Whether `old`'s gradient reaches a leaf made outside the layer (an input, a closed-over
+// parameter): a graph run under autograd gives old a history only then. A walk of old's backward
+// graph; a large one counts as reaching.
+bool history_reaches_outside(const at::Tensor& old) {
+  namespace ag = torch::autograd;
+  const auto& fn = old.grad_fn();
+  if (!fn) return !is_leaf_made_inside(old.unsafeGetTensorImpl());
+  constexpr size_t kMostNodes = 4096;
+  std::vector<ag::Node*> pending{fn.get()};
+  std::unordered_set<ag::Node*> seen{fn.get()};
+  while (!pending.empty()) {
+    ag::Node* node = pending.back();
+    pending.pop_back();
+    if (typeid(*node) == typeid(ag::AccumulateGrad)) {
+      const at::Tensor& leaf = static_cast<ag::AccumulateGrad*>(node)->variable;
+      if (!leaf.defined() || !is_leaf_made_inside(leaf.unsafeGetTensorImpl())) return true;
+      continue;
+    }
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function && seen.insert(edge.function.get()).second) {
+        if (seen.size() > kMostNodes) return true;
+        pending.push_back(edge.function.get());
+      }
+    }
+  }
+  return false;
+}
+}  // namespace
+
+at::Tensor with_history_of_hidden_write(const at::Tensor& value, const at::Tensor& old,
+                                        std::initializer_list<const at::Tensor*> holders,
+                                        bool views_kept) {
+  if (!ops_are_recorded() || !old.defined() || !value.defined() || !old.requires_grad() ||
+      value.is_same(old) || !history_reaches_outside(old)) {
+    return with_history_of(value, old, holders, views_kept);
+  }
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("tfz::_with_gradient_of", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  // Called in grad mode, so the op's autograd kernel gives the result old's edge now, and a
+  // capture records the node as one that runs under autograd (Note [Capture: grad mode]).
+  at::AutoGradMode grad_mode(true);
+  return op.call(value, old);
 }
 
 at::Tensor without_history(const at::Tensor& value, bool views_kept) {

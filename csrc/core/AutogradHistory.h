@@ -18,6 +18,15 @@ namespace tfz::detail {
 at::Tensor with_history_of(const at::Tensor& value, const at::Tensor& old,
                            std::initializer_list<const at::Tensor*> holders, bool views_kept);
 
+/// with_history_of for the new value of a write autograd does not see (under no_grad, through
+/// x.detach() or x.data). Where ops are recorded into a graph and `old` requires grad, the value
+/// is the recorded tfz::_with_gradient_of(value, old) with old's edge, so the graph run under
+/// autograd gives it that edge too (Note [Graphs: writes autograd does not see]). Call under an
+/// InnerCallGuard.
+at::Tensor with_history_of_hidden_write(const at::Tensor& value, const at::Tensor& old,
+                                        std::initializer_list<const at::Tensor*> holders,
+                                        bool views_kept);
+
 /// `value`'s data without autograd history: the new data of a tensor that requires no grad,
 /// written through an alias autograd does not connect to it (a leaf made from its detach()
 /// that requires grad, nn.Parameter(t)). `value` itself when it requires no grad; otherwise a

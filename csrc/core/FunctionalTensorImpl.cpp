@@ -348,6 +348,7 @@ void FunctionalTensorImpl::adopt_requires_grad_() {
   if (!meta->requires_grad() || value_.requires_grad() || value_.grad_fn() != nullptr) return;
   at::Tensor grad = meta->grad();  // meta is replaced below
   value_.unsafeGetTensorImpl()->set_requires_grad(true);
+  note_leaf_made_inside(value_);
   mirror_autograd_(value_);
   if (grad.defined()) value_.mutable_grad() = std::move(grad);
 }
@@ -399,7 +400,7 @@ void FunctionalTensorImpl::sync_() {
     // A view autograd does not connect to its base (x.detach(), x.data, one taken under no_grad)
     // has a history of its own, from its own writes (d.mul_(y)): the replay keeps it.
     if ((!replays_with_grad_ || chain_.cuts_history()) && value_.requires_grad()) {
-      value = with_history_of(value, value_, {}, views_kept_());
+      value = with_history_of_hidden_write(value, value_, {}, views_kept_());
     }
   }
   set_value_(value);
@@ -422,7 +423,7 @@ void FunctionalTensorImpl::replace_(const at::Tensor& new_value_in) {
   if (C10_UNLIKELY(!c10::GradMode::is_enabled()) && value_.requires_grad()) {
     // A write under no_grad: see Note [Autograd: writes autograd does not see].
     InnerCallGuard guard;
-    new_value = with_history_of(new_value, value_, {&new_value_in}, views_kept_());
+    new_value = with_history_of_hidden_write(new_value, value_, {&new_value_in}, views_kept_());
   }
   set_value_(new_value);
 }

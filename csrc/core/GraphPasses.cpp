@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <unordered_map>
 
 namespace tfz::detail {
 
@@ -204,6 +205,47 @@ void narrow_epilogue_copies(Graph& graph) {
   if (!changed) return;
   graph.nodes = std::move(rebuilt);
   renumber_node_values(graph);
+}
+
+// A tfz::_with_gradient_of node (Note [Graphs: writes autograd does not see]) gives a hidden
+// write's new value its tensor's old gradient edge. When the only reader of that value is an
+// epilogue copy_ into an input that runs without grad (the input keeps its own autograd
+// identity, as eager's hidden write leaves it), the edge is never read: the copy_ takes the
+// write's value directly and the node (a copy of the value) dies. An optimizer's step recorded
+// with parameters that require grad is the common case.
+void drop_unread_gradient_edges(Graph& graph) {
+  static const c10::OperatorName gradient_of{"tfz::_with_gradient_of", ""};
+  static const c10::OperatorName copy{"aten::copy_", ""};
+  std::vector<bool> is_input(graph.values.size(), false);
+  for (int64_t id : graph.inputs) is_input[id] = true;
+  std::vector<int64_t> other_reads(graph.values.size(), 0);
+  for (const auto& node : graph.nodes) {
+    const bool epilogue = node.op.operator_name() == copy && !node.grad_enabled &&
+                          node.args.size() >= 2 && node.args[0].kind == GraphArg::Kind::kValue &&
+                          is_input[node.args[0].values[0]];
+    for (size_t i = 0; i < node.args.size(); ++i) {
+      if (epilogue && i == 1) continue;
+      for (int64_t id : node.args[i].values) {
+        if (id >= 0) ++other_reads[id];
+      }
+    }
+  }
+  for (const auto& out : graph.outputs) {
+    for (int64_t id : out.values) {
+      if (id >= 0) ++other_reads[id];
+    }
+  }
+  std::unordered_map<int64_t, int64_t> to;
+  for (const auto& node : graph.nodes) {
+    if (node.op.operator_name() != gradient_of || node.returns.size() != 1 ||
+        node.returns[0].kind != GraphArg::Kind::kValue ||
+        node.args[0].kind != GraphArg::Kind::kValue) {
+      continue;
+    }
+    const int64_t result = node.returns[0].values[0];
+    if (other_reads[result] == 0) to.emplace(result, node.args[0].values[0]);
+  }
+  if (!to.empty()) rename_values(graph, to);
 }
 
 }  // namespace tfz::detail

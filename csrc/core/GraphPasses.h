@@ -27,6 +27,11 @@ const ScatterView* scatter_view_of(const c10::OperatorHandle& op);
 /// Whether `op` is one of the guard ops the recorder adds (Note [Capture: guards on values read]).
 bool is_guard(const c10::OperatorHandle& op);
 
+/// Makes each epilogue copy_ that runs without grad read the value a tfz::_with_gradient_of node
+/// gives its input, when nothing else reads the node's result (it is dead then). Call before
+/// narrow_epilogue_copies. See Note [Graphs: writes autograd does not see].
+void drop_unread_gradient_edges(Graph& graph);
+
 /// Removes every node no output needs, except nodes that write an argument (the epilogue's
 /// copy_, as_strided_, resize_) or draw random numbers (dropping one would shift the generator
 /// for the random ops after it). See Note [Capture: dead nodes].

@@ -343,4 +343,27 @@ void note_unseen_write_of_captured(Layer& layer, const at::Tensor& plain) {
   }
 }
 
+namespace {
+Layer* active_or_suspended_layer() {
+  Layer* layer = current_layer();
+  return layer != nullptr ? layer : suspended_layer();
+}
+}  // namespace
+
+void note_leaf_made_inside(const at::Tensor& leaf) {
+  Layer* layer = active_or_suspended_layer();
+  if (layer == nullptr || !ops_are_recorded()) return;
+  layer->leaves_made_inside.emplace_back(
+      c10::weak_intrusive_ptr<c10::TensorImpl>(leaf.getIntrusivePtr()));
+}
+
+bool is_leaf_made_inside(const c10::TensorImpl* leaf) {
+  const Layer* layer = active_or_suspended_layer();
+  if (layer == nullptr) return false;
+  for (const auto& weak : layer->leaves_made_inside) {
+    if (weak._unsafe_get_target() == leaf) return true;
+  }
+  return false;
+}
+
 }  // namespace tfz::detail

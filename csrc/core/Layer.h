@@ -49,6 +49,10 @@ struct Layer {
   // Storages lifted from captured tensors without views, told when an op writes their plain base
   // unseen. See Note [Alias: captured bases written in place].
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> captured_storages;
+  // Under a tracer, the values made leaves inside the layer (requires_grad_ on a wrapper, a
+  // parameter built in f): a graph has them as no input that requires grad
+  // (Note [Graphs: writes autograd does not see]). Weak references pin the addresses.
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> leaves_made_inside;
 };
 
 /// Whether user code started a make_fx tracer inside `layer` that is still active: it must see
@@ -60,6 +64,11 @@ bool tracer_started_inside(const Layer* layer);
 // regenerated at its next read).
 void remember_captured_storage(Layer& layer, const c10::Storage& storage);
 void note_unseen_write_of_captured(Layer& layer, const at::Tensor& plain);
+
+/// Under a tracer, remembers `leaf`, a value made a leaf that requires grad inside the active
+/// layer; is_leaf_made_inside asks. No-ops outside layers and tracers.
+void note_leaf_made_inside(const at::Tensor& leaf);
+bool is_leaf_made_inside(const c10::TensorImpl* leaf);
 
 /// The wrapper of `layer` that stands for `foreign` (a wrapper of an enclosing layer a branch
 /// closes over), or nullptr.

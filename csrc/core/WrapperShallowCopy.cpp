@@ -131,10 +131,11 @@ void FunctionalTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::Tenso
       value = at::detach_copy(value);
     }
     value.set_requires_grad(true);
+    note_leaf_made_inside(value);
     set_value_(value);
     return;
   }
-  set_value_(with_history_of(value, old, {&other->value_}, views_kept_()));
+  set_value_(with_history_of_hidden_write(value, old, {&other->value_}, views_kept_()));
   // A chain taken over from y (resize_'s restride of y, a view of y's base) replays under
   // no_grad with x's edge given back, as a detached view's does: x's identity is its own, also
   // after a write through x makes the replay run (an optimizer's step).

@@ -51,9 +51,10 @@ Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 # graph does not return (v1 = v0[0], v2 = v0[:, 1]) are remade from it, the graph returning it
 # as well for that (`_returning_shared_bases`).
 #   Autograd is eager's: the functional graph is run op by op under autograd at run time, so
-# .backward() through a compiled region works as through any ATen program. Rejected: tracing a
-# joint forward/backward graph here, which is AOTAutograd's job (a user compiler that wants one
-# can call aot_autograd on the functional graph).
+# .backward() through a compiled region works as through any ATen program; a write autograd
+# does not see is a tfz._with_gradient_of node (Note [Graphs: writes autograd does not see]).
+# Rejected: tracing a joint forward/backward graph here, which is AOTAutograd's job (a user
+# compiler that wants one can call aot_autograd on the functional graph).
 
 
 def backend(
@@ -261,8 +262,18 @@ def _leaf_writes_without_grad(functional: torch.fx.GraphModule, example_inputs: 
               and n.target is torch.ops.aten.copy_.default and n.args and is_grad_leaf(n.args[0])]
     for node in writes:
         run_without_grad(functional.graph, node, node)
+        # The leaf keeps its identity: the gradient edge a hidden write gave the value written
+        # back is never read (Note [Graphs: writes autograd does not see]).
+        src = node.args[1] if len(node.args) > 1 else None
+        if isinstance(src, torch.fx.Node) and src.target is _gradient_of() and len(src.users) == 1:
+            node.replace_input_with(src, src.args[0])
+            functional.graph.erase_node(src)
     if writes:
         functional.recompile()
+
+
+def _gradient_of() -> Any:
+    return torch.ops.tfz._with_gradient_of.default
 
 
 # Note [Dynamo: saved inputs the epilogue overwrites]
@@ -333,8 +344,11 @@ def _saving_written_inputs(run: Callable[..., Any], indices: list[int],
 
 
 def _example_value(node: torch.fx.Node) -> Any:
-    """The fake value dynamo recorded for a placeholder, detached (the functional graph is traced
-    without autograd; autograd applies when it runs)."""
+    """The fake value dynamo recorded for a placeholder, detached from dynamo's history but still
+    requiring grad where the input does (a leaf, or a non-leaf with a stand-in grad_fn): the trace
+    records no backward, but a write autograd does not see of a value whose gradient comes from
+    an input leaves tfz._with_gradient_of in the graph
+    (Note [Graphs: writes autograd does not see]); autograd applies when the graph runs."""
     value = example_value(node, ("example_value", "val"))
     if value is None:
         raise ValueError(
@@ -344,6 +358,8 @@ def _example_value(node: torch.fx.Node) -> Any:
         )
     if isinstance(value, torch.Tensor):
         detached = value.detach()
+        if value.requires_grad:
+            detached = detached.requires_grad_() if value.is_leaf else _as_non_leaf(detached)
         # The symbol dynamo gave the value read out of it (a float attribute passed as a 0-d
         # tensor with dynamic shapes, then .item() in the graph: BatchNorm's momentum); without
         # it the retrace reads a value out of a fake tensor and fails.
@@ -352,6 +368,28 @@ def _example_value(node: torch.fx.Node) -> Any:
             detached.item_memo = memo
         return detached
     return value
+
+
+class _NonLeafStandIn(torch.autograd.Function):
+    """Gives a detached tensor a grad_fn in place (this Function's node, never run): the fake
+    input of a non-leaf that requires grad, which the graph may write in place as eager writes the
+    real one (a leaf that requires grad may not be)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+            ctx: Any, t: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        ctx.mark_dirty(t)
+        return t
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:  # type: ignore[override]
+        raise RuntimeError("functionalize: backend: a backward reached the stand-in history of a "
+                           "traced input; this is a bug in torch_functionalize.")
+
+
+def _as_non_leaf(t: torch.Tensor) -> torch.Tensor:
+    with torch.enable_grad():
+        return cast(torch.Tensor, _NonLeafStandIn.apply(t, torch.zeros((), requires_grad=True)))
 
 
 def _with_geometry_of(fake_inputs: list[Any], example_inputs: list[Any]) -> list[Any]:

@@ -392,16 +392,11 @@ def test_graph_of_sizes_alone_after_a_resize():
         assert compiled_x.shape == eager_x.shape
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open bug: a graph run under autograd (the backend's, a captured or make_fx graph replayed "
-    "with inputs that require grad) loses the gradient through a write autograd does not see: "
-    "F.embedding(max_norm=) renorms the weight under no_grad, the graph computes embedding of "
-    "the renormed value, which has no history, so no gradient reaches the weight (eager gives "
-    "it one; eager functionalize too, by Note [Autograd: writes autograd does not see], which "
-    "the graphs have no node for; without views the graph's embedding_renorm then raises "
-    "'the derivative for embedding_renorm is not implemented'). Traced, the hidden write needs "
-    "a node that gives the new value the old one's gradient edge"))
 def test_gradient_through_an_embedding_that_renorms_its_weight():
+    # F.embedding(max_norm=) renorms the weight under no_grad; the graph holds
+    # tfz._with_gradient_of there, so the weight keeps its gradient (before: none reached it) and,
+    # without views, backward no longer raises "derivative for embedding_renorm is not
+    # implemented" (Note [Graphs: writes autograd does not see]).
     def f(w, x):
         return torch.nn.functional.embedding(x, w, max_norm=1.0).sum()
 

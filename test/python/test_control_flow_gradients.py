@@ -9,6 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from torch_functionalize import capture, functionalize
+from torch_functionalize.testing import compare
 from torch_functionalize.testing._internal.reference import (
     REMOVE_MODES, assert_client_matches_eager, assert_functional_graph, assert_trees_match,
 )
@@ -371,9 +372,13 @@ def _assert_loop_replays(f, oracle, make_inputs, operator, graph, remove):
         expected = oracle(*make_inputs(seed))
         assert_trees_match(functionalize(f, remove=remove)(*make_inputs(seed)), expected,
                            f"eager, seed {seed}")
-        assert_trees_match(pytree.tree_map_only(torch.Tensor, torch.Tensor.detach,
-                                                gm(*make_inputs(seed))),
-                           expected, f"{graph}, seed {seed}")
+        # The graph runs the operator's own loop and its gradient, whose float32 sums are ordered
+        # otherwise than the oracle's Python loop: a few ulps apart (3e-6 relative, seen on an AMD
+        # EPYC CPU in a gradient of a gradient), hence the looser relative tolerance.
+        problem = compare(pytree.tree_map_only(torch.Tensor, torch.Tensor.detach,
+                                               gm(*make_inputs(seed))),
+                          expected, f"{graph}, seed {seed}", rtol=1e-5, atol=1e-5)
+        assert problem is None, problem
 
 
 def test_scan_gradient_of_a_step_that_draws_is_refused_by_name():

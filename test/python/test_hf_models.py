@@ -212,7 +212,11 @@ def test_hf_training_step_compiled_with_the_backend_matches_dynamos_eager_backen
             losses.append(run(m, opt, ids))
         runs[name] = (losses, [p.detach() for p in m.parameters()])
     torch._dynamo.reset()
-    torch.testing.assert_close(runs["tfz"], runs["dynamo eager"])
+    # Without views the graph's matmuls read contiguous *_copy operands where dynamo's read
+    # transposed views, and BLAS rounds the two layouts apart on some CPUs: 5.3e-5 on the
+    # parameters on an AMD EPYC, as far as dynamo's own graphs are from eager (5.0e-5).
+    same = {} if remove == "mutations" else {"rtol": 1e-3, "atol": 1e-4}
+    torch.testing.assert_close(runs["tfz"], runs["dynamo eager"], **same)
     torch.testing.assert_close(runs["tfz"], runs["eager"], rtol=1e-3, atol=1e-3)
 
 

@@ -1,15 +1,18 @@
 """Writes eager's autograd does not see, inside the function: under torch.no_grad(), through
 x.detach() and through x.data, to leaves and non-leaves that require grad. The written tensor
 keeps its grad_fn, or stays a leaf, and later gradients are eager's
-(Note [Autograd: writes autograd does not see], Note [Wrapper: .data is a detached alias])."""
+(Note [Autograd: writes autograd does not see], Note [Wrapper: .data is a detached alias]); also
+through graphs of such programs run under autograd (Note [Graphs: writes autograd does not see])."""
 import pytest
 import torch
 import torch.nn.utils.parametrize
 import torch.nn.utils.prune
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from torch_functionalize import capture, functionalize
+from torch_functionalize.dynamo import backend
 from torch_functionalize.testing._internal.reference import (
-    REMOVE_MODES, assert_client_matches_eager, assert_matches_eager,
+    REMOVE_MODES, assert_client_matches_eager, assert_matches_eager, assert_trees_match,
 )
 
 
@@ -536,3 +539,90 @@ def test_input_given_the_data_of_a_strided_input_grown_inside_is_refused_by_name
         functionalize(f, remove=remove)(x, y)
     x0, y0 = make_inputs()
     assert torch.equal(x, x0) and torch.equal(y, y0)
+
+
+# Graphs of such programs run under autograd: a make_fx or captured graph called with inputs that
+# require grad, and the graph the tfz torch.compile backend runs. The graph holds
+# tfz::_with_gradient_of where the hidden write happened, so the gradient is eager's
+# (Note [Graphs: writes autograd does not see]).
+def _renorming_embedding(w, x):
+    return torch.nn.functional.embedding(x, w, max_norm=1.0).sum()
+
+
+def _clamp_under_no_grad(w, x):
+    h = w * 2
+    with torch.no_grad():
+        h.clamp_(min=0)
+    return (h * x).sum()
+
+
+def _clamp_through_data(w, x):
+    h = w * 2
+    h.data.clamp_(min=0)
+    return (h * x).sum()
+
+
+def _scale_through_detach(w, x):
+    h = w * 3
+    h.detach().mul_(0.5)
+    return (h * x).sum()
+
+
+GRAPH_HIDDEN_WRITES = {
+    "embedding_max_norm": (_renorming_embedding, lambda: torch.tensor([[1, 2, 2], [0, 2, 5]])),
+    "clamp_under_no_grad": (_clamp_under_no_grad, lambda: torch.randn(6, 4)),
+    "clamp_through_data": (_clamp_through_data, lambda: torch.randn(6, 4)),
+    "scale_through_detach": (_scale_through_detach, lambda: torch.randn(6, 4)),
+}
+
+
+def _run_graph(tracer, f, remove, traced_on):
+    if tracer == "make_fx":
+        return make_fx(functionalize(f, remove=remove))(*traced_on)
+    if tracer == "capture":
+        return capture(f, *traced_on, remove=remove)
+    return torch.compile(f, backend=backend(remove=remove))
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+@pytest.mark.parametrize("tracer", ["make_fx", "capture", "backend"])
+@pytest.mark.parametrize("name", sorted(GRAPH_HIDDEN_WRITES))
+def test_graph_run_under_autograd_gives_eager_gradient_through_a_hidden_write(name, tracer,
+                                                                              remove):
+    f, make_x = GRAPH_HIDDEN_WRITES[name]
+
+    def inputs(seed):
+        torch.manual_seed(seed)
+        return torch.randn(6, 4).requires_grad_(), make_x()
+
+    def output_and_gradient(run, w, x):
+        out = run(w, x)
+        (grad,) = torch.autograd.grad(out, w)
+        return out.detach(), grad, w.detach()
+
+    torch._dynamo.reset()
+    graph = _run_graph(tracer, f, remove, inputs(0))
+    for seed in (0, 1):  # the traced inputs, then others
+        assert_trees_match(output_and_gradient(graph, *inputs(seed)),
+                           output_and_gradient(f, *inputs(seed)), f"inputs {seed}")
+
+
+def _sgd_step_under_no_grad(w, x):
+    loss = (x @ w).square().sum()
+    (g,) = torch.autograd.grad(loss, w)
+    with torch.no_grad():
+        w.sub_(0.1 * g)
+    return loss.detach()
+
+
+@pytest.mark.parametrize("remove", REMOVE_MODES)
+def test_captured_optimizer_step_writes_parameters_back_without_an_extra_copy(remove):
+    # The gradient edge of a parameter's new value is never read when the value is only written
+    # back (the parameter keeps its identity): the capture drops the node and its copy.
+    w, x = torch.randn(4, 3).requires_grad_(), torch.randn(2, 4)
+    graph = capture(_sgd_step_under_no_grad, w, x, remove=remove)
+    assert "tfz._with_gradient_of" not in graph.code
+    expected_w, actual_w = w.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    assert_trees_match(graph(actual_w, x), _sgd_step_under_no_grad(expected_w, x), "loss")
+    assert_trees_match(actual_w, expected_w, "parameter")
+    assert actual_w.is_leaf and actual_w.requires_grad
