@@ -7,7 +7,9 @@
 #include "core/Graph.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 
@@ -212,5 +214,57 @@ TEST(Capture, TheSizeOfAStorageReadWholeIsGuarded) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("with a storage of 148 bytes"), std::string::npos)
         << e.what();
+  }
+}
+
+// A write autograd does not see of a value whose gradient comes from an input: the graph holds
+// tfz::_with_gradient_of, and run under autograd gives eager's gradient (the identity through
+// the clamp, not clamp's derivative). An SGD step's write of a parameter that is only written
+// back holds none (no copy). See Note [Graphs: writes autograd does not see].
+TEST(Capture, HiddenWriteKeepsTheGradientWhenTheGraphRunsUnderAutograd) {
+  auto clamp_unseen = [](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
+    at::Tensor h = in[0] * 2;
+    {
+      c10::NoGradGuard no_grad;
+      h.clamp_min_(0);
+    }
+    return {(h * in[1]).sum()};
+  };
+  const at::Tensor x = float_grid(2, 3, -3.0);
+  for (auto remove : {tfz::Remove::Mutations, tfz::Remove::MutationsAndViews}) {
+    SCOPED_TRACE("remove=" + mode_name(remove));
+    const auto graph =
+        tfz::capture(clamp_unseen, {float_grid(2, 3, -2.5).requires_grad_(), x}, remove);
+    const auto names = op_names(graph);
+    EXPECT_EQ(std::count(names.begin(), names.end(), "tfz::_with_gradient_of"), 1) << graph.str();
+    const at::Tensor eager_w = float_grid(2, 3, -2.0).requires_grad_();
+    const at::Tensor graph_w = float_grid(2, 3, -2.0).requires_grad_();
+    const at::Tensor expected = torch::autograd::grad(clamp_unseen({eager_w, x}), {eager_w})[0];
+    const at::Tensor actual = torch::autograd::grad(graph({graph_w, x}), {graph_w})[0];
+    EXPECT_TRUE(at::allclose(actual, expected)) << actual << expected;
+  }
+}
+
+TEST(Capture, ParameterStepOnlyWrittenBackHoldsNoGradientCopy) {
+  auto sgd_step = [](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
+    const at::Tensor loss = (in[0] * in[1]).square().sum();
+    const at::Tensor g = torch::autograd::grad({loss}, {in[0]})[0];
+    {
+      c10::NoGradGuard no_grad;
+      in[0].sub_(g * 0.1);
+    }
+    return {loss.detach()};
+  };
+  for (auto remove : {tfz::Remove::Mutations, tfz::Remove::MutationsAndViews}) {
+    SCOPED_TRACE("remove=" + mode_name(remove));
+    const at::Tensor x = float_grid(2, 3, 1.0);
+    const auto graph = tfz::capture(sgd_step, {float_grid(2, 3).requires_grad_(), x}, remove);
+    const auto names = op_names(graph);
+    EXPECT_EQ(std::count(names.begin(), names.end(), "tfz::_with_gradient_of"), 0) << graph.str();
+    const at::Tensor eager_w = float_grid(2, 3).requires_grad_();
+    const at::Tensor graph_w = float_grid(2, 3).requires_grad_();
+    EXPECT_TRUE(at::allclose(graph({graph_w, x})[0], sgd_step({eager_w, x})[0]));
+    EXPECT_TRUE(at::allclose(graph_w.detach(), eager_w.detach()));
+    EXPECT_TRUE(graph_w.is_leaf() && graph_w.requires_grad());
   }
 }
