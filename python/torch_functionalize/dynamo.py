@@ -173,6 +173,7 @@ def _functional(gm: torch.fx.GraphModule, traced_inputs: list[Any], example_inpu
     """gm's functional graph traced on `traced_inputs`, handed to the user's compiler (or run
     with copy's derivative), run keeping autograd's saved copies of written inputs."""
     functional = functionalize_graph(gm, *traced_inputs, remove=remove)
+    _drop_unread_detaches(functional)
     _leaf_writes_without_grad(functional, example_inputs)
     # See Note [Graphs: copy's derivative when a graph runs under autograd].
     compiled = with_copy_derivative(functional) if compiler is None \
@@ -236,6 +237,20 @@ def _share_a_storage(fake_inputs: list[Any]) -> bool:
     storages = [StorageWeakRef(v.untyped_storage()) for v in fake_inputs
                 if isinstance(v, torch.Tensor) and v.layout == torch.strided]
     return len(set(storages)) < len(storages)
+
+
+def _drop_unread_detaches(functional: torch.fx.GraphModule) -> None:
+    """Removes the detach (detach_copy without views) of a value autograd saved while the graph
+    was traced on inputs that require grad (relu's output): nothing reads it, and without views it
+    would copy the value on every run."""
+    detaches = (torch.ops.aten.detach.default, torch.ops.aten.detach_copy.default)
+    dropped = False
+    for node in reversed(list(functional.graph.nodes)):
+        if node.op == "call_function" and node.target in detaches and not node.users:
+            functional.graph.erase_node(node)
+            dropped = True
+    if dropped:
+        functional.recompile()
 
 
 def _leaf_writes_without_grad(functional: torch.fx.GraphModule, example_inputs: list[Any]) -> None:

@@ -430,3 +430,20 @@ def test_module_float_attribute_read_in_the_graph_with_dynamic_shapes():
         assert_trees_match(list(compiled_module.buffers()), list(eager_module.buffers()),
                            f"running statistics, batch {n}")
     assert any("_local_scalar_dense" in gm.code or "item" in gm.code for gm in recorder.graphs)
+
+
+@pytest.mark.parametrize("remove", ["mutations", "mutations_and_views"])
+def test_forward_of_parameters_that_require_grad_holds_no_detach_of_saved_values(remove):
+    # The backend traces inputs that require grad as such, so that a hidden write of a value
+    # whose gradient comes from them leaves tfz._with_gradient_of
+    # (Note [Graphs: writes autograd does not see]); autograd then detaches the outputs it saves
+    # (relu's), which nothing reads, and without views each would be a copy on every run: the
+    # backend drops them.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    recorder = Recorder()
+    x = torch.randn(3, 4)
+    out = torch.compile(model, backend=backend(compiler=recorder, remove=remove))(x)
+    assert_trees_match(out, model(x), "output")
+    assert recorder.graphs and all("detach" not in gm.code for gm in recorder.graphs), \
+        [gm.code for gm in recorder.graphs]
